@@ -1,0 +1,69 @@
+//! The one mutex type memprobe uses: fork-gated and re-entry-checked.
+
+use crate::error::{Error, Result};
+use crate::fork::GateGuard;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+thread_local! {
+    static THREAD_ID: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+fn this_thread() -> u64 {
+    THREAD_ID.with(|t| *t)
+}
+
+/// A mutex that holds the fork gate while locked and refuses re-entry from
+/// the thread that holds it (a callback calling back into the same object)
+/// with an error instead of a deadlock. A poisoned lock is recovered: the
+/// protected state is kept consistent by never panicking mid-update.
+pub(crate) struct Lock<T> {
+    owner: AtomicU64,
+    inner: Mutex<T>,
+}
+
+pub(crate) struct LockGuard<'a, T> {
+    lock: &'a Lock<T>,
+    guard: Option<MutexGuard<'a, T>>,
+    _gate: GateGuard,
+}
+
+impl<T> Lock<T> {
+    pub(crate) const fn new(value: T) -> Self {
+        Lock { owner: AtomicU64::new(0), inner: Mutex::new(value) }
+    }
+
+    pub(crate) fn lock(&self) -> Result<LockGuard<'_, T>> {
+        let me = this_thread();
+        if self.owner.load(Ordering::Acquire) == me {
+            return Err(Error::wrong_order(
+                "re-entered memprobe from a callback on the object that is running it",
+            ));
+        }
+        let gate = GateGuard::enter();
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.owner.store(me, Ordering::Release);
+        Ok(LockGuard { lock: self, guard: Some(guard), _gate: gate })
+    }
+}
+
+impl<T> std::ops::Deref for LockGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.guard.as_ref().expect("guard present until drop")
+    }
+}
+
+impl<T> std::ops::DerefMut for LockGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.guard.as_mut().expect("guard present until drop")
+    }
+}
+
+impl<T> Drop for LockGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.owner.store(0, Ordering::Release);
+        self.guard.take();
+    }
+}

@@ -1,0 +1,118 @@
+//! One reading of one source, and what describes a source.
+
+use std::time::Duration;
+
+/// One reading of one source. Every quantity is in bytes.
+///
+/// Fields the source cannot supply are `None`, never 0 pretending to be a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sample {
+    /// Bytes in use now (RSS for processes, usage for cgroups, used for GPUs).
+    pub used: u64,
+    /// Capacity of what is measured (physical RAM, GPU memory), if known.
+    pub total: Option<u64>,
+    /// Bytes still available, if known (MemAvailable, GPU free).
+    pub free: Option<u64>,
+    /// An enforced limit (a cgroup's memory limit); `None` means no limit.
+    pub limit: Option<u64>,
+    /// Bytes set aside and not usable (GPU driver reservation), if known.
+    pub reserved: Option<u64>,
+    /// When the reading was taken: nanoseconds on the monotonic clock
+    /// (`CLOCK_MONOTONIC`, comparable across processes of one boot).
+    pub taken_at_ns: u64,
+    /// How long the read itself took, in nanoseconds.
+    pub read_ns: u64,
+}
+
+impl Sample {
+    /// A sample of `used` bytes with no other field known, stamped now.
+    pub fn used(used: u64) -> Self {
+        Sample { used, taken_at_ns: monotonic_ns(), ..Sample::default() }
+    }
+}
+
+/// How trustworthy the peak of a source is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum PeakFidelity {
+    /// The kernel (or driver) keeps a high-water mark: no spike is missed.
+    Exact = 0,
+    /// The caller reports every change: as exact as the caller's pushes.
+    Pushed = 1,
+    /// Polled at an interval: spikes shorter than the interval can be missed.
+    Sampled = 2,
+}
+
+impl PeakFidelity {
+    /// Lowercase name (`exact`, `pushed`, `sampled`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeakFidelity::Exact => "exact",
+            PeakFidelity::Pushed => "pushed",
+            PeakFidelity::Sampled => "sampled",
+        }
+    }
+}
+
+/// What a source measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+#[non_exhaustive]
+pub enum SourceKind {
+    /// This process's resident set.
+    Process = 0,
+    /// This process and all its descendants (e.g. DataLoader workers).
+    ProcessTree = 1,
+    /// The machine's RAM (`used` = total - available).
+    SystemRam = 2,
+    /// The container's memory cgroup.
+    Cgroup = 3,
+    /// A whole GPU device.
+    GpuDevice = 4,
+    /// This process's memory on one GPU.
+    GpuProcess = 5,
+    /// A source defined by the caller (callback or pushed values).
+    Custom = 6,
+    /// This process's proportional set size (PSS, from smaps_rollup).
+    ProcessPss = 7,
+}
+
+impl SourceKind {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Process => "process",
+            SourceKind::ProcessTree => "process_tree",
+            SourceKind::SystemRam => "system_ram",
+            SourceKind::Cgroup => "cgroup",
+            SourceKind::GpuDevice => "gpu_device",
+            SourceKind::GpuProcess => "gpu_process",
+            SourceKind::Custom => "custom",
+            SourceKind::ProcessPss => "process_pss",
+        }
+    }
+}
+
+/// The description of a source: its name, kind and peak fidelity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceInfo {
+    /// Short unique-ish name used in reports (`rss`, `cgroup`, `gpu0`, ...).
+    pub name: String,
+    /// What is measured.
+    pub kind: SourceKind,
+    /// How exact its peaks are.
+    pub fidelity: PeakFidelity,
+}
+
+/// Nanoseconds on `CLOCK_MONOTONIC`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Converts a duration to whole nanoseconds, saturating.
+pub(crate) fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

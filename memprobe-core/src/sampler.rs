@@ -1,0 +1,43 @@
+//! The Sampler trait: one source of readings.
+
+use crate::error::Result;
+use crate::sample::{Sample, SourceInfo};
+
+/// Reads one source of memory readings.
+///
+/// A sampler is owned by a [`Source`](crate::Source), which serialises calls
+/// (a sampler never sees two calls at once) and implements peak windows on top
+/// of it. Implementations only read; they keep no window state.
+///
+/// Peak fidelity (see [`SourceInfo::fidelity`]):
+/// - [`Exact`](crate::PeakFidelity::Exact) samplers implement
+///   [`read_peak`](Sampler::read_peak) and [`reset_peak`](Sampler::reset_peak)
+///   over a high-water mark the kernel or driver keeps.
+/// - [`Sampled`](crate::PeakFidelity::Sampled) samplers only implement
+///   [`read`](Sampler::read); the monitor polls them.
+/// - [`Pushed`](crate::PeakFidelity::Pushed) sources are fed by the caller.
+pub trait Sampler: Send {
+    /// What this sampler measures. Must not change over the sampler's life.
+    fn info(&self) -> SourceInfo;
+
+    /// Takes one reading now.
+    fn read(&mut self) -> Result<Sample>;
+
+    /// The high-water mark of `used` since the last [`reset_peak`](Sampler::reset_peak)
+    /// (or since the source began), in bytes. `Ok(None)` when this sampler
+    /// keeps no high-water mark (the default).
+    fn read_peak(&mut self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// Resets the high-water mark to the current value. Only called on
+    /// samplers whose `read_peak` returned `Some`.
+    fn reset_peak(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Re-opens whatever the sampler keeps open after `fork()` in the child,
+    /// where descriptors opened on `/proc/self/...` still point at the parent.
+    /// The default does nothing.
+    fn after_fork(&mut self) {}
+}
