@@ -7,7 +7,7 @@
 //! progress: no memprobe mutex is held at the instant of the fork, and the
 //! child's calls never deadlock. The child handler bumps [`generation`] so
 //! kept-open `/proc/self/...` descriptors (which would still name the parent)
-//! are reopened, and tells the monitor its thread is gone.
+//! are reopened, and the monitor sees its thread is gone (it belonged to the parent).
 
 use std::cell::Cell;
 use std::cell::UnsafeCell;
@@ -28,8 +28,6 @@ thread_local! {
     /// Whether the prepare handler of the fork in progress took the gate.
     static FORK_TOOK_GATE: Cell<bool> = const { Cell::new(false) };
 }
-
-static CHILD_HOOKS: std::sync::Mutex<Vec<fn()>> = std::sync::Mutex::new(Vec::new());
 
 extern "C" fn prepare() {
     // A fork from inside a memprobe callback: this thread already holds a read
@@ -52,17 +50,12 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Ordering::SeqCst);
-    // try_lock: the hooks vector is only locked at registration, never across a fork
-    // point that holds the gate, but a plain lock could still block if a thread
-    // registered a hook during the fork; skip the hooks in that unlikely case.
-    if let Ok(hooks) = CHILD_HOOKS.try_lock() {
-        for hook in hooks.iter() {
-            hook();
-        }
-    }
     if FORK_TOOK_GATE.with(|t| t.replace(false)) {
-        // SAFETY: the forking thread (this one, in the child) took the write lock.
-        unsafe { libc::pthread_rwlock_unlock(GATE.0.get()) };
+        // glibc records the writer's tid, and the child's thread has a new
+        // one, so unlock would take the reader path and leave the lock held.
+        // The child has exactly one thread: re-initialise the lock instead.
+        // SAFETY: no other thread exists in the child to observe the write.
+        unsafe { GATE.0.get().write(libc::PTHREAD_RWLOCK_INITIALIZER) };
     }
 }
 
@@ -71,14 +64,6 @@ fn register() {
         // SAFETY: the handlers are plain extern "C" functions with 'static lifetime.
         unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     });
-}
-
-/// Registers `hook` to run in the child after `fork()`, before any call.
-/// Hooks must be async-signal-safe in spirit: no allocation-heavy work, no locks
-/// other than atomics.
-pub(crate) fn on_child(hook: fn()) {
-    register();
-    CHILD_HOOKS.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
 }
 
 /// The fork generation: 0 in the original process, incremented in each child.

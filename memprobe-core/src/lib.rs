@@ -1,20 +1,46 @@
 //! memprobe-core: the model of memprobe.
 //!
-//! Samplers read sources (this process, its process tree, system RAM, the
-//! container's cgroup, custom sources); [`Source`] wraps a sampler and keeps
-//! its peak windows; [`Window`]s are concurrent, nestable, independently
-//! resettable peak intervals; [`Trace`] is fastai's GPUMemTrace over any
-//! sources; the [`monitor`] polls sampled sources in the background.
+//! - [`Sampler`]s read one source each: this process ([`process`]), its
+//!   process tree ([`tree`]), system RAM ([`system`]), the container's
+//!   [`cgroup`], PSS/USS ([`smaps`]), custom [`callback`]s; GPU samplers live
+//!   in memprobe-gpu.
+//! - A [`Source`] wraps a sampler (or takes pushed values) and keeps the peak
+//!   state of every window open over it.
+//! - [`Window`]s are concurrent, nestable, independently resettable peak
+//!   intervals; for kernel high-water-mark sources their peaks are exact with
+//!   no polling.
+//! - The [`monitor`] polls sampled sources in the background.
+//! - [`Trace`] is fastai's GPUMemTrace over any sources; [`delta`] holds its
+//!   definitions; [`sink`]s receive samples and records.
 //!
 //! Every quantity is in bytes. Fields a source cannot supply are `None`.
 
+pub mod callback;
+pub mod cgroup;
+pub mod delta;
 pub mod error;
 pub mod fork;
+mod kernel_hwm;
 mod lock;
+pub mod monitor;
+pub mod process;
 mod procfs;
 pub mod sample;
 pub mod sampler;
+pub mod sink;
+pub mod smaps;
+mod source;
+pub mod sources;
+pub mod system;
+pub mod trace;
+pub mod tree;
+mod window;
 
+pub use delta::{b2mb, deltas, SourceDelta};
 pub use error::{Error, ErrorKind, Result};
 pub use sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 pub use sampler::Sampler;
+pub use sink::{NoopSink, Record, Sink, SnapshotSink};
+pub use source::Source;
+pub use trace::{Trace, TraceGuard, TraceOptions};
+pub use window::Window;

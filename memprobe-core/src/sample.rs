@@ -27,7 +27,11 @@ pub struct Sample {
 impl Sample {
     /// A sample of `used` bytes with no other field known, stamped now.
     pub fn used(used: u64) -> Self {
-        Sample { used, taken_at_ns: monotonic_ns(), ..Sample::default() }
+        Sample {
+            used,
+            taken_at_ns: monotonic_ns(),
+            ..Sample::default()
+        }
     }
 }
 
@@ -75,6 +79,8 @@ pub enum SourceKind {
     Custom = 6,
     /// This process's proportional set size (PSS, from smaps_rollup).
     ProcessPss = 7,
+    /// This process's unique set size (USS, from smaps_rollup).
+    ProcessUss = 8,
 }
 
 impl SourceKind {
@@ -89,6 +95,7 @@ impl SourceKind {
             SourceKind::GpuProcess => "gpu_process",
             SourceKind::Custom => "custom",
             SourceKind::ProcessPss => "process_pss",
+            SourceKind::ProcessUss => "process_uss",
         }
     }
 }
@@ -106,10 +113,15 @@ pub struct SourceInfo {
 
 /// Nanoseconds on `CLOCK_MONOTONIC`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Converts a duration to whole nanoseconds, saturating.

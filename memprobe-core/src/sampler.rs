@@ -30,10 +30,12 @@ pub trait Sampler: Send {
         Ok(None)
     }
 
-    /// Resets the high-water mark to the current value. Only called on
-    /// samplers whose `read_peak` returned `Some`.
-    fn reset_peak(&mut self) -> Result<()> {
-        Ok(())
+    /// Resets the high-water mark to the current value and returns a reading
+    /// taken right after the reset (the start of the next interval). Only
+    /// called on samplers whose `read_peak` returns `Some`. The default just
+    /// reads.
+    fn reset_peak(&mut self) -> Result<Sample> {
+        self.read()
     }
 
     /// Re-opens whatever the sampler keeps open after `fork()` in the child,

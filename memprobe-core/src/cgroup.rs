@@ -1,0 +1,308 @@
+//! The container's memory from its cgroup, v1 or v2, hybrid layouts included.
+//!
+//! Discovery reads `/proc/self/cgroup` per controller: if a v1 hierarchy has
+//! the `memory` controller (v1 or hybrid layouts) it is used, else the v2
+//! unified hierarchy. The path is resolved against the hierarchy's mount in
+//! `/proc/self/mountinfo` (its root may be a sub-path inside a container).
+//!
+//! Peaks: v2 `memory.peak` is reset per open descriptor by writing to it
+//! (Linux ≥ 6.12), which disturbs nobody; v1 `memory.max_usage_in_bytes` is
+//! reset by writing 0 (cgroup-wide). Where neither works the peak is sampled.
+//! An unlimited limit (`max` in v2, ≈ 2^63 in v1) is reported as no limit.
+
+use crate::error::{Error, Result};
+use crate::procfs::{self, ProcFile};
+use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
+use crate::sampler::Sampler;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Values at or above this are v1's "no limit" (PAGE_COUNTER_MAX × page size).
+const V1_UNLIMITED: u64 = 1 << 62;
+
+/// Which cgroup hierarchy holds the memory controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// cgroup v1 (`memory.usage_in_bytes`).
+    V1,
+    /// cgroup v2 (`memory.current`).
+    V2,
+}
+
+/// Where this process's memory cgroup lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupLocation {
+    /// v1 or v2.
+    pub version: CgroupVersion,
+    /// The cgroup's directory.
+    pub dir: PathBuf,
+}
+
+/// Finds this process's memory cgroup.
+pub fn discover() -> Result<CgroupLocation> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| Error::io("read /proc/self/cgroup", &e))?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::io("read /proc/self/mountinfo", &e))?;
+    discover_from(&cgroup, &mountinfo, Path::new("/"))
+}
+
+/// Finds the memory cgroup from the texts of `/proc/self/cgroup` and
+/// `/proc/self/mountinfo`; mount points are taken relative to `root`
+/// (`/` on a live system, a fixture directory in tests).
+pub fn discover_from(cgroup: &str, mountinfo: &str, root: &Path) -> Result<CgroupLocation> {
+    let mut v1_path = None;
+    let mut v2_path = None;
+    for line in cgroup.lines() {
+        let mut it = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            v2_path = Some(path);
+        } else if controllers.split(',').any(|c| c == "memory") {
+            v1_path = Some(path);
+        }
+    }
+    let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
+    if let Some(path) = v1_path {
+        if let Some(m) = mounts
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
+        {
+            if let Some(dir) = m.resolve(path, root, "memory.usage_in_bytes") {
+                return Ok(CgroupLocation {
+                    version: CgroupVersion::V1,
+                    dir,
+                });
+            }
+        }
+    }
+    if let Some(path) = v2_path {
+        if let Some(m) = mounts.iter().find(|m| m.fstype == "cgroup2") {
+            if let Some(dir) = m.resolve(path, root, "memory.current") {
+                return Ok(CgroupLocation {
+                    version: CgroupVersion::V2,
+                    dir,
+                });
+            }
+            return Err(Error::unavailable(format!(
+                "cgroup v2 path {path} has no memory.current (the root cgroup, or the memory controller is not enabled)"
+            )));
+        }
+    }
+    Err(Error::unavailable(
+        "no memory cgroup found in /proc/self/cgroup and /proc/self/mountinfo",
+    ))
+}
+
+struct Mount<'a> {
+    root: &'a str,
+    mount_point: &'a str,
+    fstype: &'a str,
+    super_opts: &'a str,
+}
+
+impl<'a> Mount<'a> {
+    fn parse(line: &'a str) -> Option<Mount<'a>> {
+        let (pre, post) = line.split_once(" - ")?;
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let post: Vec<&str> = post.split(' ').collect();
+        Some(Mount {
+            root: pre.get(3)?,
+            mount_point: pre.get(4)?,
+            fstype: post.first()?,
+            super_opts: post.get(2).copied().unwrap_or(""),
+        })
+    }
+
+    /// The directory of cgroup `path` under this mount, if it holds `probe`.
+    fn resolve(&self, path: &str, root: &Path, probe: &str) -> Option<PathBuf> {
+        let mount_point = root.join(self.mount_point.trim_start_matches('/'));
+        let rel = if self.root == "/" {
+            Some(path)
+        } else {
+            path.strip_prefix(self.root)
+                .filter(|r| r.is_empty() || r.starts_with('/'))
+        };
+        let mut candidates = Vec::new();
+        if let Some(rel) = rel {
+            candidates.push(mount_point.join(rel.trim_start_matches('/')));
+        }
+        // Inside a cgroup namespace the mount root is the process's own cgroup.
+        candidates.push(mount_point);
+        candidates.into_iter().find(|d| d.join(probe).exists())
+    }
+}
+
+/// Options for the cgroup sampler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupOptions {
+    /// Reset the kernel's peak at window boundaries where it can be reset
+    /// (exact peaks). With v1 this resets the cgroup-wide
+    /// `max_usage_in_bytes`, which other tools reading it will notice.
+    pub reset_peak: bool,
+}
+
+impl Default for CgroupOptions {
+    fn default() -> Self {
+        CgroupOptions { reset_peak: true }
+    }
+}
+
+/// Reads the container's usage, limit and peak.
+pub struct CgroupSampler {
+    location: CgroupLocation,
+    usage: ProcFile,
+    limit: ProcFile,
+    peak: Option<PeakFile>,
+}
+
+struct PeakFile {
+    file: File,
+    path: PathBuf,
+    buf: [u8; 32],
+    version: CgroupVersion,
+}
+
+impl PeakFile {
+    fn read(&mut self) -> Result<u64> {
+        let n = self
+            .file
+            .read_at(&mut self.buf, 0)
+            .map_err(|e| Error::io(format!("read {}", self.path.display()), &e))?;
+        procfs::parse_u64(&self.buf[..n])
+            .ok_or_else(|| procfs::malformed(&self.path, "not a number"))
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        let data: &[u8] = match self.version {
+            CgroupVersion::V1 => b"0",
+            CgroupVersion::V2 => b"reset\n",
+        };
+        self.file
+            .write_at(data, 0)
+            .map_err(|e| Error::io(format!("reset {}", self.path.display()), &e))?;
+        Ok(())
+    }
+}
+
+impl CgroupSampler {
+    /// Discovers this process's cgroup and opens it.
+    pub fn new(options: CgroupOptions) -> Result<Self> {
+        Self::at(discover()?, options)
+    }
+
+    /// Opens the cgroup at `location`.
+    pub fn at(location: CgroupLocation, options: CgroupOptions) -> Result<Self> {
+        let (usage, limit, peak) = match location.version {
+            CgroupVersion::V1 => (
+                "memory.usage_in_bytes",
+                "memory.limit_in_bytes",
+                "memory.max_usage_in_bytes",
+            ),
+            CgroupVersion::V2 => ("memory.current", "memory.max", "memory.peak"),
+        };
+        let usage = ProcFile::open(location.dir.join(usage))?;
+        let limit = ProcFile::open(location.dir.join(limit))?;
+        let peak = if options.reset_peak {
+            open_resettable_peak(&location, peak)
+        } else {
+            None
+        };
+        let mut s = CgroupSampler {
+            location,
+            usage,
+            limit,
+            peak,
+        };
+        s.read()?;
+        Ok(s)
+    }
+
+    /// Where the cgroup is.
+    pub fn location(&self) -> &CgroupLocation {
+        &self.location
+    }
+
+    fn read_limit(&mut self) -> Result<Option<u64>> {
+        let text = self.limit.read()?;
+        let trimmed = text.trim_ascii();
+        if trimmed == b"max" {
+            return Ok(None);
+        }
+        let v = procfs::parse_u64(trimmed)
+            .ok_or_else(|| procfs::malformed(self.limit.path(), "not a number or 'max'"))?;
+        Ok((v < V1_UNLIMITED).then_some(v))
+    }
+}
+
+/// Opens the peak file read-write and checks that a reset is accepted.
+fn open_resettable_peak(location: &CgroupLocation, name: &str) -> Option<PeakFile> {
+    let path = location.dir.join(name);
+    let file = OpenOptions::new().read(true).write(true).open(&path).ok()?;
+    let mut p = PeakFile {
+        file,
+        path,
+        buf: [0; 32],
+        version: location.version,
+    };
+    p.reset().ok()?;
+    p.read().ok()?;
+    Some(p)
+}
+
+impl Sampler for CgroupSampler {
+    fn info(&self) -> SourceInfo {
+        let fidelity = if self.peak.is_some() {
+            PeakFidelity::Exact
+        } else {
+            PeakFidelity::Sampled
+        };
+        SourceInfo {
+            name: "cgroup".into(),
+            kind: SourceKind::Cgroup,
+            fidelity,
+        }
+    }
+
+    fn read(&mut self) -> Result<Sample> {
+        let t0 = monotonic_ns();
+        let text = self.usage.read()?;
+        let used = procfs::parse_u64(text)
+            .ok_or_else(|| procfs::malformed(self.usage.path(), "not a number"))?;
+        let limit = self.read_limit()?;
+        Ok(Sample {
+            used,
+            limit,
+            free: limit.map(|l| l.saturating_sub(used)),
+            taken_at_ns: t0,
+            read_ns: monotonic_ns() - t0,
+            ..Sample::default()
+        })
+    }
+
+    fn read_peak(&mut self) -> Result<Option<u64>> {
+        match self.peak.as_mut() {
+            Some(p) => p.read().map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn reset_peak(&mut self) -> Result<Sample> {
+        if let Some(p) = self.peak.as_mut() {
+            p.reset()?;
+        }
+        self.read()
+    }
+}
+
+impl std::fmt::Debug for CgroupSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CgroupSampler")
+            .field("location", &self.location)
+            .field("resettable_peak", &self.peak.is_some())
+            .finish()
+    }
+}

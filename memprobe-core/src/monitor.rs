@@ -1,0 +1,247 @@
+//! The background monitor: one thread per process that polls the *sampled*
+//! sources which have at least one open window, and fans each reading into
+//! those windows (and into the monitor's sinks).
+//!
+//! It starts lazily, when the first window opens over a sampled source; it
+//! parks (no wake-ups, no CPU) while no such window is open; [`stop`] ends the
+//! thread promptly. Exact and pushed sources are never polled. After `fork()`
+//! the child has no monitor thread; it starts again lazily on the next window.
+
+use crate::error::{Error, Result};
+use crate::fork;
+use crate::lock::Lock;
+use crate::sample::{Sample, SourceInfo};
+use crate::sink::Sink;
+use crate::source::Shared;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// The shortest polling interval accepted: 100 µs. Below it, the cost of the
+/// reads themselves (tens of µs for a GPU) approaches a whole core.
+pub const MIN_INTERVAL: Duration = Duration::from_micros(100);
+/// The longest polling interval accepted: one hour.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// The default polling interval: 10 ms.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(10);
+
+struct Runner {
+    handle: Option<JoinHandle<()>>,
+    thread: Option<Thread>,
+    generation: u64,
+}
+
+static WATCHED: Lock<Vec<Weak<Shared>>> = Lock::new(Vec::new());
+static SINKS: Lock<Vec<Arc<dyn Sink>>> = Lock::new(Vec::new());
+static RUNNER: Lock<Runner> = Lock::new(Runner {
+    handle: None,
+    thread: None,
+    generation: 0,
+});
+static INTERVAL_NS: AtomicU64 = AtomicU64::new(10_000_000);
+static STOP: AtomicBool = AtomicBool::new(false);
+static TICKS: AtomicU64 = AtomicU64::new(0);
+static READS: AtomicU64 = AtomicU64::new(0);
+static ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Counters describing the monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorStats {
+    /// Whether the monitor thread exists in this process.
+    pub running: bool,
+    /// Sampled sources with open windows, polled at each tick.
+    pub watched: usize,
+    /// Ticks (polling rounds) since the process started.
+    pub ticks: u64,
+    /// Successful source reads by the monitor.
+    pub reads: u64,
+    /// Failed source reads by the monitor (e.g. a GPU lost).
+    pub errors: u64,
+    /// The current interval.
+    pub interval: Duration,
+}
+
+/// Sets the polling interval (validated: [`MIN_INTERVAL`] ..= [`MAX_INTERVAL`]).
+/// Takes effect at the next tick.
+pub fn set_interval(interval: Duration) -> Result<()> {
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&interval) {
+        return Err(Error::invalid(format!(
+            "monitor interval {interval:?} is outside {MIN_INTERVAL:?} ..= {MAX_INTERVAL:?}"
+        )));
+    }
+    INTERVAL_NS.store(crate::sample::duration_ns(interval), Ordering::Relaxed);
+    wake();
+    Ok(())
+}
+
+/// The polling interval.
+pub fn interval() -> Duration {
+    Duration::from_nanos(INTERVAL_NS.load(Ordering::Relaxed))
+}
+
+/// Adds a sink that receives every reading the monitor takes.
+pub fn add_sink(sink: Arc<dyn Sink>) -> Result<()> {
+    SINKS.lock()?.push(sink);
+    Ok(())
+}
+
+/// Removes every sink added with [`add_sink`].
+pub fn clear_sinks() -> Result<()> {
+    SINKS.lock()?.clear();
+    Ok(())
+}
+
+/// Counters.
+pub fn stats() -> Result<MonitorStats> {
+    let watched = WATCHED.lock()?.len();
+    let running = {
+        let r = RUNNER.lock()?;
+        r.handle.is_some() && r.generation == fork::generation()
+    };
+    Ok(MonitorStats {
+        running,
+        watched,
+        ticks: TICKS.load(Ordering::Relaxed),
+        reads: READS.load(Ordering::Relaxed),
+        errors: ERRORS.load(Ordering::Relaxed),
+        interval: interval(),
+    })
+}
+
+/// Stops the monitor thread and waits for it (at most one read round). It
+/// starts again when a window next opens over a sampled source.
+pub fn stop() -> Result<()> {
+    let handle = {
+        let mut r = RUNNER.lock()?;
+        if r.generation != fork::generation() {
+            // Forked child: the thread was the parent's.
+            *r = Runner {
+                handle: None,
+                thread: None,
+                generation: fork::generation(),
+            };
+            return Ok(());
+        }
+        STOP.store(true, Ordering::SeqCst);
+        if let Some(t) = r.thread.take() {
+            t.unpark();
+        }
+        r.handle.take()
+    };
+    if let Some(h) = handle {
+        if h.thread().id() == thread::current().id() {
+            return Err(Error::wrong_order(
+                "monitor::stop called from the monitor thread (inside a sink)",
+            ));
+        }
+        let _ = h.join();
+    }
+    STOP.store(false, Ordering::SeqCst);
+    Ok(())
+}
+
+pub(crate) fn watch(source: Weak<Shared>) {
+    if let Ok(mut w) = WATCHED.lock() {
+        w.retain(|s| s.strong_count() > 0);
+        w.push(source);
+    }
+    ensure_running();
+    wake();
+}
+
+pub(crate) fn unwatch(id: u64) {
+    if let Ok(mut w) = WATCHED.lock() {
+        w.retain(|s| s.upgrade().is_some_and(|s| s.id() != id));
+    }
+}
+
+fn wake() {
+    if let Ok(r) = RUNNER.lock() {
+        if r.generation == fork::generation() {
+            if let Some(t) = &r.thread {
+                t.unpark();
+            }
+        }
+    }
+}
+
+pub(crate) fn ensure_running() {
+    let Ok(mut r) = RUNNER.lock() else { return };
+    let gen = fork::generation();
+    if r.handle.is_some() && r.generation == gen {
+        return;
+    }
+    // Either never started, or this is a forked child whose thread is gone.
+    let spawned = thread::Builder::new()
+        .name("memprobe-monitor".into())
+        .spawn(run);
+    if let Ok(h) = spawned {
+        r.thread = Some(h.thread().clone());
+        r.handle = Some(h);
+        r.generation = gen;
+    }
+}
+
+fn run() {
+    let mut next = Instant::now();
+    loop {
+        if STOP.load(Ordering::SeqCst) {
+            return;
+        }
+        let polled = tick();
+        if polled == 0 {
+            // Nothing to poll: sleep until a window opens (or stop).
+            thread::park();
+            next = Instant::now();
+            continue;
+        }
+        let interval = interval();
+        next += interval;
+        let now = Instant::now();
+        if next <= now {
+            // Fell behind (slow reads or a descheduled thread): skip, don't burst.
+            next = now + interval;
+        }
+        thread::park_timeout(next - now.min(next));
+    }
+}
+
+/// One polling round; returns how many sources were polled.
+fn tick() -> usize {
+    let sources: Vec<Arc<Shared>> = match WATCHED.lock() {
+        Ok(w) => w.iter().filter_map(Weak::upgrade).collect(),
+        Err(_) => return 0,
+    };
+    if sources.is_empty() {
+        return 0;
+    }
+    TICKS.fetch_add(1, Ordering::Relaxed);
+    let mut readings: Vec<(&SourceInfo, Sample)> = Vec::with_capacity(sources.len());
+    let mut polled = 0;
+    for s in &sources {
+        let Ok(mut st) = s.state.lock() else { continue };
+        match st.poll() {
+            Ok(Some(sample)) => {
+                polled += 1;
+                READS.fetch_add(1, Ordering::Relaxed);
+                readings.push((s.info(), sample));
+            }
+            Ok(None) => {}
+            Err(_) => {
+                polled += 1;
+                ERRORS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if !readings.is_empty() {
+        if let Ok(sinks) = SINKS.lock() {
+            for sink in sinks.iter() {
+                for (info, sample) in &readings {
+                    sink.on_sample(info, sample);
+                }
+            }
+        }
+    }
+    polled
+}

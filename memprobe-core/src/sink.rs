@@ -1,0 +1,102 @@
+//! Sinks receive samples (from the monitor) and records (ended traces,
+//! windows, phases). Sources are kept apart from sinks: a sink never reads.
+
+use crate::delta::SourceDelta;
+use crate::error::Result;
+use crate::sample::{Sample, SourceInfo};
+use std::sync::Mutex;
+
+/// The record of one measured interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Record {
+    /// What was measured: a trace's `ctx: note`, a phase's name.
+    pub label: String,
+    /// Start of the interval, monotonic nanoseconds.
+    pub started_at_ns: u64,
+    /// End of the interval (or the moment of the report), monotonic nanoseconds.
+    pub ended_at_ns: u64,
+    /// One entry per source, in the order the sources were given.
+    pub sources: Vec<SourceDelta>,
+}
+
+impl Record {
+    /// Builds a record.
+    pub fn new(
+        label: impl Into<String>,
+        started_at_ns: u64,
+        ended_at_ns: u64,
+        sources: Vec<SourceDelta>,
+    ) -> Self {
+        Record {
+            label: label.into(),
+            started_at_ns,
+            ended_at_ns,
+            sources,
+        }
+    }
+}
+
+/// Receives what memprobe measures. Every method has a default that does
+/// nothing, so a sink implements only what it cares about.
+pub trait Sink: Send + Sync {
+    /// A reading taken by the monitor.
+    fn on_sample(&self, _source: &SourceInfo, _sample: &Sample) {}
+    /// An interval that was reported or ended.
+    fn on_record(&self, _record: &Record) {}
+    /// Flushes buffered output.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A sink that drops everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopSink;
+
+impl Sink for NoopSink {}
+
+/// A sink that keeps everything it receives, for tests and inspection.
+#[derive(Debug, Default)]
+pub struct SnapshotSink {
+    samples: Mutex<Vec<(String, Sample)>>,
+    records: Mutex<Vec<Record>>,
+}
+
+impl SnapshotSink {
+    /// An empty snapshot.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The samples received so far, with their source names.
+    pub fn samples(&self) -> Vec<(String, Sample)> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The records received so far.
+    pub fn records(&self) -> Vec<Record> {
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Sink for SnapshotSink {
+    fn on_sample(&self, source: &SourceInfo, sample: &Sample) {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((source.name.clone(), *sample));
+    }
+    fn on_record(&self, record: &Record) {
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record.clone());
+    }
+}

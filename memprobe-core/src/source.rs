@@ -1,0 +1,354 @@
+//! A source: one sampler plus the peak state of every window open over it.
+//!
+//! Peaks are kept per source, not per window, so that one window's boundary
+//! can fold the source's high-water mark into *every* open window before it
+//! resets it — opening, resetting or closing one window never disturbs another.
+//!
+//! Each source keeps a high-water mark "since the last boundary":
+//! - exact sources: the kernel's (the sampler's `read_peak` / `reset_peak`);
+//! - pushed sources: the largest value pushed since the last boundary;
+//! - sampled sources: the largest value the monitor (or any read) saw.
+//!
+//! A window's peak is the max of what was folded into its slot and the
+//! current high-water mark.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::lock::Lock;
+use crate::monitor;
+use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
+use crate::sampler::Sampler;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A shared handle to one source of readings. Cloning is cheap and every
+/// clone refers to the same source, its windows and its peak state.
+#[derive(Clone)]
+pub struct Source {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    id: u64,
+    info: SourceInfo,
+    pub(crate) state: Lock<State>,
+}
+
+pub(crate) struct State {
+    /// `None` for pushed sources.
+    sampler: Option<Box<dyn Sampler>>,
+    /// Exact: the sampler keeps a high-water mark the kernel maintains.
+    kernel_hwm: bool,
+    /// Pushed/sampled: max value seen since the last boundary.
+    pending: Option<u64>,
+    /// Peak folded into each open window; `None` marks a free slot.
+    slots: Vec<Option<u64>>,
+    open: usize,
+    last: Option<Sample>,
+    last_error: Option<Error>,
+    /// Fork generation the sampler last ran in.
+    generation: u64,
+}
+
+/// Identifies one window's slot in a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotId(usize);
+
+impl Source {
+    /// Wraps a sampler. Its [`SourceInfo::fidelity`] decides how peaks are
+    /// kept: `Exact` samplers must implement `read_peak`/`reset_peak`.
+    pub fn from_sampler(mut sampler: Box<dyn Sampler>) -> Source {
+        let info = sampler.info();
+        let kernel_hwm =
+            info.fidelity == PeakFidelity::Exact && matches!(sampler.read_peak(), Ok(Some(_)));
+        let info = if info.fidelity == PeakFidelity::Exact && !kernel_hwm {
+            SourceInfo {
+                fidelity: PeakFidelity::Sampled,
+                ..info
+            }
+        } else {
+            info
+        };
+        Self::build(info, Some(sampler), kernel_hwm)
+    }
+
+    /// A source whose values the caller pushes (e.g. a framework allocator's
+    /// allocated bytes). Its peak is exact as long as every change is pushed.
+    pub fn pushed(name: &str) -> Result<Source> {
+        check_name(name)?;
+        let info = SourceInfo {
+            name: name.to_owned(),
+            kind: SourceKind::Custom,
+            fidelity: PeakFidelity::Pushed,
+        };
+        Ok(Self::build(info, None, false))
+    }
+
+    fn build(info: SourceInfo, sampler: Option<Box<dyn Sampler>>, kernel_hwm: bool) -> Source {
+        let shared = Arc::new(Shared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            info,
+            state: Lock::new(State {
+                sampler,
+                kernel_hwm,
+                pending: None,
+                slots: Vec::new(),
+                open: 0,
+                last: None,
+                last_error: None,
+                generation: crate::fork::generation(),
+            }),
+        });
+        Source { shared }
+    }
+
+    /// A process-unique id.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Name, kind and peak fidelity.
+    pub fn info(&self) -> &SourceInfo {
+        &self.shared.info
+    }
+
+    /// Takes one reading now (for pushed sources: the last pushed value).
+    /// The reading also counts towards the peak of every open window.
+    pub fn read(&self) -> Result<Sample> {
+        let mut st = self.shared.state.lock()?;
+        st.read_now()
+    }
+
+    /// Pushes a new value of a pushed source, in bytes.
+    pub fn push(&self, used: u64) -> Result<()> {
+        let mut st = self.shared.state.lock()?;
+        if st.sampler.is_some() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "source '{}' is read by its sampler; only pushed sources take values",
+                    self.info().name
+                ),
+            ));
+        }
+        let sample = Sample::used(used);
+        st.note(&sample);
+        st.last = Some(sample);
+        Ok(())
+    }
+
+    /// The last reading taken (by a read, a window boundary or the monitor).
+    pub fn last(&self) -> Result<Option<Sample>> {
+        Ok(self.shared.state.lock()?.last)
+    }
+
+    /// The error of the last failed read, cleared by the next good one
+    /// (e.g. a GPU lost while the monitor polls it).
+    pub fn last_error(&self) -> Result<Option<Error>> {
+        Ok(self.shared.state.lock()?.last_error.clone())
+    }
+
+    /// Number of windows currently open over this source.
+    pub fn open_windows(&self) -> Result<usize> {
+        Ok(self.shared.state.lock()?.open)
+    }
+
+    /// Opens a slot: folds the high-water mark into every open window, resets
+    /// it, and starts the new slot at the current reading.
+    pub(crate) fn open_slot(&self) -> Result<(SlotId, Sample)> {
+        let (slot, sample, first) = {
+            let mut st = self.shared.state.lock()?;
+            let sample = st.boundary()?;
+            let slot = match st.slots.iter().position(Option::is_none) {
+                Some(i) => {
+                    st.slots[i] = Some(sample.used);
+                    i
+                }
+                None => {
+                    st.slots.push(Some(sample.used));
+                    st.slots.len() - 1
+                }
+            };
+            st.open += 1;
+            (SlotId(slot), sample, st.open == 1)
+        };
+        if self.needs_polling() {
+            if first {
+                monitor::watch(Arc::downgrade(&self.shared));
+            } else {
+                // Cheap when running; restarts the thread in a forked child.
+                monitor::ensure_running();
+            }
+        }
+        Ok((slot, sample))
+    }
+
+    /// Restarts one slot at the current reading, leaving the others intact.
+    pub(crate) fn restart_slot(&self, slot: SlotId) -> Result<Sample> {
+        let mut st = self.shared.state.lock()?;
+        st.check_slot(slot)?;
+        let sample = st.boundary()?;
+        st.slots[slot.0] = Some(sample.used);
+        Ok(sample)
+    }
+
+    /// The peak of one slot so far, without ending it; also returns a reading
+    /// taken now (`None` for pushed sources that were never pushed).
+    pub(crate) fn peek_slot(&self, slot: SlotId) -> Result<(u64, Sample)> {
+        let mut st = self.shared.state.lock()?;
+        st.check_slot(slot)?;
+        let now = st.read_now()?;
+        let hwm = st.current_hwm()?;
+        let folded = st.slots[slot.0].unwrap_or(0);
+        Ok((folded.max(hwm).max(now.used), now))
+    }
+
+    /// Frees a slot. Its peak is not computed (see `peek_slot`).
+    pub(crate) fn close_slot(&self, slot: SlotId) -> Result<()> {
+        let last = {
+            let mut st = self.shared.state.lock()?;
+            st.check_slot(slot)?;
+            st.slots[slot.0] = None;
+            st.open -= 1;
+            st.open == 0
+        };
+        if last && self.needs_polling() {
+            monitor::unwatch(self.shared.id);
+        }
+        Ok(())
+    }
+
+    fn needs_polling(&self) -> bool {
+        self.shared.info.fidelity == PeakFidelity::Sampled
+    }
+}
+
+impl Shared {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn info(&self) -> &SourceInfo {
+        &self.info
+    }
+}
+
+impl State {
+    /// Raises the pending high-water mark with a reading.
+    fn note(&mut self, sample: &Sample) {
+        if !self.kernel_hwm {
+            self.pending = Some(self.pending.map_or(sample.used, |p| p.max(sample.used)));
+        }
+    }
+
+    /// In a forked child, lets the sampler reopen what it keeps open.
+    fn check_fork(&mut self) {
+        let g = crate::fork::generation();
+        if g != self.generation {
+            self.generation = g;
+            if let Some(s) = self.sampler.as_mut() {
+                s.after_fork();
+            }
+        }
+    }
+
+    pub(crate) fn read_now(&mut self) -> Result<Sample> {
+        self.check_fork();
+        match self.sampler.as_mut() {
+            None => Ok(self.last.unwrap_or_else(|| Sample::used(0))),
+            Some(s) => {
+                let t0 = monotonic_ns();
+                match s.read() {
+                    Ok(mut sample) => {
+                        if sample.taken_at_ns == 0 {
+                            sample.taken_at_ns = t0;
+                        }
+                        if sample.read_ns == 0 {
+                            sample.read_ns = monotonic_ns().saturating_sub(t0);
+                        }
+                        self.note(&sample);
+                        self.last = Some(sample);
+                        self.last_error = None;
+                        Ok(sample)
+                    }
+                    Err(e) => {
+                        self.last_error = Some(e.clone());
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The high-water mark since the last boundary (0 if nothing was seen).
+    fn current_hwm(&mut self) -> Result<u64> {
+        self.check_fork();
+        if self.kernel_hwm {
+            let s = self.sampler.as_mut().expect("kernel hwm implies a sampler");
+            Ok(s.read_peak()?.unwrap_or(0))
+        } else {
+            Ok(self.pending.unwrap_or(0))
+        }
+    }
+
+    /// A window boundary: fold the high-water mark into every open slot,
+    /// reset it, and return a reading taken right after the reset.
+    fn boundary(&mut self) -> Result<Sample> {
+        self.check_fork();
+        if self.open > 0 {
+            let hwm = self.current_hwm()?;
+            for p in self.slots.iter_mut().flatten() {
+                if hwm > *p {
+                    *p = hwm;
+                }
+            }
+        }
+        if self.kernel_hwm {
+            let s = self.sampler.as_mut().expect("kernel hwm implies a sampler");
+            let t0 = monotonic_ns();
+            let mut sample = s.reset_peak()?;
+            if sample.taken_at_ns == 0 {
+                sample.taken_at_ns = t0;
+            }
+            self.last = Some(sample);
+            Ok(sample)
+        } else {
+            self.pending = None;
+            self.read_now()
+        }
+    }
+
+    fn check_slot(&self, slot: SlotId) -> Result<()> {
+        match self.slots.get(slot.0) {
+            Some(Some(_)) => Ok(()),
+            _ => Err(Error::wrong_order("window is not open on this source")),
+        }
+    }
+
+    /// Called by the monitor: one poll, folded into the pending mark.
+    pub(crate) fn poll(&mut self) -> Result<Option<Sample>> {
+        if self.open == 0 {
+            return Ok(None);
+        }
+        self.read_now().map(Some)
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
+        return Err(Error::invalid(
+            "a source name must be 1 to 64 printable characters",
+        ));
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("id", &self.shared.id)
+            .field("info", &self.shared.info)
+            .finish()
+    }
+}

@@ -1,0 +1,48 @@
+//! Helpers shared by the core's integration tests.
+#![allow(dead_code, missing_docs)]
+
+use std::sync::{Mutex, MutexGuard};
+
+pub(crate) const MIB: u64 = 1 << 20;
+/// The kernel counts RSS in per-CPU batches (about 32 pages per CPU), so a
+/// reading can trail the true value by a few hundred KiB.
+pub(crate) const SLACK: u64 = 2 * MIB;
+
+/// Tests that measure this process's memory run one at a time: the process
+/// source is process-wide, so another test's allocation would show up.
+static MEMORY: Mutex<()> = Mutex::new(());
+
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
+    MEMORY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Maps `bytes`, touches every page, unmaps: a spike held for the time of one
+/// munmap (well under 1 ms once the pages are in).
+pub(crate) fn spike(bytes: usize) {
+    // SAFETY: anonymous private mapping, touched within bounds, then unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        let page = 4096;
+        let base = p as *mut u8;
+        let mut off = 0;
+        while off < bytes {
+            base.add(off).write_volatile(1);
+            off += page;
+        }
+        let t = std::time::Instant::now();
+        libc::munmap(p, bytes);
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(50),
+            "munmap took {:?}",
+            t.elapsed()
+        );
+    }
+}

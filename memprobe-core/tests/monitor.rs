@@ -1,0 +1,173 @@
+//! The background monitor: lazy start, sampled peaks, sinks, prompt stop, and
+//! fork from a process whose monitor thread is running.
+
+use memprobe_core::{monitor, sink::Sink, Sample, SnapshotSink, Source, SourceInfo, Window};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn value_source(name: &str) -> (Source, Arc<AtomicU64>) {
+    let v = Arc::new(AtomicU64::new(10));
+    let v2 = v.clone();
+    let src = Source::callback(name, Box::new(move || Ok(v2.load(Ordering::SeqCst)))).unwrap();
+    (src, v)
+}
+
+#[test]
+fn interval_is_validated() {
+    assert!(monitor::set_interval(Duration::from_micros(99)).is_err());
+    assert!(monitor::set_interval(Duration::from_secs(3601)).is_err());
+    assert!(monitor::set_interval(Duration::ZERO).is_err());
+}
+
+#[test]
+fn sampled_peak_is_caught_and_sinks_see_samples() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    monitor::set_interval(Duration::from_millis(1)).unwrap();
+    let sink = Arc::new(SnapshotSink::new());
+    monitor::add_sink(sink.clone()).unwrap();
+    let (src, v) = value_source("cb");
+    let w = Window::open(&[src.clone()]).unwrap();
+    assert!(
+        monitor::stats().unwrap().running,
+        "monitor starts lazily on a sampled window"
+    );
+    v.store(500, Ordering::SeqCst);
+    // Hold the value until the monitor has polled at least twice.
+    let before = monitor::stats().unwrap().reads;
+    let t = Instant::now();
+    while monitor::stats().unwrap().reads < before + 2 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    v.store(20, Ordering::SeqCst);
+    assert_eq!(w.peaks().unwrap(), vec![500]);
+    assert!(sink
+        .samples()
+        .iter()
+        .any(|(n, s)| n == "cb" && s.used == 500));
+    monitor::clear_sinks().unwrap();
+    drop(w);
+    let t = Instant::now();
+    monitor::stop().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(1), "stop is prompt");
+    assert!(!monitor::stats().unwrap().running);
+    monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
+}
+
+#[test]
+fn a_failing_source_is_counted_and_others_go_on() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    monitor::set_interval(Duration::from_millis(1)).unwrap();
+    let fail = Arc::new(AtomicU64::new(0));
+    let f2 = fail.clone();
+    let flaky = Source::callback(
+        "flaky",
+        Box::new(move || {
+            if f2.load(Ordering::SeqCst) == 1 {
+                Err(memprobe_core::Error::new(
+                    memprobe_core::ErrorKind::GpuLost,
+                    "fell off the bus",
+                ))
+            } else {
+                Ok(1)
+            }
+        }),
+    )
+    .unwrap();
+    let (good, v) = value_source("good");
+    let w = Window::open(&[flaky.clone(), good.clone()]).unwrap();
+    fail.store(1, Ordering::SeqCst);
+    v.store(77, Ordering::SeqCst);
+    let t = Instant::now();
+    while flaky.last_error().unwrap().is_none() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let err = flaky
+        .last_error()
+        .unwrap()
+        .expect("the monitor recorded the failure");
+    assert_eq!(err.kind(), memprobe_core::ErrorKind::GpuLost);
+    let t = Instant::now();
+    while good.last().unwrap().map(|s| s.used) != Some(77) && t.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        good.last().unwrap().unwrap().used,
+        77,
+        "the other source is still polled"
+    );
+    drop(w);
+    monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
+}
+
+struct Counting(AtomicU64);
+impl Sink for Counting {
+    fn on_sample(&self, _: &SourceInfo, _: &Sample) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn fork_with_monitor_running_child_works() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    monitor::set_interval(Duration::from_micros(200)).unwrap();
+    monitor::add_sink(Arc::new(Counting(AtomicU64::new(0)))).unwrap();
+    let (src, _v) = value_source("busy");
+    let rss = Source::process().unwrap();
+    let _w = Window::open(&[src.clone(), rss.clone()]).unwrap();
+    assert!(monitor::stats().unwrap().running);
+    for _ in 0..20 {
+        // SAFETY: the child only runs memprobe calls and _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = std::panic::catch_unwind(|| {
+                let parent_rss = rss.read().unwrap().used;
+                // The child's kept-open /proc/self descriptors were reopened: a
+                // 64 MiB spike in the child is seen by a window in the child.
+                let w = Window::open(&[rss.clone(), src.clone()]).unwrap();
+                let start = w.starts()[0].used;
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        64 << 20,
+                        3,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                } as *mut u8;
+                for i in (0..(64 << 20)).step_by(4096) {
+                    unsafe { p.add(i).write_volatile(1) };
+                }
+                unsafe { libc::munmap(p as *mut _, 64 << 20) };
+                let peak = w.peaks().unwrap()[0];
+                let stats = monitor::stats().unwrap();
+                peak >= start + (62 << 20) && parent_rss > 0 && stats.running
+            });
+            unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 3 }) };
+        }
+        let t = Instant::now();
+        let mut status = 0;
+        loop {
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("child deadlocked after fork");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child failed: status {status:#x}"
+        );
+    }
+    monitor::clear_sinks().unwrap();
+    monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
+}

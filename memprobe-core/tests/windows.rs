@@ -1,0 +1,136 @@
+//! Exact peak windows over this process's RSS, and fastai's deltas on pushed
+//! sources.
+
+mod common;
+use common::{serial, spike, MIB, SLACK};
+use memprobe_core::{PeakFidelity, Source, Window};
+
+#[test]
+fn spike_is_caught_in_window_and_outer_not_in_later_sibling() {
+    let _g = serial();
+    let rss = Source::process().unwrap();
+    assert_eq!(
+        rss.info().fidelity,
+        PeakFidelity::Exact,
+        "VmHWM reset must work on this machine"
+    );
+    let outer = Window::open(&[rss.clone()]).unwrap();
+    let inner = Window::open(&[rss.clone()]).unwrap();
+    let start = inner.starts()[0].used;
+    spike(256 * MIB as usize);
+    let inner_peak = inner.peaks().unwrap()[0];
+    assert!(
+        inner_peak >= start + 256 * MIB - SLACK,
+        "inner peak {inner_peak} < start {start} + 256 MiB"
+    );
+    drop(inner);
+    let sibling = Window::open(&[rss.clone()]).unwrap();
+    let sib_peak = sibling.peaks().unwrap()[0];
+    assert!(
+        sib_peak < start + 128 * MIB,
+        "sibling opened after the spike saw it: {sib_peak}"
+    );
+    // The outer window saw it even though the sibling's open reset the kernel mark.
+    let outer_peak = outer.peaks().unwrap()[0];
+    assert!(
+        outer_peak >= start + 256 * MIB - SLACK,
+        "outer peak {outer_peak} lost the spike"
+    );
+    let d = outer.close().unwrap();
+    assert_eq!(d[0].fidelity, PeakFidelity::Exact);
+    assert!(d[0].delta_peaked >= 200 * MIB);
+}
+
+#[test]
+fn resetting_one_window_leaves_the_others_intact() {
+    let _g = serial();
+    let rss = Source::process().unwrap();
+    let a = Window::open(&[rss.clone()]).unwrap();
+    let mut b = Window::open(&[rss.clone()]).unwrap();
+    let c = Window::open(&[rss.clone()]).unwrap();
+    let start = a.starts()[0].used;
+    spike(128 * MIB as usize);
+    b.reset().unwrap();
+    let peaks: Vec<u64> = [&a, &b, &c].iter().map(|w| w.peaks().unwrap()[0]).collect();
+    assert!(
+        peaks[0] >= start + 128 * MIB - SLACK,
+        "a lost the spike: {peaks:?}"
+    );
+    assert!(
+        peaks[1] < start + 64 * MIB,
+        "b still has the spike after its reset: {peaks:?}"
+    );
+    assert!(
+        peaks[2] >= start + 128 * MIB - SLACK,
+        "c lost the spike: {peaks:?}"
+    );
+}
+
+#[test]
+fn sixty_four_nested_windows_all_see_a_spike_in_the_innermost() {
+    let _g = serial();
+    let rss = Source::process().unwrap();
+    let windows: Vec<Window> = (0..64)
+        .map(|_| Window::open(&[rss.clone()]).unwrap())
+        .collect();
+    let start = windows[63].starts()[0].used;
+    spike(64 * MIB as usize);
+    let later = Window::open(&[rss.clone()]).unwrap();
+    for (i, w) in windows.iter().enumerate() {
+        let p = w.peaks().unwrap()[0];
+        assert!(p >= start + 64 * MIB - SLACK, "window {i}: {p}");
+    }
+    assert!(later.peaks().unwrap()[0] < start + 32 * MIB);
+    assert_eq!(rss.open_windows().unwrap(), 65);
+    drop(windows);
+    drop(later);
+    assert_eq!(rss.open_windows().unwrap(), 0);
+}
+
+#[test]
+fn pushed_source_follows_fastai_deltas_including_negative_used() {
+    let src = Source::pushed("alloc").unwrap();
+    src.push(100 * MIB).unwrap();
+    let w = Window::open(&[src.clone()]).unwrap();
+    for v in [120, 180, 90, 110] {
+        src.push(v * MIB).unwrap();
+    }
+    let d = &w.measure().unwrap()[0];
+    assert_eq!(
+        (d.used_start, d.used_end, d.peak),
+        (100 * MIB, 110 * MIB, 180 * MIB)
+    );
+    assert_eq!((d.delta_used, d.delta_peaked), (10 * MIB as i64, 70 * MIB));
+    src.push(40 * MIB).unwrap();
+    let d = &w.close().unwrap()[0];
+    assert_eq!((d.delta_used, d.delta_peaked), (-60 * MIB as i64, 80 * MIB));
+    assert_eq!(d.fidelity, PeakFidelity::Pushed);
+}
+
+#[test]
+fn pushed_windows_are_independent() {
+    let src = Source::pushed("p").unwrap();
+    src.push(10).unwrap();
+    let outer = Window::open(&[src.clone()]).unwrap();
+    src.push(50).unwrap();
+    let mut inner = Window::open(&[src.clone()]).unwrap();
+    src.push(30).unwrap();
+    assert_eq!(inner.peaks().unwrap(), vec![50]);
+    inner.reset().unwrap();
+    src.push(20).unwrap();
+    assert_eq!(inner.peaks().unwrap(), vec![30]);
+    assert_eq!(outer.peaks().unwrap(), vec![50]);
+    let sibling = Window::open(&[src.clone()]).unwrap();
+    assert_eq!(sibling.peaks().unwrap(), vec![20]);
+}
+
+#[test]
+fn invalid_inputs_are_errors() {
+    assert!(Window::open(&[]).is_err());
+    assert!(Source::pushed("").is_err());
+    assert!(Source::pushed(&"x".repeat(65)).is_err());
+    assert!(
+        Source::process().unwrap().push(1).is_err(),
+        "sampled sources refuse pushes"
+    );
+}
