@@ -21,7 +21,7 @@ pub mod delta;
 pub mod error;
 pub mod fork;
 mod kernel_hwm;
-mod lock;
+pub mod lock;
 pub mod monitor;
 pub mod process;
 mod procfs;

@@ -1,4 +1,5 @@
 //! The one mutex type memprobe uses: fork-gated and re-entry-checked.
+//! Public so that layers above (the C ABI) keep the same guarantees.
 
 use crate::error::{Error, Result};
 use crate::fork::GateGuard;
@@ -18,26 +19,30 @@ fn this_thread() -> u64 {
 /// the thread that holds it (a callback calling back into the same object)
 /// with an error instead of a deadlock. A poisoned lock is recovered: the
 /// protected state is kept consistent by never panicking mid-update.
-pub(crate) struct Lock<T> {
+pub struct Lock<T> {
     owner: AtomicU64,
     inner: Mutex<T>,
 }
 
-pub(crate) struct LockGuard<'a, T> {
+/// Holds a [`Lock`] (and the fork gate) until dropped.
+pub struct LockGuard<'a, T> {
     lock: &'a Lock<T>,
     guard: Option<MutexGuard<'a, T>>,
     _gate: GateGuard,
 }
 
 impl<T> Lock<T> {
-    pub(crate) const fn new(value: T) -> Self {
+    /// A new unlocked lock around `value`.
+    pub const fn new(value: T) -> Self {
         Lock {
             owner: AtomicU64::new(0),
             inner: Mutex::new(value),
         }
     }
 
-    pub(crate) fn lock(&self) -> Result<LockGuard<'_, T>> {
+    /// Locks; fails with [`ErrorKind::WrongOrder`](crate::ErrorKind::WrongOrder)
+    /// when this thread already holds it (re-entry from a callback).
+    pub fn lock(&self) -> Result<LockGuard<'_, T>> {
         let me = this_thread();
         if self.owner.load(Ordering::Acquire) == me {
             return Err(Error::wrong_order(

@@ -173,6 +173,9 @@ pub(crate) fn ensure_running() {
         return;
     }
     // Either never started, or this is a forked child whose thread is gone.
+    if r.generation != gen {
+        forget_parent_thread(&mut r);
+    }
     let spawned = thread::Builder::new()
         .name("memprobe-monitor".into())
         .spawn(run);
@@ -181,6 +184,16 @@ pub(crate) fn ensure_running() {
         r.handle = Some(h);
         r.generation = gen;
     }
+}
+
+/// In a forked child, the parent's monitor thread does not exist, and glibc
+/// hands its stack and descriptor (the same `pthread_t`) to the next thread
+/// created. Dropping the stale `JoinHandle` would detach that new thread, so
+/// it is forgotten instead.
+fn forget_parent_thread(r: &mut Runner) {
+    std::mem::forget(r.handle.take());
+    r.thread = None;
+    r.generation = fork::generation();
 }
 
 fn run() {

@@ -166,6 +166,18 @@ impl Trace {
         self.ctx.as_deref()
     }
 
+    /// The report line for `note` (without newline), neither printed nor
+    /// sent to sinks.
+    pub fn line(&self, note: Option<&str>) -> Result<String> {
+        if let Some(n) = note {
+            check_text(n, "note")?;
+        }
+        Ok(format_report(
+            &self.data()?,
+            &context(self.ctx.as_deref(), note),
+        ))
+    }
+
     /// Reports delta used / delta peaked with an optional note: prints the
     /// line (unless silent), sends a record to the sinks, returns the line
     /// (without newline).

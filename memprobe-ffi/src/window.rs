@@ -1,0 +1,159 @@
+//! Peak windows through the C ABI.
+
+use crate::boundary::{out, run, FfiError, FfiResult};
+use crate::handle::Table;
+use crate::source::{fidelity_code, kind_code, memprobe_source, sources};
+use crate::status::memprobe_status;
+use memprobe_core::lock::Lock;
+use memprobe_core::{SourceDelta, Window};
+
+/// An open peak window over one or more sources.
+#[allow(non_camel_case_types)]
+pub struct memprobe_window {
+    _private: [u8; 0],
+}
+
+static WINDOWS: Table<Lock<Window>> = Table::new(0x57, "memprobe_window");
+
+/// What one source did over an interval (a window, a trace), in bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct memprobe_delta {
+    /// Used when the interval (last) started.
+    pub used_start: u64,
+    /// Used at the end, or now for an interval still open.
+    pub used_end: u64,
+    /// Highest used over the interval (Avalanche's Max*).
+    pub peak: u64,
+    /// used_end - used_start (negative when memory was released).
+    pub delta_used: i64,
+    /// fastai's delta peaked: max(0, peak - used_start), minus delta_used
+    /// when delta_used > 0 (the blip above the net growth).
+    pub delta_peaked: u64,
+    /// The source's memprobe_source_kind.
+    pub kind: u32,
+    /// The source's memprobe_fidelity: how exact `peak` is.
+    pub fidelity: u32,
+}
+
+impl From<&SourceDelta> for memprobe_delta {
+    fn from(d: &SourceDelta) -> Self {
+        memprobe_delta {
+            used_start: d.used_start,
+            used_end: d.used_end,
+            peak: d.peak,
+            delta_used: d.delta_used,
+            delta_peaked: d.delta_peaked,
+            kind: kind_code(d.kind),
+            fidelity: fidelity_code(d.fidelity),
+        }
+    }
+}
+
+pub(crate) fn pick(deltas: &[SourceDelta], index: usize) -> FfiResult<&SourceDelta> {
+    deltas.get(index).ok_or_else(|| {
+        FfiError::new(
+            memprobe_status::InvalidId,
+            format!("source index {index} out of range (0..{})", deltas.len()),
+        )
+    })
+}
+
+fn window(h: *const memprobe_window) -> FfiResult<std::sync::Arc<Lock<Window>>> {
+    if h.is_null() {
+        return Err(crate::boundary::null("window"));
+    }
+    WINDOWS.get(h as usize)
+}
+
+/// Opens a peak window over `sources[0..n_sources]`. Windows are concurrent,
+/// nestable and independent: opening, resetting or freeing one never changes
+/// another's peak. For exact sources no spike is missed, however short.
+#[no_mangle]
+pub extern "C" fn memprobe_window_open(
+    sources: *const *const memprobe_source,
+    n_sources: usize,
+    out: *mut *mut memprobe_window,
+) -> memprobe_status {
+    run("memprobe_window_open", || {
+        let slot = crate::boundary::out(out, "out")?;
+        let w = Window::open(&self::sources(sources, n_sources)?)?;
+        *slot = WINDOWS.insert(Lock::new(w))? as *mut memprobe_window;
+        Ok(())
+    })
+}
+
+/// The peak of source `index` (in the order given at open) since the window
+/// (last) started, in bytes.
+#[no_mangle]
+pub extern "C" fn memprobe_window_peak(
+    window: *const memprobe_window,
+    index: usize,
+    out: *mut u64,
+) -> memprobe_status {
+    run("memprobe_window_peak", || {
+        let slot = crate::boundary::out(out, "out")?;
+        let w = self::window(window)?;
+        let peaks = w.lock()?.peaks()?;
+        *slot = *peaks.get(index).ok_or_else(|| {
+            FfiError::new(
+                memprobe_status::InvalidId,
+                format!("source index {index} out of range (0..{})", peaks.len()),
+            )
+        })?;
+        Ok(())
+    })
+}
+
+/// Start, now, peak and fastai's deltas of source `index`, without ending the window.
+#[no_mangle]
+pub extern "C" fn memprobe_window_measure(
+    window: *const memprobe_window,
+    index: usize,
+    out: *mut memprobe_delta,
+) -> memprobe_status {
+    run("memprobe_window_measure", || {
+        let slot = self::out(out, "out")?;
+        let w = self::window(window)?;
+        let deltas = w.lock()?.measure()?;
+        *slot = pick(&deltas, index)?.into();
+        Ok(())
+    })
+}
+
+/// Restarts this window at the current readings; other windows keep theirs.
+#[no_mangle]
+pub extern "C" fn memprobe_window_reset(window: *mut memprobe_window) -> memprobe_status {
+    run("memprobe_window_reset", || {
+        Ok(self::window(window)?.lock()?.reset()?)
+    })
+}
+
+/// Number of sources of the window.
+#[no_mangle]
+pub extern "C" fn memprobe_window_source_count(
+    window: *const memprobe_window,
+    out: *mut usize,
+) -> memprobe_status {
+    run("memprobe_window_source_count", || {
+        let slot = self::out(out, "out")?;
+        *slot = self::window(window)?.lock()?.sources().count();
+        Ok(())
+    })
+}
+
+/// Closes the window. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn memprobe_window_free(window: *mut memprobe_window) -> memprobe_status {
+    run("memprobe_window_free", || {
+        if !window.is_null() {
+            WINDOWS.remove(window as usize)?;
+        }
+        Ok(())
+    })
+}
+
+pub(crate) fn live() -> usize {
+    WINDOWS.live()
+}

@@ -1,0 +1,353 @@
+/* The C ABI end to end: every entry point with good input, NULL, invalid and
+ * stale handles, unknown enum values and wrong call orders. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include "check.h"
+#include "spike.h"
+
+static int32_t read_counter(void *user_data, uint64_t *out) {
+    *out = *(uint64_t *)user_data;
+    return 0;
+}
+
+static int32_t read_fails(void *user_data, uint64_t *out) {
+    (void)user_data;
+    (void)out;
+    return 7;
+}
+
+static char lines[4][256];
+static int n_lines = 0;
+static void on_line(const char *line, void *user_data) {
+    (void)user_data;
+    if (n_lines < 4) strncpy(lines[n_lines++], line, sizeof lines[0] - 1);
+}
+
+static void test_basics(void) {
+    CHECK(strcmp(memprobe_status_name(MEMPROBE_STATUS_OK), "ok") == 0);
+    CHECK(strcmp(memprobe_status_name(9999), "unknown status") == 0);
+    CHECK(strlen(memprobe_version()) >= 5);
+    CHECK(strncmp(memprobe_soname(), "libmemprobe.so.", 15) == 0);
+    CHECK(memprobe_b2mb(3 * MIB + 5) == 3);
+    CHECK(memprobe_last_error()[0] == '\0');
+}
+
+static void test_sources(void) {
+    memprobe_source *rss = NULL, *tree = NULL, *sys = NULL, *pushed = NULL, *cb = NULL, *bad = NULL;
+    memprobe_sample s;
+    memprobe_source_info info;
+    uint64_t counter = 42;
+
+    EXPECT(memprobe_source_new_process(0, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_new_process(0x80, &bad), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    CHECK(bad == NULL);
+    OK(memprobe_source_new_process(0, &rss));
+    OK(memprobe_source_read(rss, &s));
+    CHECK(s.used > MIB && s.taken_at_ns > 0 && s.valid == 0);
+    OK(memprobe_source_get_info(rss, &info));
+    CHECK(info.kind == MEMPROBE_SOURCE_KIND_PROCESS && info.fidelity == MEMPROBE_FIDELITY_EXACT);
+    CHECK(strcmp(info.name, "rss") == 0);
+    EXPECT(memprobe_source_read(rss, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_read(NULL, &s), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_get_info(NULL, &info), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_get_info(rss, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_push(rss, 5), MEMPROBE_STATUS_UNSUPPORTED);
+
+    OK(memprobe_source_new_process_tree(&tree));
+    OK(memprobe_source_read(tree, &s));
+    CHECK(s.used > MIB);
+    OK(memprobe_source_new_system_ram(&sys));
+    OK(memprobe_source_read(sys, &s));
+    CHECK((s.valid & MEMPROBE_SAMPLE_TOTAL) && (s.valid & MEMPROBE_SAMPLE_FREE) && s.total > s.used);
+    EXPECT(memprobe_source_new_process_tree(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_new_system_ram(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_new_cgroup(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    {
+        memprobe_source *cg = NULL;
+        memprobe_status st = memprobe_source_new_cgroup(&cg);
+        CHECK(st == MEMPROBE_STATUS_OK || st == MEMPROBE_STATUS_UNAVAILABLE);
+        if (st == MEMPROBE_STATUS_OK) {
+            OK(memprobe_source_read(cg, &s));
+            CHECK(s.used > 0);
+        } else {
+            CHECK(strlen(memprobe_last_error()) > 10);
+        }
+        OK(memprobe_source_free(cg));
+    }
+    {
+        memprobe_source *pss = NULL;
+        EXPECT(memprobe_source_new_smaps(2, &pss), MEMPROBE_STATUS_INVALID_ARGUMENT);
+        EXPECT(memprobe_source_new_smaps(MEMPROBE_SMAPS_PSS, NULL), MEMPROBE_STATUS_NULL_POINTER);
+        OK(memprobe_source_new_smaps(MEMPROBE_SMAPS_USS, &pss));
+        OK(memprobe_source_read(pss, &s));
+        CHECK(s.used > 0);
+        OK(memprobe_source_free(pss));
+    }
+
+    EXPECT(memprobe_source_new_pushed(NULL, &pushed), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_new_pushed("", &pushed), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_source_new_pushed("\xff\xfe", &pushed), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_source_new_pushed("alloc", NULL), MEMPROBE_STATUS_NULL_POINTER);
+    OK(memprobe_source_new_pushed("alloc", &pushed));
+    OK(memprobe_source_push(pushed, 123));
+    OK(memprobe_source_read(pushed, &s));
+    CHECK(s.used == 123);
+    EXPECT(memprobe_source_push(NULL, 1), MEMPROBE_STATUS_NULL_POINTER);
+
+    EXPECT(memprobe_source_new_callback("cb", NULL, &counter, &cb), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_new_callback(NULL, read_counter, &counter, &cb), MEMPROBE_STATUS_NULL_POINTER);
+    OK(memprobe_source_new_callback("cb", read_counter, &counter, &cb));
+    OK(memprobe_source_read(cb, &s));
+    CHECK(s.used == 42);
+    {
+        memprobe_source *failing = NULL;
+        OK(memprobe_source_new_callback("fails", read_fails, NULL, &failing));
+        EXPECT(memprobe_source_read(failing, &s), MEMPROBE_STATUS_UNAVAILABLE);
+        CHECK(strstr(memprobe_last_error(), "returned 7") != NULL);
+        OK(memprobe_source_free(failing));
+    }
+
+    /* Handles: free(NULL), double free, use after free, forged, wrong type. */
+    OK(memprobe_source_free(NULL));
+    OK(memprobe_source_free(pushed));
+    EXPECT(memprobe_source_free(pushed), MEMPROBE_STATUS_INVALID_HANDLE);
+    EXPECT(memprobe_source_read(pushed, &s), MEMPROBE_STATUS_INVALID_HANDLE);
+    EXPECT(memprobe_source_read((memprobe_source *)(uintptr_t)0x1234, &s), MEMPROBE_STATUS_INVALID_HANDLE);
+    EXPECT(memprobe_source_read((memprobe_source *)&s, &s), MEMPROBE_STATUS_INVALID_HANDLE);
+    {
+        /* A freed handle whose slot was reused by a new source stays invalid. */
+        memprobe_source *again = NULL;
+        OK(memprobe_source_new_pushed("again", &again));
+        EXPECT(memprobe_source_push(pushed, 1), MEMPROBE_STATUS_INVALID_HANDLE);
+        OK(memprobe_source_push(again, 1));
+        OK(memprobe_source_free(again));
+    }
+    OK(memprobe_source_free(rss));
+    OK(memprobe_source_free(tree));
+    OK(memprobe_source_free(sys));
+    OK(memprobe_source_free(cb));
+}
+
+static void test_windows(void) {
+    memprobe_source *rss = NULL, *p = NULL;
+    memprobe_window *outer = NULL, *inner = NULL, *sibling = NULL, *bad = NULL;
+    memprobe_delta d;
+    uint64_t peak = 0, start;
+    size_t n = 0;
+    const memprobe_source *both[2];
+
+    OK(memprobe_source_new_process(0, &rss));
+    OK(memprobe_source_new_pushed("p", &p));
+    both[0] = rss;
+    both[1] = p;
+    EXPECT(memprobe_window_open(NULL, 1, &outer), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_open(both, 0, &outer), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_window_open(both, 2, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    {
+        const memprobe_source *with_null[2] = {rss, NULL};
+        EXPECT(memprobe_window_open(with_null, 2, &bad), MEMPROBE_STATUS_NULL_POINTER);
+        CHECK(bad == NULL);
+    }
+    OK(memprobe_window_open(both, 2, &outer));
+    OK(memprobe_window_source_count(outer, &n));
+    CHECK(n == 2);
+    OK(memprobe_window_open(both, 1, &inner));
+    OK(memprobe_window_measure(inner, 0, &d));
+    start = d.used_start;
+    spike(256 * MIB);
+    OK(memprobe_window_peak(inner, 0, &peak));
+    CHECK(peak >= start + 256 * MIB - SLACK);
+    OK(memprobe_window_free(inner));
+    OK(memprobe_window_open(both, 1, &sibling));
+    OK(memprobe_window_peak(sibling, 0, &peak));
+    CHECK(peak < start + 128 * MIB);
+    OK(memprobe_window_peak(outer, 0, &peak));
+    CHECK(peak >= start + 256 * MIB - SLACK);
+    OK(memprobe_window_measure(outer, 0, &d));
+    CHECK(d.fidelity == MEMPROBE_FIDELITY_EXACT && d.kind == MEMPROBE_SOURCE_KIND_PROCESS);
+    CHECK(d.delta_peaked >= 200 * MIB);
+
+    /* Reset one window: the other keeps its peak. */
+    OK(memprobe_window_reset(outer));
+    OK(memprobe_window_peak(outer, 0, &peak));
+    CHECK(peak < start + 128 * MIB);
+
+    /* Pushed values and fastai's deltas, negative used included. */
+    OK(memprobe_source_push(p, 100 * MIB));
+    OK(memprobe_window_reset(outer));
+    OK(memprobe_source_push(p, 300 * MIB));
+    OK(memprobe_source_push(p, 40 * MIB));
+    OK(memprobe_window_measure(outer, 1, &d));
+    CHECK(d.used_start == 100 * MIB && d.used_end == 40 * MIB && d.peak == 300 * MIB);
+    CHECK(d.delta_used == -(int64_t)(60 * MIB) && d.delta_peaked == 200 * MIB);
+    CHECK(d.fidelity == MEMPROBE_FIDELITY_PUSHED);
+
+    EXPECT(memprobe_window_peak(outer, 2, &peak), MEMPROBE_STATUS_INVALID_ID);
+    EXPECT(memprobe_window_measure(outer, 99, &d), MEMPROBE_STATUS_INVALID_ID);
+    EXPECT(memprobe_window_peak(outer, 0, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_peak(NULL, 0, &peak), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_measure(NULL, 0, &d), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_measure(outer, 0, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_reset(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_source_count(outer, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    /* A source handle where a window handle is expected. */
+    EXPECT(memprobe_window_peak((const memprobe_window *)rss, 0, &peak), MEMPROBE_STATUS_INVALID_HANDLE);
+
+    /* Freeing the source handle keeps windows over it working. */
+    OK(memprobe_source_free(p));
+    OK(memprobe_window_measure(outer, 1, &d));
+    OK(memprobe_window_free(outer));
+    OK(memprobe_window_free(sibling));
+    EXPECT(memprobe_window_free(sibling), MEMPROBE_STATUS_INVALID_HANDLE);
+    EXPECT(memprobe_window_reset(sibling), MEMPROBE_STATUS_INVALID_HANDLE);
+    OK(memprobe_window_free(NULL));
+    OK(memprobe_source_free(rss));
+}
+
+static void test_traces(void) {
+    memprobe_source *p = NULL;
+    memprobe_trace *t = NULL, *d = NULL, *bad = NULL;
+    int64_t used = 0;
+    uint64_t peaked = 0;
+    bool running = false;
+    char buf[128];
+    size_t needed = 0;
+    memprobe_delta delta;
+    const memprobe_source *srcs[1];
+
+    OK(memprobe_source_new_pushed("gpu", &p));
+    srcs[0] = p;
+    OK(memprobe_source_push(p, 100 * MIB));
+    EXPECT(memprobe_trace_new(srcs, 1, "foobar", 0x10, &bad), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_trace_new(NULL, 1, NULL, 0, &bad), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_new(srcs, 1, NULL, 0, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    CHECK(bad == NULL);
+    OK(memprobe_trace_new(srcs, 1, "foobar", 0, &t));
+    OK(memprobe_trace_set_output_callback(t, on_line, NULL));
+    EXPECT(memprobe_trace_set_output_callback(t, NULL, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    OK(memprobe_trace_is_running(t, &running));
+    CHECK(running);
+    OK(memprobe_source_push(p, 300 * MIB));
+    OK(memprobe_source_push(p, 150 * MIB));
+    OK(memprobe_trace_data(t, 0, &used, &peaked));
+    CHECK(used == (int64_t)(50 * MIB) && peaked == 150 * MIB);
+    EXPECT(memprobe_trace_data(t, 1, &used, &peaked), MEMPROBE_STATUS_INVALID_ID);
+    EXPECT(memprobe_trace_data(t, 0, NULL, &peaked), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_data(t, 0, &used, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    OK(memprobe_trace_report(t, "1st try"));
+    OK(memprobe_trace_report_n_reset(t, NULL));
+    OK(memprobe_trace_data(t, 0, &used, &peaked));
+    CHECK(used == 0 && peaked == 0);
+    CHECK(n_lines == 2);
+    CHECK(strcmp(lines[0], "\xe2\x96\xb3Used Peaked MB:     50    150 (foobar: 1st try)") == 0);
+    CHECK(strcmp(lines[1], "\xe2\x96\xb3Used Peaked MB:     50    150 (foobar)") == 0);
+
+    OK(memprobe_trace_format(t, "n", NULL, 0, &needed));
+    CHECK(needed > 20);
+    EXPECT(memprobe_trace_format(t, "n", buf, 8, &needed), MEMPROBE_STATUS_BUFFER_TOO_SMALL);
+    CHECK(strlen(buf) == 7);
+    OK(memprobe_trace_format(t, "n", buf, sizeof buf, NULL));
+    CHECK(strcmp(buf, "\xe2\x96\xb3Used Peaked MB:      0      0 (foobar: n)") == 0);
+    EXPECT(memprobe_trace_format(t, "n", NULL, 5, NULL), MEMPROBE_STATUS_NULL_POINTER);
+
+    OK(memprobe_trace_set_silent(t, true));
+    OK(memprobe_trace_report(t, "silent"));
+    CHECK(n_lines == 2);
+    OK(memprobe_trace_set_silent(t, false));
+
+    /* Wrong orders: double start, stop twice, reset/report_n_reset when stopped. */
+    EXPECT(memprobe_trace_start(t), MEMPROBE_STATUS_WRONG_ORDER);
+    OK(memprobe_source_push(p, 110 * MIB));
+    OK(memprobe_trace_stop(t));
+    EXPECT(memprobe_trace_stop(t), MEMPROBE_STATUS_WRONG_ORDER);
+    EXPECT(memprobe_trace_reset(t), MEMPROBE_STATUS_WRONG_ORDER);
+    EXPECT(memprobe_trace_report_n_reset(t, NULL), MEMPROBE_STATUS_WRONG_ORDER);
+    OK(memprobe_source_push(p, 900 * MIB));
+    OK(memprobe_trace_measure(t, 0, &delta));
+    CHECK(delta.delta_used == (int64_t)(110 * MIB - 150 * MIB) && delta.used_end == 110 * MIB);
+    OK(memprobe_trace_start(t));
+
+    OK(memprobe_trace_new(srcs, 1, NULL, MEMPROBE_TRACE_DEFERRED | MEMPROBE_TRACE_SILENT, &d));
+    EXPECT(memprobe_trace_stop(d), MEMPROBE_STATUS_WRONG_ORDER);
+    EXPECT(memprobe_trace_data(d, 0, &used, &peaked), MEMPROBE_STATUS_WRONG_ORDER);
+    EXPECT(memprobe_trace_report(d, NULL), MEMPROBE_STATUS_WRONG_ORDER);
+    OK(memprobe_trace_start(d));
+    OK(memprobe_trace_report(d, NULL));
+    EXPECT(memprobe_trace_set_output_fd(d, -1), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    OK(memprobe_trace_set_output_fd(d, 2));
+
+    /* NULL and stale handles on every trace call. */
+    EXPECT(memprobe_trace_start(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_stop(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_reset(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_report(NULL, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_report_n_reset(NULL, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_is_running(NULL, &running), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_is_running(t, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_measure(t, 0, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_set_silent(NULL, true), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_set_output_fd(NULL, 2), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_trace_format(NULL, NULL, buf, sizeof buf, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    OK(memprobe_trace_free(d));
+    /* Report on a freed handle after a new trace took its slot. */
+    {
+        memprobe_trace *fresh = NULL;
+        OK(memprobe_trace_new(srcs, 1, NULL, MEMPROBE_TRACE_SILENT, &fresh));
+        EXPECT(memprobe_trace_report(d, NULL), MEMPROBE_STATUS_INVALID_HANDLE);
+        EXPECT(memprobe_trace_free(d), MEMPROBE_STATUS_INVALID_HANDLE);
+        OK(memprobe_trace_report(fresh, NULL));
+        OK(memprobe_trace_free(fresh));
+    }
+    EXPECT(memprobe_trace_report((memprobe_trace *)p, NULL), MEMPROBE_STATUS_INVALID_HANDLE);
+    OK(memprobe_trace_free(t));
+    OK(memprobe_trace_free(NULL));
+    OK(memprobe_source_free(p));
+}
+
+static void test_monitor(void) {
+    memprobe_monitor_stats st;
+    memprobe_source *cb = NULL;
+    memprobe_window *w = NULL;
+    uint64_t value = 10, peak = 0;
+    const memprobe_source *srcs[1];
+    int i;
+
+    EXPECT(memprobe_monitor_set_interval_ns(0), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_monitor_set_interval_ns(MEMPROBE_MONITOR_MIN_INTERVAL_NS - 1), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_monitor_set_interval_ns(MEMPROBE_MONITOR_MAX_INTERVAL_NS + 1), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    OK(memprobe_monitor_set_interval_ns(1000000));
+    EXPECT(memprobe_monitor_get_stats(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    OK(memprobe_source_new_callback("value", read_counter, &value, &cb));
+    srcs[0] = cb;
+    OK(memprobe_window_open(srcs, 1, &w));
+    OK(memprobe_monitor_get_stats(&st));
+    CHECK(st.running && st.watched == 1 && st.interval_ns == 1000000);
+    value = 5000;
+    for (i = 0; i < 2000; i++) {
+        uint64_t before = st.reads;
+        usleep(1000);
+        OK(memprobe_monitor_get_stats(&st));
+        if (st.reads >= before + 3) break;
+    }
+    value = 20;
+    OK(memprobe_window_peak(w, 0, &peak));
+    CHECK(peak == 5000);
+    OK(memprobe_window_free(w));
+    OK(memprobe_monitor_stop());
+    OK(memprobe_monitor_get_stats(&st));
+    CHECK(!st.running);
+    OK(memprobe_source_free(cb));
+}
+
+int main(void) {
+    uint64_t s = 1, w = 1, t = 1;
+    test_basics();
+    test_sources();
+    test_windows();
+    test_traces();
+    test_monitor();
+    EXPECT(memprobe_debug_live_handles(&s, &w, &t), MEMPROBE_STATUS_OK);
+    CHECK(s == 0 && w == 0 && t == 0);
+    return check_summary();
+}

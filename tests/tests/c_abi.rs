@@ -1,0 +1,103 @@
+//! The C ABI from C: each program in tests/c is built with strict warnings
+//! and run plainly, under AddressSanitizer + UBSan, and under valgrind.
+
+use memprobe_tests::{
+    assert_ok, compile, have_valgrind, lib_dir, root, run, run_valgrind, scratch, soname, Build,
+};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn source(name: &str) -> Vec<PathBuf> {
+    vec![root().join("tests/c").join(name)]
+}
+
+fn check_all_ways(name: &str, env: &[(&str, &str)]) {
+    let dir = scratch(name);
+    let plain = dir.join("plain");
+    compile(&source(name), &plain, Build::Plain, &[]);
+    let o = run(&plain, &[], env);
+    assert_ok(name, &o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(" passed, 0 failed"), "{name}: {out}");
+    assert!(
+        o.stderr.is_empty() || name == "test_abi.c",
+        "{name} printed to stderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    let asan = dir.join("asan");
+    compile(&source(name), &asan, Build::Sanitized, &[]);
+    // The Rust library is not instrumented; leaks inside it are checked by valgrind.
+    let mut env_asan = env.to_vec();
+    env_asan.push(("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0"));
+    // See test_fork.c: libasan's allocator is not fork-safe with other threads allocating.
+    env_asan.push(("MEMPROBE_FORK_NO_HAMMER", "1"));
+    assert_ok(&format!("{name} under ASan"), &run(&asan, &[], &env_asan));
+
+    if have_valgrind() {
+        let o = run_valgrind(&plain, &[], env);
+        assert_ok(&format!("{name} under valgrind"), &o);
+    } else {
+        eprintln!("valgrind not installed: skipped the valgrind run of {name}");
+    }
+}
+
+#[test]
+fn abi_end_to_end_and_bad_input() {
+    check_all_ways("test_abi.c", &[]);
+}
+
+#[test]
+fn fork_with_monitor_running() {
+    check_all_ways("test_fork.c", &[]);
+}
+
+#[test]
+fn injected_panic_is_a_status() {
+    check_all_ways(
+        "test_panic.c",
+        &[("MEMPROBE_TEST_PANIC_IN", "memprobe_source_read")],
+    );
+}
+
+#[test]
+fn soname_and_exported_symbols() {
+    let so = lib_dir().join("libmemprobe.so");
+    let name = soname(&so);
+    let v = env!("CARGO_PKG_VERSION");
+    let (major, minor) = (v.split('.').next().unwrap(), v.split('.').nth(1).unwrap());
+    let want = if major == "0" {
+        format!("libmemprobe.so.0.{minor}")
+    } else {
+        format!("libmemprobe.so.{major}")
+    };
+    assert_eq!(name, want);
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&so)
+        .output()
+        .expect("run nm");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let exported: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, kind, sym) = (f.next()?, f.next()?, f.next()?);
+            matches!(kind, "T" | "D" | "B" | "R" | "V" | "W").then_some(sym)
+        })
+        .collect();
+    assert!(exported.len() > 20, "{exported:?}");
+    let foreign: Vec<&&str> = exported
+        .iter()
+        .filter(|s| !s.starts_with("memprobe_"))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "symbols outside memprobe_* are exported: {foreign:?}"
+    );
+    let header = std::fs::read_to_string(root().join("include/memprobe.h")).unwrap();
+    for sym in &exported {
+        let declared = header.contains(&format!(" {sym}(")) || header.contains(&format!("*{sym}("));
+        assert!(declared, "{sym} is exported but not declared in the header");
+    }
+}
