@@ -644,9 +644,12 @@ memprobe_status memprobe_window_peak(const memprobe_window *window, size_t index
 memprobe_status memprobe_window_measure(const memprobe_window *window, size_t index, memprobe_delta *out);
 
 /**
- * Restarts this window at the current readings; other windows keep theirs.
+ * Ends the window's interval and starts the next at the same instant (one
+ * reading serves as both end and new start); other windows keep their
+ * peaks. This is the cheapest step boundary. When `ended` is not NULL, the
+ * ended interval of source i is written to `ended[i]` for i < `n_ended`.
  */
-memprobe_status memprobe_window_reset(memprobe_window *window);
+memprobe_status memprobe_window_reset(memprobe_window *window, memprobe_delta *ended, size_t n_ended);
 
 /**
  * Number of sources of the window.

@@ -1,14 +1,17 @@
 //! This process's kernel high-water mark of RSS (`VmHWM`), read and reset.
 //!
 //! Reset: writing `5` to `/proc/self/clear_refs` sets the mark to the current
-//! RSS (Linux ≥ 4.0). Read: `getrusage(RUSAGE_SELF).ru_maxrss` costs about one
-//! syscall, but the kernel reports `max(signal->maxrss, mm high-water mark)`,
-//! where `signal->maxrss` holds the high-water mark of the image before the
-//! last `exec` (and, on older kernels, of exited threads). That floor does not
-//! reset. So after each reset we probe `getrusage` once: if it exceeds the RSS
-//! read at the reset, the floor is in the way and any reading equal to it is
-//! resolved exactly from `/proc/self/status` (`VmHWM`, about 8× slower).
-//! Readings above the floor are the true high-water mark.
+//! RSS (Linux ≥ 4.0). Read: `getrusage(RUSAGE_SELF).ru_maxrss` costs one
+//! syscall, but the kernel reports `max(signal->maxrss, mm high-water mark)`.
+//! `signal->maxrss` holds the high-water mark of the image this process
+//! replaced at `exec` — the launcher's, often larger than ours — and is only
+//! raised again when the whole process exits, so it is a constant floor that
+//! no reset lowers. memprobe learns it lazily: a reading above the best known
+//! upper bound of the floor is exact; a reading at or below it is resolved
+//! once from `/proc/self/status` (`VmHWM`, about 8× slower), which either
+//! tightens the bound or pins the floor exactly. A process whose own memory
+//! exceeds its launcher's (any real trainer) stays on the fast path; one that
+//! stays below it pays the slow, still exact, read.
 
 use crate::error::{Error, Result};
 use crate::fork;
@@ -22,8 +25,10 @@ const SLACK_KB: u64 = 512;
 pub(crate) struct KernelHwm {
     clear_refs: File,
     status: Option<ProcFile>,
-    /// `signal->maxrss` in KiB when it exceeds the RSS at the last reset, else 0.
-    floor_kb: u64,
+    /// `signal->maxrss` in KiB, once pinned exactly.
+    floor_kb: Option<u64>,
+    /// An upper bound of `signal->maxrss` in KiB (`u64::MAX` = unknown).
+    floor_bound_kb: u64,
     generation: u64,
 }
 
@@ -34,10 +39,12 @@ impl KernelHwm {
         let mut hwm = KernelHwm {
             clear_refs,
             status: None,
-            floor_kb: 0,
+            floor_kb: None,
+            floor_bound_kb: u64::MAX,
             generation: fork::generation(),
         };
         hwm.write_reset()?;
+        hwm.read()?;
         Ok(hwm)
     }
 
@@ -45,7 +52,9 @@ impl KernelHwm {
         if self.generation != fork::generation() {
             self.clear_refs = open_clear_refs()?;
             self.status = None;
-            self.floor_kb = 0;
+            // A forked child has its own signal struct: learn its floor anew.
+            self.floor_kb = None;
+            self.floor_bound_kb = u64::MAX;
             self.generation = fork::generation();
         }
         Ok(())
@@ -61,29 +70,34 @@ impl KernelHwm {
         Ok(())
     }
 
-    /// Resets the mark; `rss_kb` is the RSS read right after, used to detect
-    /// the `signal->maxrss` floor.
+    /// Resets the mark to the current RSS; `rss_after` reads the RSS right
+    /// after (the start of the next interval), which is returned.
     pub(crate) fn reset(&mut self, rss_after: impl FnOnce() -> Result<u64>) -> Result<u64> {
         self.check_fork()?;
         self.write_reset()?;
-        let rss = rss_after()?;
-        let probe = maxrss_kb();
-        self.floor_kb = if probe > rss / 1024 + SLACK_KB {
-            probe
-        } else {
-            0
-        };
-        Ok(rss)
+        rss_after()
     }
 
     /// The high-water mark since the last reset, bytes.
     pub(crate) fn read(&mut self) -> Result<u64> {
         self.check_fork()?;
         let kb = maxrss_kb();
-        if kb > self.floor_kb {
+        let above_floor = match self.floor_kb {
+            Some(floor) => kb > floor,
+            None => kb > self.floor_bound_kb,
+        };
+        if above_floor {
             return Ok(kb * 1024);
         }
-        self.read_status()
+        // Ambiguous: the floor may hide the true mark. Ask the exact source,
+        // and learn from the answer.
+        let exact_kb = self.read_status()? / 1024;
+        if exact_kb + SLACK_KB < kb {
+            self.floor_kb = Some(kb);
+        } else {
+            self.floor_bound_kb = self.floor_bound_kb.min(kb);
+        }
+        Ok(exact_kb * 1024)
     }
 
     /// `VmHWM` from `/proc/self/status`, bytes (the slow, always-exact path).

@@ -159,7 +159,7 @@ impl Source {
     pub(crate) fn open_slot(&self) -> Result<(SlotId, Sample)> {
         let (slot, sample, first) = {
             let mut st = self.shared.state.lock()?;
-            let sample = st.boundary()?;
+            let (_, sample) = st.boundary()?;
             let slot = match st.slots.iter().position(Option::is_none) {
                 Some(i) => {
                     st.slots[i] = Some(sample.used);
@@ -184,17 +184,20 @@ impl Source {
         Ok((slot, sample))
     }
 
-    /// Restarts one slot at the current reading, leaving the others intact.
-    pub(crate) fn restart_slot(&self, slot: SlotId) -> Result<Sample> {
+    /// Ends one slot's interval and starts the next at the same instant,
+    /// leaving the other slots intact. Returns the ended interval's peak and
+    /// the reading that both ends it and starts the next.
+    pub(crate) fn restart_slot(&self, slot: SlotId) -> Result<(u64, Sample)> {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
-        let sample = st.boundary()?;
+        let (hwm, sample) = st.boundary()?;
+        let folded = st.slots[slot.0].unwrap_or(0);
         st.slots[slot.0] = Some(sample.used);
-        Ok(sample)
+        Ok((folded.max(hwm).max(sample.used), sample))
     }
 
     /// The peak of one slot so far, without ending it; also returns a reading
-    /// taken now (`None` for pushed sources that were never pushed).
+    /// taken now.
     pub(crate) fn peek_slot(&self, slot: SlotId) -> Result<(u64, Sample)> {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
@@ -202,6 +205,20 @@ impl Source {
         let hwm = st.current_hwm()?;
         let folded = st.slots[slot.0].unwrap_or(0);
         Ok((folded.max(hwm).max(now.used), now))
+    }
+
+    /// The peak of one slot so far. For exact sources this takes no new
+    /// reading of `used` (the kernel's mark already covers it).
+    pub(crate) fn peek_peak(&self, slot: SlotId) -> Result<u64> {
+        let mut st = self.shared.state.lock()?;
+        st.check_slot(slot)?;
+        let now = if st.kernel_hwm {
+            0
+        } else {
+            st.read_now()?.used
+        };
+        let hwm = st.current_hwm()?;
+        Ok(st.slots[slot.0].unwrap_or(0).max(hwm).max(now))
     }
 
     /// Frees a slot. Its peak is not computed (see `peek_slot`).
@@ -293,11 +310,13 @@ impl State {
     }
 
     /// A window boundary: fold the high-water mark into every open slot,
-    /// reset it, and return a reading taken right after the reset.
-    fn boundary(&mut self) -> Result<Sample> {
+    /// reset it, and return the mark (0 when no slot was open, as then it is
+    /// not read) and a reading taken right after the reset.
+    fn boundary(&mut self) -> Result<(u64, Sample)> {
         self.check_fork();
+        let mut hwm = 0;
         if self.open > 0 {
-            let hwm = self.current_hwm()?;
+            hwm = self.current_hwm()?;
             for p in self.slots.iter_mut().flatten() {
                 if hwm > *p {
                     *p = hwm;
@@ -312,10 +331,10 @@ impl State {
                 sample.taken_at_ns = t0;
             }
             self.last = Some(sample);
-            Ok(sample)
+            Ok((hwm, sample))
         } else {
             self.pending = None;
-            self.read_now()
+            Ok((hwm, self.read_now()?))
         }
     }
 

@@ -124,7 +124,7 @@ impl Trace {
     /// Restarts the counters of a running trace. Error if not running.
     pub fn reset(&mut self) -> Result<()> {
         match &mut self.state {
-            State::Running(w) => w.reset(),
+            State::Running(w) => w.reset().map(drop),
             _ => Err(Error::wrong_order(
                 "trace is not running; start it instead of resetting",
             )),

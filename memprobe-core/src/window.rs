@@ -66,7 +66,7 @@ impl Window {
     pub fn peaks(&self) -> Result<Vec<u64>> {
         self.parts
             .iter()
-            .map(|p| p.source.peek_slot(p.slot).map(|(peak, _)| peak))
+            .map(|p| p.source.peek_peak(p.slot))
             .collect()
     }
 
@@ -90,14 +90,28 @@ impl Window {
             .collect()
     }
 
-    /// Restarts this window at the current readings; other windows keep
-    /// their peaks.
-    pub fn reset(&mut self) -> Result<()> {
+    /// Ends the current interval and starts the next at the same instant
+    /// (one reading serves as both the end and the new start); other windows
+    /// keep their peaks. Returns what the ended interval measured. This is
+    /// the cheapest step boundary: per exact source, one high-water-mark
+    /// read, one reset and one RSS read.
+    pub fn reset(&mut self) -> Result<Vec<SourceDelta>> {
         self.started_at_ns = monotonic_ns();
+        let mut ended = Vec::with_capacity(self.parts.len());
         for p in &mut self.parts {
-            p.start = p.source.restart_slot(p.slot)?;
+            let (peak, sample) = p.source.restart_slot(p.slot)?;
+            let info = p.source.info();
+            ended.push(SourceDelta::new(
+                &info.name,
+                info.kind,
+                info.fidelity,
+                p.start.used,
+                sample.used,
+                peak,
+            ));
+            p.start = sample;
         }
-        Ok(())
+        Ok(ended)
     }
 
     /// Measures one last time and closes the window.

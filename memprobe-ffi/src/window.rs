@@ -122,11 +122,26 @@ pub extern "C" fn memprobe_window_measure(
     })
 }
 
-/// Restarts this window at the current readings; other windows keep theirs.
+/// Ends the window's interval and starts the next at the same instant (one
+/// reading serves as both end and new start); other windows keep their
+/// peaks. This is the cheapest step boundary. When `ended` is not NULL, the
+/// ended interval of source i is written to `ended[i]` for i < `n_ended`.
 #[no_mangle]
-pub extern "C" fn memprobe_window_reset(window: *mut memprobe_window) -> memprobe_status {
+pub extern "C" fn memprobe_window_reset(
+    window: *mut memprobe_window,
+    ended: *mut memprobe_delta,
+    n_ended: usize,
+) -> memprobe_status {
     run("memprobe_window_reset", || {
-        Ok(self::window(window)?.lock()?.reset()?)
+        let deltas = self::window(window)?.lock()?.reset()?;
+        if !ended.is_null() {
+            // SAFETY: the caller promises `ended` holds `n_ended` elements.
+            let out = unsafe { std::slice::from_raw_parts_mut(ended, n_ended) };
+            for (o, d) in out.iter_mut().zip(&deltas) {
+                *o = d.into();
+            }
+        }
+        Ok(())
     })
 }
 

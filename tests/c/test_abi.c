@@ -168,14 +168,20 @@ static void test_windows(void) {
     CHECK(d.fidelity == MEMPROBE_FIDELITY_EXACT && d.kind == MEMPROBE_SOURCE_KIND_PROCESS);
     CHECK(d.delta_peaked >= 200 * MIB);
 
-    /* Reset one window: the other keeps its peak. */
-    OK(memprobe_window_reset(outer));
+    /* Reset ends the interval (reported through `ended`) and starts the next. */
+    {
+        memprobe_delta ended[3];
+        memset(ended, 0, sizeof ended);
+        OK(memprobe_window_reset(outer, ended, 1));
+        CHECK(ended[0].peak >= start + 256 * MIB - SLACK && ended[0].fidelity == MEMPROBE_FIDELITY_EXACT);
+        CHECK(ended[1].peak == 0); /* n_ended = 1: nothing written past it */
+    }
     OK(memprobe_window_peak(outer, 0, &peak));
     CHECK(peak < start + 128 * MIB);
 
     /* Pushed values and fastai's deltas, negative used included. */
     OK(memprobe_source_push(p, 100 * MIB));
-    OK(memprobe_window_reset(outer));
+    OK(memprobe_window_reset(outer, NULL, 0));
     OK(memprobe_source_push(p, 300 * MIB));
     OK(memprobe_source_push(p, 40 * MIB));
     OK(memprobe_window_measure(outer, 1, &d));
@@ -189,7 +195,7 @@ static void test_windows(void) {
     EXPECT(memprobe_window_peak(NULL, 0, &peak), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_window_measure(NULL, 0, &d), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_window_measure(outer, 0, NULL), MEMPROBE_STATUS_NULL_POINTER);
-    EXPECT(memprobe_window_reset(NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_window_reset(NULL, NULL, 0), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_window_source_count(outer, NULL), MEMPROBE_STATUS_NULL_POINTER);
     /* A source handle where a window handle is expected. */
     EXPECT(memprobe_window_peak((const memprobe_window *)rss, 0, &peak), MEMPROBE_STATUS_INVALID_HANDLE);
@@ -200,7 +206,7 @@ static void test_windows(void) {
     OK(memprobe_window_free(outer));
     OK(memprobe_window_free(sibling));
     EXPECT(memprobe_window_free(sibling), MEMPROBE_STATUS_INVALID_HANDLE);
-    EXPECT(memprobe_window_reset(sibling), MEMPROBE_STATUS_INVALID_HANDLE);
+    EXPECT(memprobe_window_reset(sibling, NULL, 0), MEMPROBE_STATUS_INVALID_HANDLE);
     OK(memprobe_window_free(NULL));
     OK(memprobe_source_free(rss));
 }

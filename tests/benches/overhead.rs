@@ -1,0 +1,283 @@
+//! memprobe's hot paths against a floor and a peer, measured side by side in
+//! one run: reading this process's RSS, and a window boundary (end + begin)
+//! with 1 and 64 open windows.
+//!
+//! `cargo bench -p memprobe-tests --bench overhead` (release build). Cases
+//! are interleaved round by round so machine noise hits them alike; each
+//! figure is the median over rounds of the mean time per call in a round.
+
+use memprobe_core::{Source, Window};
+use std::ffi::{c_char, c_void, CString};
+use std::hint::black_box;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+const ROUNDS: usize = 31;
+const ITERS: usize = 2000;
+
+#[repr(C)]
+#[derive(Default)]
+struct Sample {
+    used: u64,
+    total: u64,
+    free: u64,
+    limit: u64,
+    reserved: u64,
+    valid: u32,
+    taken_at_ns: u64,
+    read_ns: u64,
+}
+
+type NewProcess = unsafe extern "C" fn(u32, *mut *mut c_void) -> u32;
+type Read = unsafe extern "C" fn(*const c_void, *mut Sample) -> u32;
+type WindowOpen = unsafe extern "C" fn(*const *const c_void, usize, *mut *mut c_void) -> u32;
+type WindowPeak = unsafe extern "C" fn(*const c_void, usize, *mut u64) -> u32;
+type WindowFree = unsafe extern "C" fn(*mut c_void) -> u32;
+type WindowReset = unsafe extern "C" fn(*mut c_void, *mut Delta, usize) -> u32;
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct Delta {
+    used_start: u64,
+    used_end: u64,
+    peak: u64,
+    delta_used: i64,
+    delta_peaked: u64,
+    kind: u32,
+    fidelity: u32,
+}
+
+struct CAbi {
+    read: Read,
+    open: WindowOpen,
+    peak: WindowPeak,
+    free: WindowFree,
+    reset: WindowReset,
+    source: *mut c_void,
+}
+
+fn load_c_abi() -> CAbi {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root.join("target"));
+    let lib = target.join("release/libmemprobe.so");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .args(["build", "-q", "--release", "-p", "memprobe-ffi"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build");
+    assert!(status.success());
+    let path = CString::new(lib.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own library; symbols are looked up by their C names.
+    unsafe {
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!h.is_null(), "dlopen {}", lib.display());
+        let sym = |n: &str| {
+            let c = CString::new(n).unwrap();
+            let p = libc::dlsym(h, c.as_ptr() as *const c_char);
+            assert!(!p.is_null(), "missing {n}");
+            p
+        };
+        let new: NewProcess = std::mem::transmute(sym("memprobe_source_new_process"));
+        let mut source = std::ptr::null_mut();
+        assert_eq!(new(0, &mut source), 0);
+        CAbi {
+            read: std::mem::transmute(sym("memprobe_source_read")),
+            open: std::mem::transmute(sym("memprobe_window_open")),
+            peak: std::mem::transmute(sym("memprobe_window_peak")),
+            free: std::mem::transmute(sym("memprobe_window_free")),
+            reset: std::mem::transmute(sym("memprobe_window_reset")),
+            source,
+        }
+    }
+}
+
+struct Case {
+    name: &'static str,
+    run: Box<dyn FnMut()>,
+    rounds: Vec<f64>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let statm = std::fs::File::open("/proc/self/statm").unwrap();
+    // `exec` left this process the high-water mark of what it replaced (the
+    // launcher: cargo, a shell, torchrun); it is a floor of getrusage that no
+    // reset lowers. A trainer holds more than its launcher, which is what
+    // this ballast models; run with MEMPROBE_BENCH_BALLAST_MIB=0 to measure
+    // the slow, still exact, path taken below the floor.
+    let ballast_mib: usize = std::env::var("MEMPROBE_BENCH_BALLAST_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let mut ballast = vec![0u8; ballast_mib << 20];
+    for i in (0..ballast.len()).step_by(4096) {
+        ballast[i] = 1;
+    }
+    black_box(&ballast);
+    let mut buf = [0u8; 256];
+    let rss = Source::process().unwrap();
+    let c = load_c_abi();
+    let mut sys = sysinfo::System::new().expect("sysinfo initialises");
+    let pid = sysinfo::Pid::from_u32(std::process::id());
+
+    let mut cases: Vec<Case> = Vec::new();
+    let mut add = |name: &'static str, run: Box<dyn FnMut()>| {
+        cases.push(Case {
+            name,
+            run,
+            rounds: Vec::new(),
+        })
+    };
+
+    add(
+        "floor: bare pread /proc/self/statm",
+        Box::new(move || {
+            black_box(statm.read_at(&mut buf, 0).unwrap());
+        }),
+    );
+    let r = rss.clone();
+    add(
+        "rss read, memprobe Rust",
+        Box::new(move || {
+            black_box(r.read().unwrap());
+        }),
+    );
+    let src = c.source;
+    let read = c.read;
+    add(
+        "rss read, memprobe C ABI",
+        Box::new(move || {
+            let mut s = Sample::default();
+            // SAFETY: a live handle and a valid out-pointer.
+            black_box(unsafe { read(src, &mut s) });
+        }),
+    );
+    add(
+        "rss read, sysinfo refresh of one process",
+        Box::new(move || {
+            sys.refresh_processes_specifics(
+                sysinfo::ProcessesToUpdate::Some(&[pid]),
+                false,
+                sysinfo::ProcessRefreshKind::nothing().with_memory(),
+            );
+            black_box(sys.process(pid).map(|p| p.memory()));
+        }),
+    );
+    // A step boundary the way a training loop does it: `reset` ends the
+    // step's interval (returning its peak) and starts the next, with
+    // `open - 1` outer windows (epoch, experience, ...) open around it.
+    for open in [1usize, 64] {
+        let r = rss.clone();
+        let outer: Vec<Window> = (0..open - 1)
+            .map(|_| Window::open(&[r.clone()]).unwrap())
+            .collect();
+        let mut w = Window::open(&[r.clone()]).unwrap();
+        let name: &'static str = if open == 1 {
+            "step boundary (reset), Rust, 1 window"
+        } else {
+            "step boundary (reset), Rust, 64 windows"
+        };
+        add(
+            name,
+            Box::new(move || {
+                let _keep = &outer;
+                black_box(w.reset().unwrap());
+            }),
+        );
+    }
+    for open in [1usize, 64] {
+        let (o, reset, src) = (c.open, c.reset, c.source);
+        let srcs = [src as *const c_void];
+        let mut handles = Vec::new();
+        for _ in 0..open {
+            let mut h = std::ptr::null_mut();
+            // SAFETY: valid array and out-pointer.
+            assert_eq!(unsafe { o(srcs.as_ptr(), 1, &mut h) }, 0);
+            handles.push(h);
+        }
+        let w = *handles.last().unwrap();
+        let name: &'static str = if open == 1 {
+            "step boundary (reset), C ABI, 1 window"
+        } else {
+            "step boundary (reset), C ABI, 64 windows"
+        };
+        add(
+            name,
+            Box::new(move || {
+                let _keep = &handles;
+                let mut ended = [Delta::default()];
+                // SAFETY: a live handle and a one-element array.
+                black_box(unsafe { reset(w, ended.as_mut_ptr(), 1) });
+            }),
+        );
+    }
+    // Separate windows: read one's peak and free it, then open the next.
+    for open in [1usize, 64] {
+        let (o, p, f, src) = (c.open, c.peak, c.free, c.source);
+        let srcs = [src as *const c_void];
+        let mut outer = Vec::new();
+        for _ in 0..open - 1 {
+            let mut h = std::ptr::null_mut();
+            // SAFETY: valid array and out-pointer.
+            assert_eq!(unsafe { o(srcs.as_ptr(), 1, &mut h) }, 0);
+            outer.push(h);
+        }
+        let mut w = std::ptr::null_mut();
+        // SAFETY: as above.
+        assert_eq!(unsafe { o(srcs.as_ptr(), 1, &mut w) }, 0);
+        let name: &'static str = if open == 1 {
+            "close + open, C ABI, 1 window"
+        } else {
+            "close + open, C ABI, 64 windows"
+        };
+        add(
+            name,
+            Box::new(move || {
+                let _keep = &outer;
+                let mut peak = 0u64;
+                // SAFETY: live handles, valid pointers.
+                unsafe {
+                    black_box(p(w, 0, &mut peak));
+                    f(w);
+                    o(srcs.as_ptr(), 1, &mut w);
+                }
+            }),
+        );
+    }
+
+    for case in &mut cases {
+        for _ in 0..ITERS / 4 {
+            (case.run)();
+        }
+    }
+    for _ in 0..ROUNDS {
+        for case in &mut cases {
+            let t = Instant::now();
+            for _ in 0..ITERS {
+                (case.run)();
+            }
+            case.rounds
+                .push(t.elapsed().as_nanos() as f64 / ITERS as f64);
+        }
+    }
+    let floor = median(&mut cases[0].rounds.clone());
+    println!("memprobe overhead benchmark: {ROUNDS} rounds x {ITERS} calls, cases interleaved, {ballast_mib} MiB held");
+    println!("{:<45} {:>12} {:>10}", "case", "median ns", "x floor");
+    for case in &mut cases {
+        let m = median(&mut case.rounds);
+        println!("{:<45} {:>12.0} {:>9.2}x", case.name, m, m / floor);
+    }
+}
