@@ -58,7 +58,10 @@ pub struct Error {
 impl Error {
     /// Builds an error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into() }
+        Error {
+            kind,
+            message: message.into(),
+        }
     }
 
     /// The kind.

@@ -78,7 +78,10 @@ fn register() {
 /// other than atomics.
 pub(crate) fn on_child(hook: fn()) {
     register();
-    CHILD_HOOKS.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
+    CHILD_HOOKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(hook);
 }
 
 /// The fork generation: 0 in the original process, incremented in each child.

@@ -31,7 +31,10 @@ pub(crate) struct LockGuard<'a, T> {
 
 impl<T> Lock<T> {
     pub(crate) const fn new(value: T) -> Self {
-        Lock { owner: AtomicU64::new(0), inner: Mutex::new(value) }
+        Lock {
+            owner: AtomicU64::new(0),
+            inner: Mutex::new(value),
+        }
     }
 
     pub(crate) fn lock(&self) -> Result<LockGuard<'_, T>> {
@@ -44,7 +47,11 @@ impl<T> Lock<T> {
         let gate = GateGuard::enter();
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         self.owner.store(me, Ordering::Release);
-        Ok(LockGuard { lock: self, guard: Some(guard), _gate: gate })
+        Ok(LockGuard {
+            lock: self,
+            guard: Some(guard),
+            _gate: gate,
+        })
     }
 }
 

@@ -17,8 +17,14 @@ pub(crate) struct ProcFile {
 impl ProcFile {
     pub(crate) fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| Error::io(format!("open {}", path.display()), &e))?;
-        Ok(ProcFile { path, file, generation: fork::generation(), buf: vec![0; 4096] })
+        let file =
+            File::open(&path).map_err(|e| Error::io(format!("open {}", path.display()), &e))?;
+        Ok(ProcFile {
+            path,
+            file,
+            generation: fork::generation(),
+            buf: vec![0; 4096],
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -66,13 +72,19 @@ pub(crate) fn parse_u64(s: &[u8]) -> Option<u64> {
 }
 
 fn trim_ascii_start(s: &[u8]) -> &[u8] {
-    let start = s.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(s.len());
+    let start = s
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(s.len());
     &s[start..]
 }
 
 /// The `n`-th (0-based) whitespace-separated field of `s`, parsed as u64.
 pub(crate) fn field_u64(s: &[u8], n: usize) -> Option<u64> {
-    s.split(|c| c.is_ascii_whitespace()).filter(|f| !f.is_empty()).nth(n).and_then(parse_u64)
+    s.split(|c| c.is_ascii_whitespace())
+        .filter(|f| !f.is_empty())
+        .nth(n)
+        .and_then(parse_u64)
 }
 
 /// The value of `key:` in a `/proc/*/status` or `/proc/meminfo` style file, in kB units
@@ -109,9 +121,16 @@ mod tests {
     fn parses_fields_and_keys() {
         assert_eq!(field_u64(b"123 456 789\n", 1), Some(456));
         assert_eq!(field_u64(b"1 x", 1), None);
-        assert_eq!(keyed_u64(b"VmRSS:\t  100 kB\nVmHWM:\t 2048 kB\n", b"VmHWM"), Some(2048));
+        assert_eq!(
+            keyed_u64(b"VmRSS:\t  100 kB\nVmHWM:\t 2048 kB\n", b"VmHWM"),
+            Some(2048)
+        );
         assert_eq!(keyed_u64(b"MemTotal: 5 kB\n", b"MemFree"), None);
-        assert_eq!(parse_u64(b"18446744073709551616"), None, "overflow is no value");
+        assert_eq!(
+            parse_u64(b"18446744073709551616"),
+            None,
+            "overflow is no value"
+        );
         assert_eq!(parse_u64(b"  42\n"), Some(42));
     }
 }

@@ -27,7 +27,11 @@ pub struct Sample {
 impl Sample {
     /// A sample of `used` bytes with no other field known, stamped now.
     pub fn used(used: u64) -> Self {
-        Sample { used, taken_at_ns: monotonic_ns(), ..Sample::default() }
+        Sample {
+            used,
+            taken_at_ns: monotonic_ns(),
+            ..Sample::default()
+        }
     }
 }
 
@@ -106,10 +110,15 @@ pub struct SourceInfo {
 
 /// Nanoseconds on `CLOCK_MONOTONIC`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Converts a duration to whole nanoseconds, saturating.
