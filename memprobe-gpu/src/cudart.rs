@@ -153,10 +153,8 @@ impl CudartLibrary {
     pub(crate) fn device_count(&self) -> Result<u32> {
         let mut n: c_int = 0;
         // SAFETY: a valid out-pointer.
-        self.check(
-            unsafe { (self.get_device_count)(&mut n) },
-            "cudaGetDeviceCount",
-        )?;
+        let rc = unsafe { (self.get_device_count)(&mut n) };
+        self.check(rc, "cudaGetDeviceCount")?;
         Ok(n.max(0) as u32)
     }
 
@@ -164,7 +162,8 @@ impl CudartLibrary {
     pub(crate) fn current_device(&self) -> Result<u32> {
         let mut d: c_int = 0;
         // SAFETY: a valid out-pointer.
-        self.check(unsafe { (self.get_device)(&mut d) }, "cudaGetDevice")?;
+        let rc = unsafe { (self.get_device)(&mut d) };
+        self.check(rc, "cudaGetDevice")?;
         Ok(d.max(0) as u32)
     }
 
@@ -173,10 +172,8 @@ impl CudartLibrary {
         let d = c_int::try_from(ordinal)
             .map_err(|_| Error::new(ErrorKind::InvalidId, "device ordinal too large"))?;
         // SAFETY: no pointers involved.
-        self.check(
-            unsafe { (self.set_device)(d) },
-            &format!("cudaSetDevice({ordinal})"),
-        )
+        let rc = unsafe { (self.set_device)(d) };
+        self.check(rc, &format!("cudaSetDevice({ordinal})"))
     }
 
     /// Runs `f` with `ordinal` as the calling thread's current device, then
@@ -199,10 +196,8 @@ impl CudartLibrary {
         self.on_device(ordinal, || {
             let (mut free, mut total) = (0usize, 0usize);
             // SAFETY: valid out-pointers.
-            self.check(
-                unsafe { (self.mem_get_info)(&mut free, &mut total) },
-                "cudaMemGetInfo",
-            )?;
+            let rc = unsafe { (self.mem_get_info)(&mut free, &mut total) };
+            self.check(rc, "cudaMemGetInfo")?;
             Ok((free as u64, total as u64))
         })
     }

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
+/* Helpers whose only callers can be left out with FAKE_OMIT_*. */
+#define MAYBE_UNUSED __attribute__((unused))
 
 typedef int nvmlReturn_t;
 typedef struct fake_device *nvmlDevice_t;
@@ -110,7 +112,7 @@ static const struct {
 
 #define MAX_DEVICES 32
 #define MAX_STEPS 256
-#define MAX_PROCS 32
+#define MAX_PROCS 64
 
 struct proc {
     unsigned int pid;
@@ -171,7 +173,7 @@ static long long now_ns(void) {
 }
 
 /* Emulates the cost of a driver call (script: `spin_ns N`). */
-static void spin(void) {
+MAYBE_UNUSED static void spin(void) {
     if (spin_ns > 0) {
         long long until = now_ns() + spin_ns;
         while (now_ns() < until) {
@@ -671,7 +673,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 }
 
 /* The scripted `used` (without the reservation) for this query; lock held. */
-static unsigned long long current_used(struct fake_device *d) {
+MAYBE_UNUSED static unsigned long long current_used(struct fake_device *d) {
     if (d->n_timeline) {
         long long ms = (now_ns() - start_ns) / 1000000LL;
         unsigned long long v = d->timeline[0].used;
@@ -697,7 +699,7 @@ static unsigned long long current_used(struct fake_device *d) {
 }
 
 /* Counts a memory query and applies `lost_at` / `memory_error`; lock held. */
-static nvmlReturn_t memory_check(nvmlDevice_t d) {
+MAYBE_UNUSED static nvmlReturn_t memory_check(nvmlDevice_t d) {
     nvmlReturn_t rc = device_check(d);
     if (rc != NVML_SUCCESS) {
         return rc;
@@ -710,6 +712,7 @@ static nvmlReturn_t memory_check(nvmlDevice_t d) {
     return d->memory_error;
 }
 
+#ifndef FAKE_OMIT_nvmlDeviceGetMemoryInfo
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     nvmlReturn_t rc;
     spin();
@@ -729,6 +732,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     pthread_mutex_unlock(&lock);
     return rc;
 }
+#endif
 
 #ifndef FAKE_OMIT_nvmlDeviceGetMemoryInfo_v2
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
@@ -760,7 +764,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 #endif
 
 /* One process-list query; `v` is 1, 2 or 3 (the entry layout), lock taken here. */
-static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, int v, int graphics) {
+MAYBE_UNUSED static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, int v, int graphics) {
     nvmlReturn_t rc;
     const struct proc *list;
     unsigned int n, i;
