@@ -94,22 +94,10 @@ impl DeviceHandle {
     #[doc(alias = "nvmlDeviceGetMemoryInfo_v2")]
     #[doc(alias = "nvmlDeviceGetMemoryInfo")]
     #[doc(alias = "cudaMemGetInfo")]
+    #[inline]
     pub fn memory(&self) -> Result<GpuMemory> {
         let start = monotonic_ns();
-        let (total, free, used, reserved) = match &self.slot.reader {
-            Reader::Nvml {
-                lib,
-                device,
-                v2_refused,
-            } => {
-                let m = lib.memory(*device, v2_refused)?;
-                (m.total, m.free, m.used, m.reserved)
-            }
-            Reader::Cudart { lib, ordinal } => {
-                let (free, total) = lib.mem_get_info(*ordinal)?;
-                (total, free, total.saturating_sub(free), None)
-            }
-        };
+        let (total, free, used, reserved) = self.query_memory()?;
         let end = monotonic_ns();
         Ok(GpuMemory {
             total,
@@ -119,6 +107,27 @@ impl DeviceHandle {
             taken_at_ns: start,
             read_ns: end.saturating_sub(start),
         })
+    }
+
+    /// The memory query alone, unstamped: `(total, free, used, reserved)`.
+    /// For the readings that return a single number (fastai's `*_fast`,
+    /// `gpu_mem_get_free`, `gpu_mem_get_used`), which need no timestamps.
+    #[inline]
+    pub(crate) fn query_memory(&self) -> Result<(u64, u64, u64, Option<u64>)> {
+        match &self.slot.reader {
+            Reader::Nvml {
+                lib,
+                device,
+                v2_refused,
+            } => {
+                let m = lib.memory(*device, v2_refused)?;
+                Ok((m.total, m.free, m.used, m.reserved))
+            }
+            Reader::Cudart { lib, ordinal } => {
+                let (free, total) = lib.mem_get_info(*ordinal)?;
+                Ok((total, free, total.saturating_sub(free), None))
+            }
+        }
     }
 
     /// Every process on the device: NVML's compute list (newest API

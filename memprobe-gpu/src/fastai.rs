@@ -34,12 +34,13 @@ use crate::outcome::Outcome;
 use memprobe_core::Result;
 
 impl Gpus {
-    fn resolve(&self, id: Option<u32>) -> Result<DeviceHandle> {
+    #[inline]
+    fn resolve(&self, id: Option<u32>) -> Result<&DeviceHandle> {
         let id = match id {
             Some(id) => id,
             None => self.current_device()?,
         };
-        self.device(id)
+        self.device_ref(id)
     }
 
     /// Every device's reading, or the reason there are no devices.
@@ -50,13 +51,14 @@ impl Gpus {
             self.device(0)?;
         }
         Ok((0..n)
-            .map(|id| self.device(id).and_then(|h| h.memory()))
+            .map(|id| self.device_ref(id).and_then(|h| h.memory()))
             .collect())
     }
 
     /// Total, free, used and reserved memory of device `id` (the current
     /// device when `None`). No GPU or an invalid id: [`GpuMemory::ZERO`] and
     /// the error.
+    #[inline]
     pub fn gpu_mem_get(&self, id: Option<u32>) -> Outcome<GpuMemory> {
         Outcome::from_result(self.resolve(id).and_then(|h| h.memory()))
     }
@@ -85,7 +87,11 @@ impl Gpus {
 
     /// Free bytes on the current device, caches untouched.
     pub fn gpu_mem_get_free(&self) -> Outcome<u64> {
-        Outcome::from_result(self.resolve(None).and_then(|h| h.memory()).map(|m| m.free))
+        Outcome::from_result(
+            self.resolve(None)
+                .and_then(|h| h.query_memory())
+                .map(|(_, free, _, _)| free),
+        )
     }
 
     /// Free bytes on the current device after the cache-release callback
@@ -100,7 +106,11 @@ impl Gpus {
 
     /// Used bytes on the current device, caches untouched.
     pub fn gpu_mem_get_used(&self) -> Outcome<u64> {
-        Outcome::from_result(self.resolve(None).and_then(|h| h.memory()).map(|m| m.used))
+        Outcome::from_result(
+            self.resolve(None)
+                .and_then(|h| h.query_memory())
+                .map(|(_, _, used, _)| used),
+        )
     }
 
     /// Used bytes on the current device after the cache-release callback.
@@ -177,10 +187,15 @@ pub fn gpu_mem_get_used_no_cache() -> Outcome<u64> {
 }
 
 /// Used bytes of a pre-resolved device ([`Gpus::device`]): no lookup, no
-/// cache release. On failure: 0 and the error.
+/// cache release, no timestamps — one driver query. On failure: 0 and the
+/// error.
 #[doc(alias = "nvmlDeviceGetMemoryInfo_v2")]
+#[inline]
 pub fn gpu_mem_get_used_fast(handle: &DeviceHandle) -> Outcome<u64> {
-    Outcome::from_result(handle.memory().map(|m| m.used))
+    match handle.query_memory() {
+        Ok((_, _, used, _)) => Outcome::ok(used),
+        Err(e) => Outcome::failed(0, e),
+    }
 }
 
 /// [`Gpus::gpu_with_max_free_mem`] on [`Gpus::shared`].

@@ -166,21 +166,41 @@ impl Gpus {
     #[doc(alias = "nvmlDeviceGetHandleByIndex_v2")]
     #[doc(alias = "nvmlDeviceGetHandleByUUID")]
     pub fn device(&self, id: u32) -> Result<DeviceHandle> {
+        self.device_ref(id).cloned()
+    }
+
+    /// As [`device`](Self::device), borrowed (no reference count traffic).
+    #[inline]
+    pub(crate) fn device_ref(&self, id: u32) -> Result<&DeviceHandle> {
         match &self.state {
-            State::Off(e) => Err(e.clone()),
+            State::Nvml { devices, .. } => match devices.get(id as usize) {
+                Some(Ok(h)) => Ok(h),
+                _ => Err(self.device_error(id)),
+            },
+            State::Cudart { devices, .. } => devices
+                .get(id as usize)
+                .ok_or_else(|| self.device_error(id)),
+            State::Off(_) => Err(self.device_error(id)),
+        }
+    }
+
+    /// Why `device(id)` fails.
+    #[cold]
+    #[inline(never)]
+    fn device_error(&self, id: u32) -> Error {
+        match &self.state {
+            State::Off(e) => e.clone(),
             State::Nvml {
                 devices,
                 none_reason,
                 ..
             } => match devices.get(id as usize) {
-                Some(Ok(h)) => Ok(h.clone()),
-                Some(Err(e)) => Err(e.clone()),
-                None => Err(no_device(id, devices.len(), none_reason)),
+                Some(Err(e)) => e.clone(),
+                _ => no_device(id, devices.len(), none_reason),
             },
-            State::Cudart { devices, .. } => devices
-                .get(id as usize)
-                .cloned()
-                .ok_or_else(|| no_device(id, devices.len(), "the CUDA runtime reports no GPU")),
+            State::Cudart { devices, .. } => {
+                no_device(id, devices.len(), "the CUDA runtime reports no GPU")
+            }
         }
     }
 

@@ -239,40 +239,58 @@ impl NvmlLibrary {
     }
 
     /// Memory of `device`: the v2 query unless it is missing or was refused
-    /// before on this device (`v2_refused`), else the v1 query.
+    /// before on this device (`v2_refused`), else the v1 query. The common
+    /// case (v2 succeeds) is inlined; everything else is out of line.
+    #[inline]
     pub(crate) fn memory(&self, device: RawDevice, v2_refused: &AtomicBool) -> Result<RawMemory> {
-        if let Some(query) = self
-            .memory_v2
-            .filter(|_| !v2_refused.load(Ordering::Relaxed))
-        {
-            let mut m = nvmlMemory_v2_t {
-                version: MEMORY_V2_VERSION,
-                total: 0,
-                reserved: 0,
-                free: 0,
-                used: 0,
-            };
-            // SAFETY: `query` is this library's nvmlDeviceGetMemoryInfo_v2, the
-            // handle is valid and `m` is a writable nvmlMemory_v2_t with its version set.
-            match unsafe { query(device.0, &mut m) } {
-                SUCCESS => {
+        let code = match self.memory_v2 {
+            Some(query) if !v2_refused.load(Ordering::Relaxed) => {
+                let mut m = nvmlMemory_v2_t {
+                    version: MEMORY_V2_VERSION,
+                    total: 0,
+                    reserved: 0,
+                    free: 0,
+                    used: 0,
+                };
+                // SAFETY: `query` is this library's nvmlDeviceGetMemoryInfo_v2, the
+                // handle is valid and `m` is a writable nvmlMemory_v2_t with its version set.
+                let code = unsafe { query(device.0, &mut m) };
+                if code == SUCCESS {
                     return Ok(RawMemory {
                         total: m.total,
                         free: m.free,
                         used: m.used,
                         reserved: Some(m.reserved),
-                    })
+                    });
                 }
-                NOT_SUPPORTED | FUNCTION_NOT_FOUND | ARGUMENT_VERSION_MISMATCH => {
-                    v2_refused.store(true, Ordering::Relaxed)
-                }
-                code => {
-                    return Err(from_code(
-                        code,
-                        "nvmlDeviceGetMemoryInfo_v2",
-                        Subject::Device,
-                    ))
-                }
+                Some(code)
+            }
+            _ => None,
+        };
+        self.memory_fallback(device, v2_refused, code)
+    }
+
+    /// The rest of [`memory`](Self::memory): a v2 failure (`v2_code`) or no
+    /// usable v2 query. Refusals of v2 are remembered and answered by v1.
+    #[cold]
+    #[inline(never)]
+    fn memory_fallback(
+        &self,
+        device: RawDevice,
+        v2_refused: &AtomicBool,
+        v2_code: Option<nvmlReturn_t>,
+    ) -> Result<RawMemory> {
+        match v2_code {
+            None | Some(SUCCESS) => {}
+            Some(NOT_SUPPORTED | FUNCTION_NOT_FOUND | ARGUMENT_VERSION_MISMATCH) => {
+                v2_refused.store(true, Ordering::Relaxed)
+            }
+            Some(code) => {
+                return Err(from_code(
+                    code,
+                    "nvmlDeviceGetMemoryInfo_v2",
+                    Subject::Device,
+                ))
             }
         }
         let query = self.memory_v1.ok_or_else(|| {
