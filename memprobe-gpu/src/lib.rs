@@ -66,10 +66,34 @@
 //!
 //! # fastai conventions
 //!
-//! The [`fastai`](crate#functions) helpers ([`gpu_mem_get`],
-//! [`gpu_mem_get_all`], ...) never fail outright: they return an
+//! The fastai `utils.mem` helpers ([`gpu_mem_get`], [`gpu_mem_get_all`],
+//! [`gpu_mem_get_free`], [`gpu_mem_get_used`], their `_no_cache` variants,
+//! [`gpu_mem_get_used_fast`], [`gpu_with_max_free_mem`], [`preload`],
+//! [`b2mb`]) speak bytes and never fail outright: they return an
 //! [`Outcome`] with zeros (or an empty list, or `(None, 0)`) and the error
 //! saying why, so a C layer can return zeros plus a status.
+//!
+//! ```no_run
+//! use memprobe_gpu::{b2mb, GpuConfig, Gpus};
+//!
+//! // The process-wide instance, configured by the environment:
+//! let m = memprobe_gpu::gpu_mem_get(None);
+//! match &m.error {
+//!     None => println!("GPU total {} MiB, used {} MiB", b2mb(m.value.total), b2mb(m.value.used)),
+//!     Some(why) => println!("no GPU reading: {why}"),
+//! }
+//!
+//! // An explicit instance, without touching the environment:
+//! let gpus = Gpus::open(GpuConfig { visible_devices: Some("1,0".into()), ..GpuConfig::default() })?;
+//! for info in gpus.device_infos() {
+//!     let mine = gpus.device(info.id)?.process_memory()?.used;
+//!     println!("gpu{} {:?}: this process uses {mine} bytes", info.id, info.name);
+//! }
+//! let mut sampler = gpus.device_sampler(0)?; // a memprobe_core::Sampler
+//! let sample = sampler.read()?;
+//! # let _ = sample;
+//! # Ok::<(), memprobe_core::Error>(())
+//! ```
 //!
 //! # Samplers
 //!

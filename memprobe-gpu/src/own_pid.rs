@@ -20,7 +20,7 @@
 
 use crate::process::{GpuProcess, GpuProcessKind};
 use memprobe_core::{Error, ErrorKind, Result};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// This process's PIDs: the outermost visible one and `getpid()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,26 +39,31 @@ pub(crate) fn parse_nspid(status: &str) -> Option<Vec<u32>> {
     pids.filter(|p| !p.is_empty())
 }
 
-static CACHE: Mutex<Option<OwnPids>> = Mutex::new(None);
+/// The last answer: `own` in the high half, `outermost` in the low half
+/// (0: none yet). Lock-free, so a `fork()` at any instant leaves it usable.
+static CACHE: AtomicU64 = AtomicU64::new(0);
 
 impl OwnPids {
     /// This process's PIDs, cached until the PID changes (after `fork()`).
     pub(crate) fn current() -> OwnPids {
         let own = std::process::id();
-        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-        match *cache {
-            Some(p) if p.own == own => p,
-            _ => {
-                let outermost = std::fs::read_to_string("/proc/self/status")
-                    .ok()
-                    .and_then(|s| parse_nspid(&s))
-                    .and_then(|p| p.first().copied())
-                    .unwrap_or(own);
-                let p = OwnPids { outermost, own };
-                *cache = Some(p);
-                p
-            }
+        let cached = CACHE.load(Ordering::Relaxed);
+        if cached != 0 && (cached >> 32) as u32 == own {
+            return OwnPids {
+                outermost: cached as u32,
+                own,
+            };
         }
+        let outermost = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| parse_nspid(&s))
+            .and_then(|p| p.first().copied())
+            .unwrap_or(own);
+        CACHE.store(
+            (u64::from(own) << 32) | u64::from(outermost),
+            Ordering::Relaxed,
+        );
+        OwnPids { outermost, own }
     }
 }
 
@@ -118,6 +123,7 @@ mod tests {
         let p = OwnPids::current();
         assert_eq!(p.own, std::process::id());
         assert!(p.outermost > 0);
+        assert_eq!(OwnPids::current(), p);
     }
 
     #[test]

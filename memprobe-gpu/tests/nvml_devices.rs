@@ -383,3 +383,69 @@ fn missing_memory_queries_entirely() {
     );
     assert_eq!(h.process_memory().unwrap().used, 100);
 }
+
+/// Every other symbol memprobe touches, left out one at a time: a clear
+/// `Unavailable` error where it is essential, a graceful loss where not,
+/// never a crash.
+#[test]
+fn each_missing_symbol() {
+    let script = "devices 2\ndevice 0 procs self:100\n";
+    let essential = |omit: &str, needle: &str| {
+        let fake = Fake::nvml_omitting(&[omit], script);
+        let e = Gpus::open(fake.nvml_config()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{omit}: {e}");
+        assert!(e.message().contains(needle), "{omit}: {e}");
+    };
+    essential("nvmlInit_v2", "nvmlInit_v2");
+    essential("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount_v2");
+    // Without handles, the devices are counted but each one says why it cannot be read.
+    let fake = Fake::nvml_omitting(&["nvmlDeviceGetHandleByIndex_v2"], script);
+    let gpus = Gpus::open(fake.nvml_config()).unwrap();
+    assert_eq!(gpus.device_count().unwrap(), 2);
+    let e = gpus.device(1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.message().contains("lacks a required function"), "{e}");
+    assert_eq!(
+        gpus.gpu_mem_get(None).error.unwrap().kind(),
+        ErrorKind::Unavailable
+    );
+
+    for omit in [
+        "nvmlInitWithFlags",
+        "nvmlErrorString",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+    ] {
+        let fake = Fake::nvml_omitting(&[omit], script);
+        let gpus = Gpus::open(fake.nvml_config()).unwrap();
+        assert_eq!(
+            gpus.device(0).unwrap().process_memory().unwrap().used,
+            100,
+            "{omit}"
+        );
+    }
+
+    let fake = Fake::nvml_omitting(&["nvmlDeviceGetName"], script);
+    let gpus = Gpus::open(fake.nvml_config()).unwrap();
+    assert_eq!(gpus.device(0).unwrap().info().name, None);
+    assert!(gpus.device(0).unwrap().info().uuid.is_some());
+    gpus.device(0).unwrap().memory().unwrap();
+
+    // Without UUIDs, indices still map; UUIDs and MIG instances cannot.
+    let fake = Fake::nvml_omitting(&["nvmlDeviceGetUUID", "nvmlDeviceGetHandleByUUID"], script);
+    let gpus = Gpus::open(fake.nvml_config()).unwrap();
+    assert_eq!(gpus.device(1).unwrap().info().uuid, None);
+    let config = |spec: &str| GpuConfig {
+        visible_devices: Some(spec.into()),
+        ..fake.nvml_config()
+    };
+    assert_eq!(Gpus::open(config("1")).unwrap().device_count().unwrap(), 1);
+    assert_eq!(
+        Gpus::open(config("GPU-2")).unwrap().device_count().unwrap(),
+        0
+    );
+    assert_eq!(
+        Gpus::open(config("MIG-x")).unwrap().device_count().unwrap(),
+        0
+    );
+}

@@ -483,7 +483,7 @@ static int load_script(void) {
     return 0;
 }
 
-static nvmlReturn_t do_init(void) {
+MAYBE_UNUSED static nvmlReturn_t do_init(void) {
     nvmlReturn_t rc;
     pthread_mutex_lock(&lock);
     if (init_count == 0) {
@@ -501,12 +501,16 @@ static nvmlReturn_t do_init(void) {
     return rc;
 }
 
+#ifndef FAKE_OMIT_nvmlInit_v2
 EXPORT nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+#endif
 
+#ifndef FAKE_OMIT_nvmlInitWithFlags
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     return do_init();
 }
+#endif
 
 #ifndef FAKE_OMIT_nvmlShutdown
 EXPORT nvmlReturn_t nvmlShutdown(void) {
@@ -523,6 +527,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
 }
 #endif
 
+#ifndef FAKE_OMIT_nvmlErrorString
 EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     size_t i;
     for (i = 0; i < sizeof error_names / sizeof error_names[0]; i++) {
@@ -532,8 +537,9 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     }
     return "UNKNOWN_ERROR_CODE";
 }
+#endif
 
-static nvmlReturn_t copy_string(const char *src, char *dst, unsigned int len) {
+MAYBE_UNUSED static nvmlReturn_t copy_string(const char *src, char *dst, unsigned int len) {
     if (!dst) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -544,21 +550,25 @@ static nvmlReturn_t copy_string(const char *src, char *dst, unsigned int len) {
     return NVML_SUCCESS;
 }
 
+#ifndef FAKE_OMIT_nvmlSystemGetDriverVersion
 EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     if (!INITED()) {
         return NVML_ERROR_UNINITIALIZED;
     }
     return copy_string(driver_version, version, length);
 }
+#endif
 
+#ifndef FAKE_OMIT_nvmlSystemGetNVMLVersion
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     if (!INITED()) {
         return NVML_ERROR_UNINITIALIZED;
     }
     return copy_string("12.555.42.06", version, length);
 }
+#endif
 
-static int enumerated_count(void) {
+MAYBE_UNUSED static int enumerated_count(void) {
     int i, n = 0;
     for (i = 0; i < n_devices; i++) {
         n += devices[i].declared && !devices[i].mig;
@@ -566,6 +576,7 @@ static int enumerated_count(void) {
     return n;
 }
 
+#ifndef FAKE_OMIT_nvmlDeviceGetCount_v2
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     if (!INITED()) {
         return NVML_ERROR_UNINITIALIZED;
@@ -578,7 +589,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKE_OMIT_nvmlDeviceGetHandleByIndex_v2
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     int i, seen = 0;
     nvmlReturn_t rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -606,7 +619,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     pthread_mutex_unlock(&lock);
     return rc;
 }
+#endif
 
+#ifndef FAKE_OMIT_nvmlDeviceGetHandleByUUID
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     int i;
     nvmlReturn_t rc = NVML_ERROR_NOT_FOUND;
@@ -631,6 +646,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     pthread_mutex_unlock(&lock);
     return rc;
 }
+#endif
 
 static int valid_device(nvmlDevice_t d) {
     return d >= &devices[0] && d < &devices[MAX_DEVICES] && d->declared;
@@ -650,6 +666,7 @@ static nvmlReturn_t device_check(nvmlDevice_t d) {
     return NVML_SUCCESS;
 }
 
+#ifndef FAKE_OMIT_nvmlDeviceGetName
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     nvmlReturn_t rc;
     pthread_mutex_lock(&lock);
@@ -660,7 +677,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
     pthread_mutex_unlock(&lock);
     return rc;
 }
+#endif
 
+#ifndef FAKE_OMIT_nvmlDeviceGetUUID
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     nvmlReturn_t rc;
     pthread_mutex_lock(&lock);
@@ -671,6 +690,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
     pthread_mutex_unlock(&lock);
     return rc;
 }
+#endif
 
 /* The scripted `used` (without the reservation) for this query; lock held. */
 MAYBE_UNUSED static unsigned long long current_used(struct fake_device *d) {
