@@ -148,6 +148,23 @@ fn main() {
             black_box(statm.read_at(&mut buf, 0).unwrap());
         }),
     );
+    // The kernel work a step boundary cannot avoid, done bare: read the
+    // high-water mark, reset it, read the RSS that starts the next step.
+    let statm2 = std::fs::File::open("/proc/self/statm").unwrap();
+    let clear_refs = std::fs::OpenOptions::new().write(true).open("/proc/self/clear_refs").unwrap();
+    let mut buf2 = [0u8; 256];
+    add(
+        "floor: bare getrusage + clear_refs + statm",
+        Box::new(move || {
+            // SAFETY: rusage is plain data filled by the kernel.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: valid out-pointer.
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+            black_box(ru.ru_maxrss);
+            black_box(clear_refs.write_at(b"5", 0).unwrap());
+            black_box(statm2.read_at(&mut buf2, 0).unwrap());
+        }),
+    );
     let r = rss.clone();
     add(
         "rss read, memprobe Rust",

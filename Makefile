@@ -1,0 +1,48 @@
+# memprobe — the two commands of the README:
+#   make demo   runs the main job on a workload shipped in the repo
+#   make test   runs every test in every language
+# and the rest: make lib | examples | bench | header | clean
+
+CARGO ?= cargo
+JOBS ?= 2
+CC ?= cc
+RELEASE := target/release
+BUILD := build
+CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g -D_GNU_SOURCE
+
+.PHONY: all lib examples demo test bench header clean
+
+all: lib examples
+
+# libmemprobe.so (SONAME libmemprobe.so.0.<minor>) and libmemprobe.a
+lib:
+	$(CARGO) build -j$(JOBS) --release -p memprobe-ffi
+
+$(BUILD)/trainer: examples-c/trainer.c include/memprobe.h lib
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_STRICT) -Iinclude $< -o $@ -L$(RELEASE) -Wl,-rpath,'$$ORIGIN/../$(RELEASE)' -lmemprobe
+
+examples: $(BUILD)/trainer
+
+# The main job: the C trainer, measured by memprobe through its C ABI.
+demo: $(BUILD)/trainer
+	@ln -sf libmemprobe.so $(RELEASE)/$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}')
+	$(BUILD)/trainer 3 4 256 16
+
+# Every test: Rust unit and integration tests, the C ABI from C (plain, under
+# AddressSanitizer and valgrind), the header check, the examples.
+test:
+	$(CARGO) build -j$(JOBS) -p memprobe-ffi
+	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
+
+bench:
+	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
+	$(CARGO) bench -j$(JOBS) -p memprobe-gpu --bench gpu_read
+
+# Regenerates include/memprobe.h from memprobe-ffi (then commit it).
+header:
+	MEMPROBE_BLESS=1 $(CARGO) test -j$(JOBS) -p memprobe-tests --test header -- header_is_up_to_date
+
+clean:
+	$(CARGO) clean
+	rm -rf $(BUILD)
