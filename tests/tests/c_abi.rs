@@ -48,6 +48,11 @@ fn abi_end_to_end_and_bad_input() {
 }
 
 #[test]
+fn tracker_phases_sinks_policies() {
+    check_all_ways("test_tracker.c", &[]);
+}
+
+#[test]
 fn fork_with_monitor_running() {
     check_all_ways("test_fork.c", &[]);
 }
