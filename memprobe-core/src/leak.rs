@@ -1,6 +1,7 @@
 //! Leak trends: a source whose end-of-epoch `used` grows by more than a
 //! threshold for K epochs in a row is flagged; one epoch without such growth
-//! clears the flag.
+//! clears the flag. When a cache release runs at an epoch's end, the reading
+//! taken after it is used: a leak is what stays once caches are emptied.
 
 /// The rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -314,19 +314,26 @@ impl Tracker {
             index,
             depth: self.stack.len() as u32,
         });
+        if let Some((reason, gc)) = self.due_release(kind, index) {
+            let event = self.release(reason, Some((kind, index)), gc);
+            record.releases.push(event);
+        }
         if kind == PhaseKind::Epoch {
             if let Some(policy) = self.leak_policy {
+                // A leak is what stays after the caches are emptied: when a
+                // release ran at this epoch's end, use the reading after it.
+                let after = record.releases.last().map(|e| e.after.clone());
                 record.leaks = self
                     .leaks
                     .iter_mut()
                     .zip(&record.sources)
-                    .map(|(t, d)| t.observe(&policy, d.used_end))
+                    .enumerate()
+                    .map(|(i, (t, d))| {
+                        let end = after.as_ref().and_then(|a| a.get(i).copied()).unwrap_or(d.used_end);
+                        t.observe(&policy, end)
+                    })
                     .collect();
             }
-        }
-        if let Some((reason, gc)) = self.due_release(kind, index) {
-            let event = self.release(reason, Some((kind, index)), gc);
-            record.releases.push(event);
         }
         for s in &self.sinks {
             s.on_record(&record);
