@@ -59,6 +59,10 @@ pub(crate) struct RunArgs {
     /// Draw the timeline as an SVG chart to FILE.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
+    /// Do not draw the live status line (drawn only when stderr is a
+    /// terminal, on its last row).
+    #[arg(long)]
+    pub(crate) no_live: bool,
     /// The command to run and its arguments; put them after `--` when an
     /// argument could be taken for one of memprobe's options.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]

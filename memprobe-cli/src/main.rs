@@ -20,6 +20,10 @@ mod signals;
 mod snapshot;
 mod units;
 
+#[cfg(test)]
+#[path = "../tests/cli/schema.rs"]
+mod schema_check;
+
 use clap::Parser;
 
 fn main() {

@@ -150,10 +150,7 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let (chart_area, footer) = root.split_vertically(HEIGHT - 48);
-        let mut title = format!("memprobe run: {}", command_line(&r.command));
-        if title.chars().count() > 110 {
-            title = title.chars().take(107).collect::<String>() + "...";
-        }
+        let title = format!("memprobe run: {}", command_line(&r.command, 96));
         let mut chart = ChartBuilder::on(&chart_area)
             .caption(title, (FONT, 20))
             .margin(14)

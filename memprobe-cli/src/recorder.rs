@@ -245,7 +245,7 @@ impl State {
             gpus,
         });
         if let Some(l) = &self.live_state {
-            l.publish(tree_rss, procs, cgroup, self.rec.samples);
+            l.publish(tree_rss, procs, cgroup);
         }
     }
 

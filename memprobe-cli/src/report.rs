@@ -276,18 +276,35 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
     }
 }
 
-/// The command as one line, arguments with spaces quoted.
-pub(crate) fn command_line(argv: &[String]) -> String {
-    argv.iter()
+/// The command as one line, arguments with spaces quoted, control
+/// characters escaped (`\n`), cut to about `max` characters.
+pub(crate) fn command_line(argv: &[String], max: usize) -> String {
+    let line = argv
+        .iter()
         .map(|a| {
+            let a: String = a
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
                 format!("'{}'", a.replace('\'', r"'\''"))
             } else {
-                a.clone()
+                a
             }
         })
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    if line.chars().count() > max {
+        line.chars().take(max.saturating_sub(3)).collect::<String>() + "..."
+    } else {
+        line
+    }
 }
 
 /// The end-of-run summary (several lines, each ending in a newline).
@@ -309,7 +326,7 @@ pub(crate) fn summary(r: &RunReport) -> String {
     let _ = writeln!(
         out,
         "memprobe: {} {how} after {}",
-        command_line(&r.command),
+        command_line(&r.command, 100),
         units::secs(r.duration_s)
     );
     let row = |out: &mut String, label: &str, text: String| {
@@ -433,6 +450,147 @@ pub(crate) fn summary(r: &RunReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::{CgroupRecord, GpuSeries, Point};
+
+    /// A recording with everything a run can hold: two GPUs, a cgroup with
+    /// an exact peak, workers, a forwarded signal. Every output must handle
+    /// it (today's builds have no GPUs, so only this test covers them).
+    fn full() -> (Recording, RunFacts) {
+        let mut rec = Recording::default();
+        for i in 0..5u64 {
+            rec.timeline.push(Point {
+                t_ns: i * 10_000_000,
+                tree_rss: (100 + i) << 20,
+                processes: 2,
+                cgroup: if i == 3 { None } else { Some((300 + i) << 20) },
+                gpus: vec![
+                    Some((1 + i) << 30),
+                    if i == 2 { None } else { Some(5 << 30) },
+                ],
+            });
+        }
+        rec.samples = 5;
+        rec.tree_peak = Some((104 << 20, 40_000_000));
+        rec.max_processes = 2;
+        rec.processes = vec![
+            ProcessRecord {
+                pid: 100,
+                ppid: Some(1),
+                name: "train".into(),
+                first_seen_ns: 0,
+                last_seen_ns: 40_000_000,
+                exited: true,
+                vmhwm: Some(90 << 20),
+                max_sampled_rss: 80 << 20,
+                rusage_maxrss: None,
+            },
+            ProcessRecord {
+                pid: 101,
+                ppid: Some(100),
+                name: "worker".into(),
+                first_seen_ns: 10_000_000,
+                last_seen_ns: 30_000_000,
+                exited: true,
+                vmhwm: Some(20 << 20),
+                max_sampled_rss: 20 << 20,
+                rusage_maxrss: None,
+            },
+        ];
+        rec.processes_seen = 2;
+        rec.cgroup = Some(CgroupRecord {
+            version: CgroupVersion::V2,
+            path: "/sys/fs/cgroup/job".into(),
+            limit: Some(8 << 30),
+            start: Some(300 << 20),
+            end: Some(304 << 20),
+            sampled_peak: Some((304 << 20, 40_000_000)),
+            exact_peak: Some(400 << 20),
+            errors: 1,
+        });
+        rec.gpus = (0..2)
+            .map(|i| GpuSeries {
+                index: i,
+                name: "Test GPU".into(),
+                uuid: format!("GPU-{i}"),
+                total: 80 << 30,
+                peak: Some((5 << 30, 40_000_000)),
+                tree_peak: Some(4 << 30),
+            })
+            .collect();
+        let facts = RunFacts {
+            command: vec!["train".into(), "--epochs".into(), "2".into()],
+            pid: 100,
+            interval: Duration::from_millis(10),
+            started_at_unix_s: 1.7e9,
+            duration_s: 0.05,
+            exit: ExitInfo {
+                code: None,
+                signal: Some(15),
+                core_dumped: false,
+                maxrss_bytes: 120 << 20,
+            },
+            signals: vec![SignalEvent {
+                signal: 15,
+                at_ns: 20_000_000,
+                forwarded: true,
+            }],
+            memprobe_cpu_s: 0.01,
+        };
+        add_rusage(&mut rec, &facts);
+        (rec, facts)
+    }
+
+    #[test]
+    fn every_output_handles_gpus_and_the_schema_agrees() {
+        let (rec, facts) = full();
+        let r = build(&rec, &facts);
+        assert_eq!(r.exit.status, 143);
+        let p = r.peak_process.as_ref().unwrap();
+        assert_eq!(
+            (p.pid, p.peak_rss_bytes, p.peak_source),
+            (100, 120 << 20, "rusage")
+        );
+        assert_eq!(r.cgroup.as_ref().unwrap().peak_fidelity, "exact");
+
+        let json = serde_json::to_value(&r).unwrap();
+        let errors = crate::schema_check::check(
+            &crate::schema_check::load("docs/run-output.schema.json"),
+            &json,
+        );
+        assert!(errors.is_empty(), "{errors:#?}");
+        assert_eq!(
+            json["timeline"][2]["gpu_used_bytes"][1],
+            serde_json::Value::Null
+        );
+        assert!(json["timeline"][3].get("cgroup_bytes").is_none());
+
+        let csv = crate::csv::render(&r);
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some("t_s,tree_rss_bytes,processes,cgroup_bytes,gpu0_used_bytes,gpu1_used_bytes")
+        );
+        assert_eq!(
+            lines.nth(2),
+            Some("0.020000,106954752,2,316669952,3221225472,")
+        );
+
+        let svg = crate::plot::render(&r).unwrap();
+        for needle in [
+            "GPU 0 used (Test GPU",
+            "GPU 1 used",
+            "container (cgroup v2, limit 8.00 GiB)",
+            "memory (GiB)",
+        ] {
+            assert!(svg.contains(needle), "no {needle:?} in the SVG");
+        }
+
+        let text = summary(&r);
+        assert!(text.contains("GPU 1"), "{text}");
+        assert!(text.contains("killed by SIGTERM (status 143)"), "{text}");
+        assert!(text.contains("400 MiB peak (exact)"), "{text}");
+        assert!(text.contains("forwarded to the child"), "{text}");
+    }
 
     #[test]
     fn quoting() {
@@ -441,6 +599,12 @@ mod tests {
             "-c".into(),
             "print('hi there')".into(),
         ];
-        assert_eq!(command_line(&argv), r"python -c 'print('\''hi there'\'')'");
+        assert_eq!(
+            command_line(&argv, 100),
+            r"python -c 'print('\''hi there'\'')'"
+        );
+        let argv = vec!["sh".to_string(), "-c".into(), "a\nb".into()];
+        assert_eq!(command_line(&argv, 100), r"sh -c a\nb");
+        assert_eq!(command_line(&argv, 6), "sh ...");
     }
 }

@@ -252,4 +252,40 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["kind"], "status");
     }
+
+    #[test]
+    fn gpus_render_and_match_the_schema() {
+        let mut r = Probes::open().read();
+        r.unavailable.remove("gpus");
+        r.gpus = vec![GpuReading {
+            index: 0,
+            name: "Test GPU".into(),
+            uuid: "GPU-0".into(),
+            total_bytes: 80 << 30,
+            used_bytes: 10 << 30,
+            free_bytes: 70 << 30,
+            reserved_bytes: Some(512 << 20),
+            processes: vec![
+                gpu::GpuProcess {
+                    pid: 1,
+                    used_bytes: Some(9 << 30),
+                },
+                gpu::GpuProcess {
+                    pid: 2,
+                    used_bytes: None,
+                },
+            ],
+        }];
+        let json = serde_json::to_value(&r).unwrap();
+        let errors = crate::schema_check::check(
+            &crate::schema_check::load("docs/status-output.schema.json"),
+            &json,
+        );
+        assert!(errors.is_empty(), "{errors:#?}");
+        let t = table(&r);
+        assert!(t.contains("GPU 0"), "{t}");
+        assert!(t.contains("512 MiB reserved"), "{t}");
+        let g = crate::commands::gpus::table(&r.gpus);
+        assert!(g.contains("Test GPU") && g.contains("9.00 GiB"), "{g}");
+    }
 }

@@ -119,7 +119,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             None
         }
     };
-    let live_state = is_tty(2).then(|| Arc::new(LiveState::new()));
+    let live_state = (!args.no_live && is_tty(2)).then(|| Arc::new(LiveState::new()));
     let recorder = Recorder::start(Setup {
         root: pid,
         interval: args.interval,
@@ -128,7 +128,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         gpus,
         live: live_state.clone(),
     });
-    let live = live_state.and_then(|s| LiveLine::start(s, t0).ok());
+    let live = live_state.and_then(|s| LiveLine::start(s, t0));
 
     let waited = child::wait_terminated(pid);
     let duration_s = t0.elapsed().as_secs_f64();

@@ -117,7 +117,9 @@ fn frame(probes: &mut Probes, interval: Duration, size: Option<(usize, usize)>) 
         out.push('\n');
         out.push_str(&gpus::table(&r.gpus));
     }
-    let used = out.lines().count() + 3;
+    // The list header (3 lines) and one spare row so the last newline does
+    // not scroll the screen.
+    let used = out.lines().count() + 4;
     let room = match size {
         Some((_, rows)) => rows.saturating_sub(used).max(1),
         None => 10,

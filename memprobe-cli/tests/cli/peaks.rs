@@ -6,7 +6,7 @@ use serde_json::Value;
 
 const SPIKE_MIB: u64 = 256;
 
-fn process<'a>(json: &'a Value, pid: u64) -> &'a Value {
+fn process(json: &Value, pid: u64) -> &Value {
     json["processes"]
         .as_array()
         .unwrap()
