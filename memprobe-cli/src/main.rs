@@ -18,6 +18,7 @@ mod recording;
 mod report;
 mod signals;
 mod snapshot;
+mod tree_walk;
 mod units;
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! One process's `/proc/<pid>/status`, kept open and re-read with one `pread`.
 //!
 //! A single read gives the name, parent, resident set (`VmRSS`, the same
-//! figure as `statm`'s resident field) and the kernel's high-water mark
-//! (`VmHWM`). The descriptor is tied to the process it was opened for, not to
+//! figure as `statm`'s resident field), the kernel's high-water mark
+//! (`VmHWM`) and the thread count. The descriptor is tied to the process it was opened for, not to
 //! the number: once that process is gone, reads fail even if the pid is
 //! reused, so a record never mixes two processes.
 
@@ -20,6 +20,8 @@ pub(crate) struct StatusReading {
     pub(crate) rss: u64,
     /// `VmHWM:` in bytes: the peak resident set of the process's life so far.
     pub(crate) hwm: u64,
+    /// `Threads:`, 0 if absent.
+    pub(crate) threads: u32,
 }
 
 /// A kept-open `/proc/<pid>/status`.
@@ -86,7 +88,11 @@ pub(crate) fn parse_status(text: &[u8]) -> Option<StatusReading> {
         } else if let Some(v) = line.strip_prefix(b"VmRSS:") {
             r.rss = leading_u64(v)?.saturating_mul(1024);
             have_rss = true;
-            // VmRSS follows VmHWM and nothing after it is needed.
+        } else if let Some(v) = line.strip_prefix(b"Threads:") {
+            r.threads = leading_u64(v)
+                .and_then(|t| u32::try_from(t).ok())
+                .unwrap_or(0);
+            // Nothing after Threads is needed.
             break;
         }
     }
@@ -115,7 +121,7 @@ mod tests {
     const LIVE: &[u8] = b"Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t42\n\
 Ngid:\t0\nPid:\t42\nPPid:\t7\nTracerPid:\t0\nVmPeak:\t  300000 kB\nVmSize:\t  200000 kB\n\
 VmLck:\t       0 kB\nVmPin:\t       0 kB\nVmHWM:\t  262144 kB\nVmRSS:\t    2048 kB\n\
-RssAnon:\t    1024 kB\n";
+RssAnon:\t    1024 kB\nThreads:\t3\nSigQ:\t0/100\n";
 
     #[test]
     fn live_process() {
@@ -124,6 +130,7 @@ RssAnon:\t    1024 kB\n";
         assert_eq!(r.ppid, Some(7));
         assert_eq!(r.hwm, 256 << 20);
         assert_eq!(r.rss, 2 << 20);
+        assert_eq!(r.threads, 3);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::proc_status::ProcStatus;
 use crate::recording::{
     CgroupRecord, GpuSeries, Point, ProcessRecord, Recording, MAX_PROCESS_RECORDS,
 };
+use crate::tree_walk::TreeWalker;
 use memprobe_core::cgroup::CgroupSampler;
 use memprobe_core::Sampler;
 use std::collections::{HashMap, HashSet};
@@ -72,10 +73,12 @@ impl Recorder {
 struct Live {
     status: ProcStatus,
     record: ProcessRecord,
+    /// Threads at the last read.
+    threads: u32,
 }
 
 struct State {
-    root: u32,
+    walker: TreeWalker,
     interval: Duration,
     t0: Instant,
     cgroup: Option<CgroupSampler>,
@@ -131,7 +134,7 @@ impl State {
             }
         };
         State {
-            root: setup.root,
+            walker: TreeWalker::new(setup.root),
             interval: setup.interval,
             t0: setup.t0,
             cgroup,
@@ -178,7 +181,6 @@ impl State {
     }
 
     fn tick(&mut self) {
-        let tree = memprobe_core::tree::descendants(self.root);
         let now = self.now_ns();
         let mut tree_rss = 0u64;
         let mut procs = 0u32;
@@ -189,6 +191,7 @@ impl State {
             match p.status.read(&mut self.buf) {
                 Some(r) => {
                     tree_rss += r.rss;
+                    p.threads = r.threads;
                     update(&mut p.record, r, now);
                     procs += 1;
                 }
@@ -196,12 +199,19 @@ impl State {
             }
         }
         for pid in gone {
+            self.walker.forget(pid);
             if let Some(p) = self.live.remove(&pid) {
                 let mut record = p.record;
                 record.exited = true;
                 self.retire(record);
             }
         }
+        // The tree now, with thread counts just read (a single-threaded
+        // process costs one read).
+        let live = &self.live;
+        let tree = self
+            .walker
+            .walk(|pid| live.get(&pid).map(|l| l.threads), &mut self.buf);
         // Newcomers.
         for &pid in &tree {
             if self.live.contains_key(&pid) {
@@ -211,6 +221,7 @@ impl State {
             let Some(r) = status.read(&mut self.buf) else {
                 continue; // exited already, or a zombie
             };
+            let threads = r.threads;
             let mut record = ProcessRecord {
                 pid,
                 ppid: None,
@@ -226,7 +237,14 @@ impl State {
             update(&mut record, r, now);
             procs += 1;
             self.rec.processes_seen += 1;
-            self.live.insert(pid, Live { status, record });
+            self.live.insert(
+                pid,
+                Live {
+                    status,
+                    record,
+                    threads,
+                },
+            );
         }
 
         let cgroup = self.read_cgroup(now);

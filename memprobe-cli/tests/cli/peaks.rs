@@ -54,7 +54,10 @@ fn spike_in_the_middle_is_exact() {
 }
 
 /// A worker (a grandchild, so no rusage for it) spikes early and keeps
-/// running; its VmHWM read while it lives carries the spike.
+/// running; its VmHWM read while it lives carries the spike. The worker is
+/// forked by a thread other than the main one (the test harness runs the
+/// helper on a thread of its own), so this also checks that children of
+/// every thread are found.
 #[test]
 fn worker_spike_is_exact() {
     let (out, json) = run_helper_json(&["--interval", "1s"], &["worker-spike", "256", "1800"]);
