@@ -49,21 +49,38 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-struct Probed {
+/// One run: wall time and the child's CPU time (user + system).
+struct Timing {
     wall_s: f64,
+    child_cpu_s: f64,
+}
+
+struct Probed {
+    timing: Timing,
     memprobe_cpu_s: f64,
     samples: u64,
 }
 
-fn bare(me: &str, iterations: u64) -> f64 {
+// Reaped with wait4 (for its rusage), not Child::wait.
+#[allow(clippy::zombie_processes)]
+fn bare(me: &str, iterations: u64) -> Timing {
     let t = Instant::now();
-    let st = Command::new(me)
+    let child = Command::new(me)
         .env(CHILD_ENV, iterations.to_string())
-        .status()
+        .spawn()
         .expect("run the child");
+    let mut status = 0;
+    // SAFETY: rusage is plain data written by the kernel.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers; the pid is our child, waited for only here.
+    let rc = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
     let wall = t.elapsed().as_secs_f64();
-    assert!(st.success());
-    wall
+    assert!(rc > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Timing {
+        wall_s: wall,
+        child_cpu_s: tv(ru.ru_utime) + tv(ru.ru_stime),
+    }
 }
 
 fn probed(memprobe: &str, me: &str, iterations: u64, interval: &str, json: &str) -> Probed {
@@ -84,7 +101,10 @@ fn probed(memprobe: &str, me: &str, iterations: u64, interval: &str, json: &str)
         text[at..at + end].trim().parse().expect("a number")
     };
     Probed {
-        wall_s: wall,
+        timing: Timing {
+            wall_s: wall,
+            child_cpu_s: field("command_cpu_s"),
+        },
         memprobe_cpu_s: field("memprobe_cpu_s"),
         samples: field("samples") as u64,
     }
@@ -114,7 +134,9 @@ fn main() {
     let json = std::env::temp_dir().join(format!("memprobe-bench-{}.json", std::process::id()));
     let json = json.to_str().expect("a UTF-8 path");
 
-    let iterations = calibrate(Duration::from_secs(1));
+    // Calibrate in-process, then correct with one bare run of the child.
+    let guess = calibrate(Duration::from_secs(1));
+    let iterations = (guess as f64 / bare(me, guess).wall_s) as u64;
     println!(
         "memprobe run overhead: {pairs} alternating pairs, --interval {interval}, \
          CPU-bound child of {iterations} iterations (~1 s)"
@@ -123,46 +145,52 @@ fn main() {
     bare(me, iterations);
     probed(memprobe, me, iterations, &interval, json);
 
-    let (mut b, mut p, mut cpu, mut samples) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut bare_runs = Vec::new();
+    let mut probed_runs = Vec::new();
     for i in 0..pairs {
-        let run_probed = |p: &mut Vec<f64>, cpu: &mut Vec<f64>, samples: &mut Vec<f64>| {
-            let r = probed(memprobe, me, iterations, &interval, json);
-            p.push(r.wall_s);
-            cpu.push(r.memprobe_cpu_s / r.wall_s * 100.0);
-            samples.push(r.samples as f64);
-        };
         if i % 2 == 0 {
-            b.push(bare(me, iterations));
-            run_probed(&mut p, &mut cpu, &mut samples);
+            bare_runs.push(bare(me, iterations));
+            probed_runs.push(probed(memprobe, me, iterations, &interval, json));
         } else {
-            run_probed(&mut p, &mut cpu, &mut samples);
-            b.push(bare(me, iterations));
+            probed_runs.push(probed(memprobe, me, iterations, &interval, json));
+            bare_runs.push(bare(me, iterations));
         }
+        let (b, p) = (&bare_runs[i], &probed_runs[i].timing);
         println!(
-            "pair {:>2}: bare {:.4} s  memprobe {:.4} s",
+            "pair {:>2}: wall bare {:.4} s, memprobe {:.4} s   child CPU bare {:.4} s, memprobe {:.4} s",
             i + 1,
-            b[i],
-            p[i]
+            b.wall_s,
+            p.wall_s,
+            b.child_cpu_s,
+            p.child_cpu_s
         );
     }
     let _ = std::fs::remove_file(json);
-    let (mb, mp) = (median(&mut b.clone()), median(&mut p.clone()));
-    let overhead = (mp / mb - 1.0) * 100.0;
-    let mut ratios: Vec<f64> = p
+    let col = |v: &mut dyn Iterator<Item = f64>| median(&mut v.collect::<Vec<_>>());
+    let bw = col(&mut bare_runs.iter().map(|t| t.wall_s));
+    let pw = col(&mut probed_runs.iter().map(|r| r.timing.wall_s));
+    let bc = col(&mut bare_runs.iter().map(|t| t.child_cpu_s));
+    let pc = col(&mut probed_runs.iter().map(|r| r.timing.child_cpu_s));
+    let pair_wall = col(&mut bare_runs
         .iter()
-        .zip(&b)
-        .map(|(p, b)| (p / b - 1.0) * 100.0)
-        .collect();
+        .zip(&probed_runs)
+        .map(|(b, p)| (p.timing.wall_s / b.wall_s - 1.0) * 100.0));
+    let own = col(&mut probed_runs
+        .iter()
+        .map(|r| r.memprobe_cpu_s / r.timing.wall_s * 100.0));
+    let samples = col(&mut probed_runs.iter().map(|r| r.samples as f64));
     println!();
-    println!("median bare      {mb:.4} s");
-    println!("median memprobe  {mp:.4} s");
-    println!("overhead         {overhead:+.2} % of the medians (target <= 1 %)");
-    println!("per-pair overhead: median {:+.2} %", median(&mut ratios));
+    println!("                 bare        memprobe    overhead");
     println!(
-        "memprobe's own CPU: median {:.2} % of one core, {:.0} samples per run",
-        median(&mut cpu),
-        median(&mut samples)
+        "wall (median)    {bw:.4} s    {pw:.4} s    {:+.2} %   (target <= 1 %)",
+        (pw / bw - 1.0) * 100.0
     );
+    println!(
+        "child CPU        {bc:.4} s    {pc:.4} s    {:+.2} %",
+        (pc / bc - 1.0) * 100.0
+    );
+    println!("per-pair wall overhead, median: {pair_wall:+.2} %");
+    println!("memprobe's own CPU: median {own:.2} % of one core, {samples:.0} samples per run");
     println!(
         "machine: nproc {}, kernel {}, {}",
         sh("nproc"),

@@ -95,7 +95,7 @@ pub(crate) fn wait_terminated(pid: u32) -> io::Result<()> {
 }
 
 /// How the child ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct ExitInfo {
     /// The exit code, when it exited.
     pub(crate) code: Option<i32>,
@@ -106,6 +106,9 @@ pub(crate) struct ExitInfo {
     /// descendant it waited for if that was larger (the kernel folds reaped
     /// children's peaks in).
     pub(crate) maxrss_bytes: u64,
+    /// CPU time (user + system) of the child and the descendants it waited
+    /// for, seconds.
+    pub(crate) cpu_s: f64,
 }
 
 impl ExitInfo {
@@ -136,6 +139,7 @@ pub(crate) fn reap(pid: u32) -> io::Result<ExitInfo> {
                 core_dumped: signaled && libc::WCOREDUMP(status),
                 // Linux reports ru_maxrss in kibibytes.
                 maxrss_bytes: u64::try_from(ru.ru_maxrss).unwrap_or(0) * 1024,
+                cpu_s: timeval_s(ru.ru_utime) + timeval_s(ru.ru_stime),
             });
         }
         let e = io::Error::last_os_error();
@@ -152,8 +156,11 @@ pub(crate) fn own_cpu_s() -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid rusage pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    timeval_s(ru.ru_utime) + timeval_s(ru.ru_stime)
+}
+
+fn timeval_s(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 / 1e6
 }
 
 #[cfg(test)]
@@ -172,6 +179,7 @@ mod tests {
             signal: Some(9),
             core_dumped: false,
             maxrss_bytes: 0,
+            cpu_s: 0.0,
         };
         assert_eq!(killed.status(), 137);
     }

@@ -53,6 +53,7 @@ pub(crate) struct RunReport {
     pub(crate) gpus: Vec<GpuReport>,
     pub(crate) unavailable: BTreeMap<String, String>,
     pub(crate) signals: Vec<SignalReport>,
+    pub(crate) command_cpu_s: f64,
     pub(crate) memprobe_cpu_s: f64,
     pub(crate) timeline_merged: u64,
     pub(crate) timeline: Vec<PointReport>,
@@ -260,6 +261,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                 forwarded: e.forwarded,
             })
             .collect(),
+        command_cpu_s: facts.exit.cpu_s,
         memprobe_cpu_s: facts.memprobe_cpu_s,
         timeline_merged: rec.timeline.merged(),
         timeline: rec
@@ -528,6 +530,7 @@ mod tests {
                 signal: Some(15),
                 core_dumped: false,
                 maxrss_bytes: 120 << 20,
+                cpu_s: 0.04,
             },
             signals: vec![SignalEvent {
                 signal: 15,
