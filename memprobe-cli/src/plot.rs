@@ -201,7 +201,8 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
             }
         }
         for s in &series {
-            let Some(&peak) = s.points.iter().max_by_key(|p| p.1) else {
+            // The first sample at the maximum, as in the JSON.
+            let Some(&peak) = s.points.iter().rev().max_by_key(|p| p.1) else {
                 continue;
             };
             let (x, y) = to_xy(peak);

@@ -438,8 +438,9 @@ pub(crate) fn summary(r: &RunReport) -> String {
             units::duration(Duration::from_secs_f64(r.interval_s)),
             if r.missed_ticks > 0 {
                 format!(
-                    " ({} ticks missed: the sampler fell behind)",
-                    r.missed_ticks
+                    " ({} tick{} missed: the sampler fell behind)",
+                    r.missed_ticks,
+                    if r.missed_ticks == 1 { "" } else { "s" }
                 )
             } else {
                 String::new()
