@@ -103,12 +103,14 @@ fn svg_has_series_and_axes() {
     for needle in [
         "host tree RSS",
         "time since start (s)",
-        "memory (MiB)",
+        "memory (",
         "peak single process",
         "peak ",
     ] {
         assert!(text.contains(needle), "no {needle:?} in the SVG");
     }
+    // MiB, or GiB when the container holds 2 GiB or more.
+    assert!(text.contains("memory (MiB)") || text.contains("memory (GiB)"));
     if text.contains("cgroup") {
         assert!(text.contains("container (cgroup"));
     }
