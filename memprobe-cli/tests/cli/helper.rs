@@ -5,6 +5,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 const ENV: &str = "MEMPROBE_TEST_CHILD";
@@ -129,6 +130,21 @@ fn child() {
             std::fs::write(words[1], b"ran").expect("marker");
         }
         "sleep" => std::thread::sleep(Duration::from_millis(num(1))),
+        // Count SIGINTs for MS milliseconds, then report.
+        "count-sigint" => {
+            static COUNT: AtomicU32 = AtomicU32::new(0);
+            extern "C" fn on_sigint(_: libc::c_int) {
+                COUNT.fetch_add(1, Ordering::SeqCst);
+            }
+            // SAFETY: the handler only touches an atomic.
+            unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
+            println!("ready");
+            let end = std::time::Instant::now() + Duration::from_millis(num(1));
+            while std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            println!("SIGINT count {}", COUNT.load(Ordering::SeqCst));
+        }
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);

@@ -7,3 +7,4 @@ mod outputs;
 mod peaks;
 mod schema;
 mod support;
+mod terminal;
