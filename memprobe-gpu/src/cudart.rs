@@ -7,11 +7,11 @@
 //! for [`preload`](crate::Gpus::preload), whose purpose is to create the
 //! context. The library is never unloaded.
 
+use memprobe_core::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
-use std::sync::Mutex;
 
 /// Library names tried in order when no path is given: the development
 /// symlink, then the sonames of CUDA 13 down to 10.
@@ -45,7 +45,9 @@ pub(crate) struct CudartLibrary {
     error_string: Option<ErrorNameFn>,
 }
 
-static LOADED: Mutex<Vec<&'static CudartLibrary>> = Mutex::new(Vec::new());
+/// Every runtime loaded so far. A fork-gated [`Lock`]: it is held while the
+/// runtime loads (its initialisers run), and `fork()` waits for that.
+static LOADED: Lock<Vec<&'static CudartLibrary>> = Lock::new(Vec::new());
 
 /// Loads the CUDA runtime from `path`, or the newest soname found, or
 /// returns the library already loaded from there.
@@ -54,7 +56,7 @@ pub(crate) fn load(path: Option<&Path>) -> Result<&'static CudartLibrary> {
         Some(p) => vec![p.display().to_string()],
         None => CUDART_CANDIDATES.iter().map(|s| s.to_string()).collect(),
     };
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut loaded = LOADED.lock()?;
     if let Some(lib) = loaded.iter().find(|l| candidates.contains(&l.path)) {
         return Ok(lib);
     }

@@ -197,6 +197,7 @@ pub fn run_child_with(wrapper: Option<&[&str]>, name: &str, env: &[(&str, &str)]
         "CUDA_VISIBLE_DEVICES",
         "FAKE_NVML_SCRIPT",
         "FAKE_CUDART_SCRIPT",
+        "MEMPROBE_TEST_NVML",
     ] {
         cmd.env_remove(var);
     }
