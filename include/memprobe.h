@@ -756,7 +756,7 @@ memprobe_status memprobe_gpu_set_cache_release(memprobe_release_fn callback, voi
 
 /**
  * Resolves device `id` once into a handle for memprobe_gpu_mem_get_used_fast
- * and friends. MEMPROBE_STATUS_UNAVAILABLE (no GPU), MEMPROBE_STATUS_INVALID_ID
+ * and friends (at most 4096 live handles; using one takes no lock). MEMPROBE_STATUS_UNAVAILABLE (no GPU), MEMPROBE_STATUS_INVALID_ID
  * (no such id), or the device's error; `*out` is then untouched.
  */
 memprobe_status memprobe_gpu_device_open(uint32_t id, memprobe_gpu_device **out);

@@ -9,6 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
 /// An error on its way out through the C ABI.
+#[derive(Debug)]
 pub(crate) struct FfiError {
     pub(crate) status: memprobe_status,
     pub(crate) message: String,

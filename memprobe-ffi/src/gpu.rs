@@ -9,7 +9,7 @@
 //! create handles leave `*out` untouched on failure as everywhere else.
 
 use crate::boundary::{null, opt_text, out, run, FfiError, FfiResult};
-use crate::handle::Table;
+use crate::handle::IdTable;
 use crate::source::{memprobe_source, publish};
 use crate::status::memprobe_status;
 use memprobe_core::{Error, ErrorKind, Source};
@@ -188,13 +188,16 @@ pub struct memprobe_gpu_device {
     _private: [u8; 0],
 }
 
-static DEVICES: Table<DeviceHandle> = Table::new(0x47, "memprobe_gpu_device");
+/// The ids of open device handles. Lookups take no lock: a handle names a
+/// device of the process-wide [`Gpus`], which never changes once open.
+static DEVICES: IdTable<4096> = IdTable::new(0x47, "memprobe_gpu_device");
 
-fn device(h: *const memprobe_gpu_device) -> FfiResult<std::sync::Arc<DeviceHandle>> {
+fn device(h: *const memprobe_gpu_device) -> FfiResult<&'static DeviceHandle> {
     if h.is_null() {
         return Err(null("device"));
     }
-    DEVICES.get(h as usize)
+    let id = DEVICES.get(h as usize)?;
+    Ok(Gpus::shared().device_ref(id)?)
 }
 
 /// Writes an outcome's value through `write`, then turns its error into the status.
@@ -505,7 +508,7 @@ pub extern "C" fn memprobe_gpu_set_cache_release(
 }
 
 /// Resolves device `id` once into a handle for memprobe_gpu_mem_get_used_fast
-/// and friends. MEMPROBE_STATUS_UNAVAILABLE (no GPU), MEMPROBE_STATUS_INVALID_ID
+/// and friends (at most 4096 live handles; using one takes no lock). MEMPROBE_STATUS_UNAVAILABLE (no GPU), MEMPROBE_STATUS_INVALID_ID
 /// (no such id), or the device's error; `*out` is then untouched.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_device_open(
@@ -514,8 +517,8 @@ pub extern "C" fn memprobe_gpu_device_open(
 ) -> memprobe_status {
     run("memprobe_gpu_device_open", || {
         let slot = self::out(out, "out")?;
-        let handle = Gpus::shared().device(id)?;
-        *slot = DEVICES.insert(handle)? as *mut memprobe_gpu_device;
+        Gpus::shared().device_ref(id)?;
+        *slot = DEVICES.insert(id)? as *mut memprobe_gpu_device;
         Ok(())
     })
 }
@@ -532,7 +535,7 @@ pub extern "C" fn memprobe_gpu_mem_get_used_fast(
         let slot = self::out(out, "out")?;
         *slot = 0;
         let h = self::device(device)?;
-        finish(memprobe_gpu::gpu_mem_get_used_fast(&h), |v| *slot = v)
+        finish(memprobe_gpu::gpu_mem_get_used_fast(h), |v| *slot = v)
     })
 }
 

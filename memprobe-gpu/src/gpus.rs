@@ -225,8 +225,11 @@ impl Gpus {
     }
 
     /// As [`device`](Self::device), borrowed (no reference count traffic).
+    ///
+    /// # Errors
+    /// As [`device`](Self::device).
     #[inline]
-    pub(crate) fn device_ref(&self, id: u32) -> Result<&DeviceHandle> {
+    pub fn device_ref(&self, id: u32) -> Result<&DeviceHandle> {
         match &self.state {
             State::Nvml { devices, .. } => match devices.get(id as usize) {
                 Some(Ok(h)) => Ok(h),
