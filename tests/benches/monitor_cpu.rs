@@ -6,7 +6,8 @@
 //! Part 1: at the default 10 ms interval, one window open over this
 //! process's RSS, the container's cgroup (when there is one) and 8 fake GPUs
 //! (`tests/fake-gpu/fake_nvml.c`, each memory query busy-waiting `spin_ns`:
-//! 0, and 20 µs as a realistic driver query). The process's CPU time
+//! 0; 7 µs, what `nvmlDeviceGetMemoryInfo_v2` takes on an H100; 20 µs, a
+//! slow driver), and with 1 free GPU to show the fixed cost of a tick. The process's CPU time
 //! (`CLOCK_PROCESS_CPUTIME_ID`, every thread) is measured over a period
 //! with the window open and over the same period with no window open, the
 //! two alternating; the figures are medians over the repetitions, in % of
@@ -94,6 +95,40 @@ fn measure_monitor(label: String, sources: &[Source], period: Duration, reps: u6
     }
     Row {
         label,
+        idle: median(idle),
+        open: median(open),
+        ticks_per_s: median(rates),
+    }
+}
+
+/// The floor: a bare thread that does nothing but wake every 10 ms (what
+/// the operating system charges for the wake-ups alone).
+fn floor(period: Duration, reps: u64) -> Row {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let (mut idle, mut open, mut rates) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        idle.push(cpu_percent(period, std::thread::sleep));
+        let stop = Arc::new(AtomicBool::new(false));
+        let wakes = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        open.push(cpu_percent(period, |p| {
+            let (s, w) = (stop.clone(), wakes.clone());
+            let t = std::thread::spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(Duration::from_millis(10));
+                    w.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            std::thread::sleep(p);
+            stop.store(true, Ordering::Relaxed);
+            t.thread().unpark();
+            t.join().unwrap();
+        }));
+        rates.push(wakes.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64());
+    }
+    Row {
+        label: "floor: a thread waking every 10 ms".to_string(),
         idle: median(idle),
         open: median(open),
         ticks_per_s: median(rates),
@@ -314,14 +349,18 @@ fn main() {
             " (no cgroup)"
         }
     );
-    let mut rows = vec![measure_monitor(
+    let mut rows = vec![floor(period, reps)];
+    rows.push(measure_monitor(
         "host only".to_string(),
         &host,
         period,
         reps,
-    )];
-    for spin in [0u64, 20_000] {
-        let lib = fake_nvml(&format!("spin{spin}"), spin);
+    ));
+    // (GPUs, emulated driver cost per memory query in ns): free, what
+    // nvmlDeviceGetMemoryInfo_v2 costs on an H100 (driver 580, ~7 us), and
+    // a slow driver (20 us).
+    for (n_gpus, spin) in [(1u32, 0u64), (8, 0), (8, 7_000), (8, 20_000)] {
+        let lib = fake_nvml(&format!("{n_gpus}gpus-spin{spin}"), spin);
         let gpus = Gpus::open(GpuConfig {
             backend: GpuBackend::Nvml,
             nvml_path: Some(lib),
@@ -329,11 +368,11 @@ fn main() {
         })
         .unwrap();
         let mut sources = host.clone();
-        for id in 0..8 {
+        for id in 0..n_gpus {
             sources.push(Source::from_sampler(gpus.device_sampler(id).unwrap()));
         }
         rows.push(measure_monitor(
-            format!("host + 8 GPUs, {} us per query", spin / 1000),
+            format!("host + {n_gpus} GPU(s), {} us per query", spin / 1000),
             &sources,
             period,
             reps,
@@ -341,17 +380,19 @@ fn main() {
     }
     monitor::stop().unwrap();
     println!(
-        "  {:<32} {:>9} {:>9} {:>9} {:>9}",
-        "sources", "no window", "window", "overhead", "ticks/s"
+        "  {:<34} {:>9} {:>9} {:>9} {:>8} {:>10}",
+        "sources", "no window", "window", "overhead", "ticks/s", "CPU/tick"
     );
     for r in &rows {
+        let overhead = r.open - r.idle;
+        let per_tick_us = if r.ticks_per_s > 0.0 {
+            format!("{:.1} us", overhead / 100.0 / r.ticks_per_s * 1e6)
+        } else {
+            "-".to_string()
+        };
         println!(
-            "  {:<32} {:>8.3}% {:>8.3}% {:>8.3}% {:>9.1}",
-            r.label,
-            r.idle,
-            r.open,
-            r.open - r.idle,
-            r.ticks_per_s
+            "  {:<34} {:>8.3}% {:>8.3}% {:>8.3}% {:>8.1} {:>10}",
+            r.label, r.idle, r.open, overhead, r.ticks_per_s, per_tick_us
         );
     }
     for s in &host {
