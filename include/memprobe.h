@@ -677,7 +677,8 @@ memprobe_status memprobe_gpu_mem_get(int64_t id, memprobe_gpu_memory *out);
 
 /**
  * fastai's `gpu_mem_get_all()`: the reading of every device, in id order,
- * into `out[0..capacity]`; `*count` receives the number of devices. A
+ * into `out[0..capacity]` (entries past the last device are zeroed);
+ * `*count` receives the number of devices. A
  * device that cannot be read is all zeros (`valid == 0`) and the status is
  * the first such error. `capacity` smaller than the count: the first
  * `capacity` readings and MEMPROBE_STATUS_BUFFER_TOO_SMALL (`out` may be

@@ -128,6 +128,20 @@ pub(crate) fn out<'a, T>(p: *mut T, what: &str) -> FfiResult<&'a mut T> {
     unsafe { p.as_mut() }.ok_or_else(|| null(what))
 }
 
+/// A required output array of `len` elements (`len == 0`: an empty slice,
+/// and `p` may be NULL).
+pub(crate) fn out_slice<'a, T>(p: *mut T, len: usize, what: &str) -> FfiResult<&'a mut [T]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: non-NULL, and the caller promises `p` holds `len` writable
+    // elements (the documented contract of every entry point taking an array).
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+}
+
 pub(crate) fn null(what: &str) -> FfiError {
     FfiError::new(memprobe_status::NullPointer, format!("{what} is NULL"))
 }

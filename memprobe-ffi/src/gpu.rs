@@ -8,7 +8,7 @@
 //! outputs even when they fail, unlike the rest of the C ABI; calls that
 //! create handles leave `*out` untouched on failure as everywhere else.
 
-use crate::boundary::{null, opt_text, out, run, FfiError, FfiResult};
+use crate::boundary::{null, opt_text, out, out_slice, run, FfiError, FfiResult};
 use crate::handle::IdTable;
 use crate::source::{memprobe_source, publish};
 use crate::status::memprobe_status;
@@ -289,8 +289,7 @@ pub extern "C" fn memprobe_gpu_get_info(id: u32, out: *mut memprobe_gpu_info) ->
         let slot = self::out(out, "out")?;
         *slot = memprobe_gpu_info::ZERO;
         let gpus = Gpus::shared();
-        let handle = gpus.device(id)?;
-        let info = handle.info();
+        let info = gpus.device_ref(id)?.info();
         let mut i = memprobe_gpu_info::ZERO;
         i.id = info.id;
         i.backend = memprobe_gpu_backend::code(gpus.backend());
@@ -326,7 +325,8 @@ pub extern "C" fn memprobe_gpu_mem_get(id: i64, out: *mut memprobe_gpu_memory) -
 }
 
 /// fastai's `gpu_mem_get_all()`: the reading of every device, in id order,
-/// into `out[0..capacity]`; `*count` receives the number of devices. A
+/// into `out[0..capacity]` (entries past the last device are zeroed);
+/// `*count` receives the number of devices. A
 /// device that cannot be read is all zeros (`valid == 0`) and the status is
 /// the first such error. `capacity` smaller than the count: the first
 /// `capacity` readings and MEMPROBE_STATUS_BUFFER_TOO_SMALL (`out` may be
@@ -340,24 +340,18 @@ pub extern "C" fn memprobe_gpu_mem_get_all(
 ) -> memprobe_status {
     run("memprobe_gpu_mem_get_all", || {
         let count = self::out(count, "count")?;
-        if out.is_null() && capacity > 0 {
-            return Err(null("out"));
-        }
+        let dst = out_slice(out, capacity, "out")?;
         *count = 0;
         let all = Gpus::shared().gpu_mem_get_all();
         let n = all.value.len();
         *count = n;
-        if capacity > 0 {
-            // SAFETY: the caller promises `out` holds `capacity` elements (non-NULL, checked).
-            let dst = unsafe { std::slice::from_raw_parts_mut(out, capacity) };
-            for (i, d) in dst.iter_mut().enumerate() {
-                *d = all
-                    .value
-                    .get(i)
-                    .copied()
-                    .map(Into::into)
-                    .unwrap_or_default();
-            }
+        for (i, d) in dst.iter_mut().enumerate() {
+            *d = all
+                .value
+                .get(i)
+                .copied()
+                .map(Into::into)
+                .unwrap_or_default();
         }
         if n > capacity && !(out.is_null() && capacity == 0) {
             return Err(FfiError::new(

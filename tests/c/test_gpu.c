@@ -830,17 +830,10 @@ static void scenario_fork(void) {
     const memprobe_source *srcs[1];
     int i;
 
-    /* libasan's allocator does not lock itself around fork(): a child can
-     * deadlock on an allocator lock the parent's monitor thread held while
-     * allocating (see test_fork.c). Under ASan (MEMPROBE_TEST_ASAN=1) the
-     * monitor still runs but sleeps through the forks; the plain and
-     * valgrind runs poll every 200 us. */
-    OK(memprobe_monitor_set_interval_ns(getenv("MEMPROBE_TEST_ASAN") ? MEMPROBE_MONITOR_MAX_INTERVAL_NS
-                                                                     : 200000));
+    OK(memprobe_monitor_set_interval_ns(200000));
     OK(memprobe_source_new_gpu_device(0, &gpu));
     srcs[0] = gpu;
     OK(memprobe_window_open(srcs, 1, &w)); /* the monitor polls the GPU from now on */
-    sleep_ms(5);
     for (i = 0; i < 20; i++) {
         int status = 0;
         pid_t pid = fork();

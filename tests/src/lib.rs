@@ -234,7 +234,8 @@ impl FakeGpu {
 /// returns its path. `omit` lists NVML symbols to leave out (`nvmlShutdown`,
 /// ...; see tests/fake-gpu/README.md); it must be empty for the CUDA runtime.
 pub fn fake_gpu_lib(kind: FakeGpu, omit: &[&str]) -> PathBuf {
-    static BUILT: Mutex<Option<HashMap<(FakeGpu, Vec<String>), PathBuf>>> = Mutex::new(None);
+    type Built = HashMap<(FakeGpu, Vec<String>), PathBuf>;
+    static BUILT: Mutex<Option<Built>> = Mutex::new(None);
     assert!(
         kind == FakeGpu::Nvml || omit.is_empty(),
         "only the fake NVML can leave symbols out"

@@ -64,8 +64,6 @@ fn check(args: &[&str], env: &[(&str, &str)]) {
 
     let mut env_asan = env.to_vec();
     env_asan.push(("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0"));
-    // See scenario_fork in test_gpu.c: libasan's allocator is not fork-safe.
-    env_asan.push(("MEMPROBE_TEST_ASAN", "1"));
     assert_ok(&format!("{what} under ASan"), &run(asan, args, &env_asan));
 
     if have_valgrind() {
