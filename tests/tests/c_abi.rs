@@ -63,6 +63,11 @@ fn cpp_raii_layer() {
 }
 
 #[test]
+fn fork_inside_callbacks() {
+    check_all_ways("test_fork_callback.c", &[]);
+}
+
+#[test]
 fn fork_with_monitor_running() {
     check_all_ways("test_fork.c", &[]);
 }
