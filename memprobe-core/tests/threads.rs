@@ -135,11 +135,14 @@ fn sixty_four_threads_window_churn_with_monitor() {
     let start = Instant::now();
     let handles: Vec<_> = (0..64u64)
         .map(|i| {
-            let (rss, pushed, sampled, value) = (rss.clone(), pushed.clone(), sampled.clone(), value.clone());
+            let (rss, pushed, sampled, value) =
+                (rss.clone(), pushed.clone(), sampled.clone(), value.clone());
             std::thread::spawn(move || -> Result<(), String> {
                 for round in 0..100u64 {
-                    let outer = Window::open(&[rss.clone(), pushed.clone(), sampled.clone()]).map_err(|e| e.to_string())?;
-                    let mut inner = Window::open(&[pushed.clone(), rss.clone()]).map_err(|e| e.to_string())?;
+                    let outer = Window::open(&[rss.clone(), pushed.clone(), sampled.clone()])
+                        .map_err(|e| e.to_string())?;
+                    let mut inner =
+                        Window::open(&[pushed.clone(), rss.clone()]).map_err(|e| e.to_string())?;
                     let v = i * 1000 + round;
                     pushed.push(v).map_err(|e| e.to_string())?;
                     value.fetch_max(v, Ordering::Relaxed);
@@ -160,8 +163,19 @@ fn sixty_four_threads_window_churn_with_monitor() {
     for h in handles {
         h.join().expect("no panic").expect("consistent peaks");
     }
-    assert!(start.elapsed() < Duration::from_secs(120), "took {:?}", start.elapsed());
-    assert_eq!((rss.open_windows().unwrap(), pushed.open_windows().unwrap(), sampled.open_windows().unwrap()), (0, 0, 0));
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        (
+            rss.open_windows().unwrap(),
+            pushed.open_windows().unwrap(),
+            sampled.open_windows().unwrap()
+        ),
+        (0, 0, 0)
+    );
     eprintln!("64 threads x 100 rounds: {:?}", start.elapsed());
     monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
 }

@@ -28,14 +28,21 @@ fn rss(f: &std::fs::File) -> u64 {
     let mut buf = [0u8; 128];
     let n = f.read_at(&mut buf, 0).unwrap_or(0);
     let text = std::str::from_utf8(&buf[..n]).unwrap_or("");
-    text.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 4096
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let spikes: usize = std::env::var("MEMPROBE_BENCH_SPIKES").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let spikes: usize = std::env::var("MEMPROBE_BENCH_SPIKES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     let stop = Arc::new(AtomicBool::new(false));
     let intervals = [1000u64, 100, 10, 1];
     let pollers: Vec<Poller> = intervals
@@ -58,7 +65,10 @@ fn main() {
                     }
                 }
             });
-            Poller { interval: Duration::from_millis(ms), max }
+            Poller {
+                interval: Duration::from_millis(ms),
+                max,
+            }
         })
         .collect();
     let statm = std::fs::File::open("/proc/self/statm").unwrap();
@@ -66,7 +76,9 @@ fn main() {
     let mut w = Window::open(&[src.clone()]).unwrap();
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     let holds = [0.5f64, 2.0, 10.0, 50.0, 200.0];
-    println!("memprobe spike-catch benchmark: {spikes} spikes of 64 MiB per hold time, at random phases");
+    println!(
+        "memprobe spike-catch benchmark: {spikes} spikes of 64 MiB per hold time, at random phases"
+    );
     print!("{:>10} {:>14}", "hold", "exact window");
     for p in &pollers {
         print!(" {:>11}", format!("poll {:?}", p.interval));
