@@ -24,7 +24,11 @@ fn fake_gpus() -> &'static Gpus {
     fake_gpu::compile_fake(&root, "fake_nvml.c", &[], &lib);
     let mut script = String::from("devices 8\n");
     for i in 0..8 {
-        script += &format!("device {i} procs 1000:{} 2000:{}\n", (i + 1) << 20, (i + 2) << 20);
+        script += &format!(
+            "device {i} procs 1000:{} 2000:{}\n",
+            (i + 1) << 20,
+            (i + 2) << 20
+        );
     }
     std::fs::write(dir.join("fake_nvml.script"), script).unwrap();
     let gpus = Gpus::open(GpuConfig {
@@ -137,7 +141,10 @@ fn main() {
     stop.store(true, Ordering::Relaxed);
     scraper.join().unwrap();
     let mut bare_scraped = Vec::new();
-    let (s2, n2) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (s2, n2) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let (s, n) = (Arc::clone(&s2), Arc::clone(&n2));
     let scraper = std::thread::spawn(move || {
         while !s.load(Ordering::Relaxed) {

@@ -15,6 +15,7 @@ pub fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
     parse(&text)
 }
 
+/// (status, body) of a raw answer.
 pub fn parse(text: &str) -> (u16, String) {
     let status = text
         .split(' ')
@@ -25,6 +26,7 @@ pub fn parse(text: &str) -> (u16, String) {
     (status, body.to_owned())
 }
 
+/// `GET path` and (status, body).
 pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     raw(
         addr,
