@@ -121,3 +121,8 @@ fn soname_and_exported_symbols() {
         assert!(declared, "{sym} is exported but not declared in the header");
     }
 }
+
+#[test]
+fn metrics_exporter() {
+    check_all_ways("test_metrics.c", &[("MEMPROBE_GPU_BACKEND", "none")]);
+}
