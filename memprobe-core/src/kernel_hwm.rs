@@ -45,8 +45,10 @@ impl KernelHwm {
             floor_bound_kb: u64::MAX,
             generation: fork::generation(),
         };
+        // Before the first reset the mark covers everything since exec, so a
+        // launcher larger than this process shows here: learn the floor once.
+        hwm.learn_floor()?;
         hwm.write_reset()?;
-        hwm.read()?;
         Ok(hwm)
     }
 
@@ -58,6 +60,7 @@ impl KernelHwm {
             self.floor_kb = None;
             self.floor_bound_kb = u64::MAX;
             self.generation = fork::generation();
+            self.learn_floor()?;
         }
         Ok(())
     }
@@ -80,8 +83,22 @@ impl KernelHwm {
         rss_after()
     }
 
-    /// The high-water mark since the last reset, bytes.
-    pub(crate) fn read(&mut self) -> Result<u64> {
+    /// Compares getrusage with `VmHWM` once: if getrusage is higher, the
+    /// difference is the exec floor, pinned exactly.
+    fn learn_floor(&mut self) -> Result<()> {
+        let kb = maxrss_kb();
+        let exact_kb = self.read_status()? / 1024;
+        if exact_kb + SLACK_KB < kb {
+            self.floor_kb = Some(kb);
+        } else {
+            self.floor_bound_kb = kb;
+        }
+        Ok(())
+    }
+
+    /// The high-water mark since the last reset, bytes. `rss_now` reads the
+    /// current RSS (a mark equal to it is the mark, whatever the floor).
+    pub(crate) fn read(&mut self, rss_now: impl FnOnce() -> Result<u64>) -> Result<u64> {
         self.check_fork()?;
         let kb = maxrss_kb();
         let above_floor = match self.floor_kb {
@@ -91,8 +108,12 @@ impl KernelHwm {
         if above_floor {
             return Ok(kb * 1024);
         }
-        // Ambiguous: the floor may hide the true mark. Ask the exact source,
-        // and learn from the answer.
+        // Ambiguous: the floor may hide the true mark. The mark is never
+        // below the current RSS, so a reading at the current RSS is the mark
+        // (one statm read); otherwise ask /proc/self/status, and learn.
+        if kb <= rss_now()? / 1024 + SLACK_KB / 4 {
+            return Ok(kb * 1024);
+        }
         let exact_kb = self.read_status()? / 1024;
         if exact_kb + SLACK_KB < kb {
             self.floor_kb = Some(kb);

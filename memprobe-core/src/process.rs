@@ -98,10 +98,12 @@ impl Sampler for ProcessSampler {
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
-        match self.hwm.as_mut() {
-            Some(h) => h.read().map(Some),
-            None => Ok(None),
-        }
+        let Some(mut hwm) = self.hwm.take() else {
+            return Ok(None);
+        };
+        let r = hwm.read(|| self.rss());
+        self.hwm = Some(hwm);
+        r.map(Some)
     }
 
     fn reset_peak(&mut self) -> Result<Sample> {

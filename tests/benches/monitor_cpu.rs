@@ -378,6 +378,29 @@ fn main() {
             reps,
         ));
     }
+    // fastai's peak thread polls about every millisecond: the same 8 GPUs at
+    // 7 us per query, at a 1 ms interval.
+    {
+        let lib = fake_nvml("8gpus-spin7000-1ms", 7_000);
+        let gpus = Gpus::open(GpuConfig {
+            backend: GpuBackend::Nvml,
+            nvml_path: Some(lib),
+            ..GpuConfig::default()
+        })
+        .unwrap();
+        let mut sources = host.clone();
+        for id in 0..8 {
+            sources.push(Source::from_sampler(gpus.device_sampler(id).unwrap()));
+        }
+        monitor::set_interval(Duration::from_millis(1)).unwrap();
+        rows.push(measure_monitor(
+            "host + 8 GPU(s), 7 us per query, 1 ms interval".to_string(),
+            &sources,
+            period,
+            reps,
+        ));
+        monitor::set_interval(Duration::from_millis(10)).unwrap();
+    }
     monitor::stop().unwrap();
     println!(
         "  {:<34} {:>9} {:>9} {:>9} {:>8} {:>10}",

@@ -108,6 +108,35 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// `Window::reset` with `open - 1` other windows open over the process
+/// source, for open in 1, 64, 1024: the median per-call time of each.
+fn window_scaling() -> Vec<(usize, f64)> {
+    let rss = Source::process().unwrap();
+    [1usize, 64, 1024]
+        .into_iter()
+        .map(|open| {
+            let outer: Vec<Window> = (0..open - 1)
+                .map(|_| Window::open(&[rss.clone()]).unwrap())
+                .collect();
+            let mut w = Window::open(&[rss.clone()]).unwrap();
+            for _ in 0..ITERS / 4 {
+                black_box(w.reset().unwrap());
+            }
+            let mut rounds: Vec<f64> = (0..ROUNDS)
+                .map(|_| {
+                    let t = Instant::now();
+                    for _ in 0..ITERS {
+                        black_box(w.reset().unwrap());
+                    }
+                    t.elapsed().as_nanos() as f64 / ITERS as f64
+                })
+                .collect();
+            drop(outer);
+            (open, median(&mut rounds))
+        })
+        .collect()
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -127,6 +156,10 @@ fn main() {
         ballast[i] = 1;
     }
     black_box(&ballast);
+    // How a step boundary scales with the windows open over the same source,
+    // measured first and alone: the interleaved cases below keep windows of
+    // their own open on this process's source for the whole run.
+    let scaling = window_scaling();
     let mut buf = [0u8; 256];
     let rss = Source::process().unwrap();
     let c = load_c_abi();
@@ -199,21 +232,12 @@ fn main() {
     // A step boundary the way a training loop does it: `reset` ends the
     // step's interval (returning its peak) and starts the next, with
     // `open - 1` outer windows (epoch, experience, ...) open around it.
-    for open in [1usize, 64] {
+    {
         let r = rss.clone();
-        let outer: Vec<Window> = (0..open - 1)
-            .map(|_| Window::open(&[r.clone()]).unwrap())
-            .collect();
-        let mut w = Window::open(&[r.clone()]).unwrap();
-        let name: &'static str = if open == 1 {
-            "step boundary (reset), Rust, 1 window"
-        } else {
-            "step boundary (reset), Rust, 64 windows"
-        };
+        let mut w = Window::open(&[r]).unwrap();
         add(
-            name,
+            "step boundary (reset), Rust, 1 window",
             Box::new(move || {
-                let _keep = &outer;
                 black_box(w.reset().unwrap());
             }),
         );
@@ -319,6 +343,44 @@ fn main() {
         );
     }
 
+    // Reading a process tree as it grows: 1, 8 and 64 children (sleeping
+    // processes), summed RSS through the process-tree source.
+    let mut children: Vec<std::process::Child> = Vec::new();
+    for (n, name) in [
+        (0usize, "process tree read, 1 process"),
+        (7, "process tree read, 8 processes"),
+        (63, "process tree read, 64 processes"),
+    ] {
+        // Each case reads a tree rooted at a shell holding `n` sleeping
+        // children, in a process group of its own (killed whole at the end).
+        use std::os::unix::process::CommandExt;
+        let root = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("for i in $(seq {n}); do sleep 600 & done; wait"))
+            .process_group(0)
+            .spawn()
+            .expect("spawn sh");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let tree = Source::from_sampler(Box::new(
+            memprobe_core::tree::ProcessTreeSampler::at(root.id()).unwrap(),
+        ));
+        children.push(root);
+        add(
+            name,
+            Box::new(move || {
+                black_box(tree.read().unwrap());
+            }),
+        );
+    }
+    // psutil's memory_info() in the same run, through python3, when psutil is
+    // installed: the per-call time of a 20000-call loop, timed inside Python.
+    let psutil_ns = std::process::Command::new("python3")
+        .args(["-c", "import psutil,time\np=psutil.Process()\nfor _ in range(2000): p.memory_info()\nt=time.perf_counter_ns()\nfor _ in range(20000): p.memory_info()\nprint((time.perf_counter_ns()-t)/20000)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok());
+
     for case in &mut cases {
         for _ in 0..ITERS / 4 {
             (case.run)();
@@ -336,9 +398,36 @@ fn main() {
     }
     let floor = median(&mut cases[0].rounds.clone());
     println!("memprobe overhead benchmark: {ROUNDS} rounds x {ITERS} calls, cases interleaved, {ballast_mib} MiB held");
-    println!("{:<45} {:>12} {:>10}", "case", "median ns", "x floor");
+    println!("{:<50} {:>12} {:>10}", "case", "median ns", "x floor");
     for case in &mut cases {
         let m = median(&mut case.rounds);
-        println!("{:<45} {:>12.0} {:>9.2}x", case.name, m, m / floor);
+        println!("{:<50} {:>12.0} {:>9.2}x", case.name, m, m / floor);
+    }
+    println!(
+        "window scaling, measured alone before the table ({ROUNDS} rounds x {ITERS} calls each):"
+    );
+    for (open, m) in &scaling {
+        println!(
+            "{:<50} {:>12.0} {:>9.2}x",
+            format!("step boundary (reset), Rust, {open} window(s) alone"),
+            m,
+            m / floor
+        );
+    }
+    match psutil_ns {
+        Some(ns) => println!(
+            "{:<50} {:>12.0} {:>9.2}x  (one loop in python3, not interleaved)",
+            "rss read, psutil memory_info() (Python)",
+            ns,
+            ns / floor
+        ),
+        None => println!(
+            "rss read, psutil memory_info() (Python): skipped (python3 with psutil not found)"
+        ),
+    }
+    for mut c in children {
+        // SAFETY: kill(2) on the process group this bench created.
+        unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+        let _ = c.wait();
     }
 }
