@@ -151,7 +151,10 @@ fn main() {
     // The kernel work a step boundary cannot avoid, done bare: read the
     // high-water mark, reset it, read the RSS that starts the next step.
     let statm2 = std::fs::File::open("/proc/self/statm").unwrap();
-    let clear_refs = std::fs::OpenOptions::new().write(true).open("/proc/self/clear_refs").unwrap();
+    let clear_refs = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/clear_refs")
+        .unwrap();
     let mut buf2 = [0u8; 256];
     add(
         "floor: bare getrusage + clear_refs + statm",
