@@ -3,6 +3,9 @@
 
 use crate::delta::SourceDelta;
 use crate::error::Result;
+use crate::leak::LeakStatus;
+use crate::phase::PhaseInfo;
+use crate::release::ReleaseEvent;
 use crate::sample::{Sample, SourceInfo};
 use std::sync::Mutex;
 
@@ -18,6 +21,12 @@ pub struct Record {
     pub ended_at_ns: u64,
     /// One entry per source, in the order the sources were given.
     pub sources: Vec<SourceDelta>,
+    /// The phase, for records of a [`Tracker`](crate::Tracker).
+    pub phase: Option<PhaseInfo>,
+    /// Leak trend per source (epoch records with a leak policy; else empty).
+    pub leaks: Vec<LeakStatus>,
+    /// Cache releases fired at the end of this phase.
+    pub releases: Vec<ReleaseEvent>,
 }
 
 impl Record {
@@ -33,7 +42,15 @@ impl Record {
             started_at_ns,
             ended_at_ns,
             sources,
+            phase: None,
+            leaks: Vec::new(),
+            releases: Vec::new(),
         }
+    }
+
+    /// Duration of the interval, nanoseconds.
+    pub fn duration_ns(&self) -> u64 {
+        self.ended_at_ns.saturating_sub(self.started_at_ns)
     }
 }
 
@@ -44,6 +61,12 @@ pub trait Sink: Send + Sync {
     fn on_sample(&self, _source: &SourceInfo, _sample: &Sample) {}
     /// An interval that was reported or ended.
     fn on_record(&self, _record: &Record) {}
+    /// Finishes output (e.g. renames a file written under a temporary name
+    /// into place). Called once when the owner is done; records after it
+    /// may be dropped.
+    fn finish(&self) -> Result<()> {
+        self.flush()
+    }
     /// Flushes buffered output.
     fn flush(&self) -> Result<()> {
         Ok(())

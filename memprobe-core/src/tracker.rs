@@ -1,0 +1,364 @@
+//! The training-loop tracker: phases (step, epoch, experience, stream,
+//! custom) as nested peak windows, one record per ended phase, sinks, cache
+//! release policies, out-of-memory recovery and leak trends. It unifies
+//! Avalanche's per-phase maxima, fastai's PeakMemMetric and robo_orchard's
+//! ClearCacheHook.
+
+use crate::delta::SourceDelta;
+use crate::error::{Error, ErrorKind, Result};
+use crate::leak::{LeakPolicy, LeakStatus, LeakTracker};
+use crate::phase::{PhaseInfo, PhaseKind};
+use crate::release::{self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser};
+use crate::sample::monotonic_ns;
+use crate::sink::{Record, Sink};
+use crate::source::Source;
+use crate::window::Window;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Windows kept for reuse by the next phase (a reset is cheaper than an open).
+const PARKED: usize = 4;
+
+struct Open {
+    kind: PhaseKind,
+    name: String,
+    window: Window,
+}
+
+/// What a step run under [`Tracker::run_with_oom_retry`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// The step completed.
+    Done,
+    /// The step ran out of memory; release caches and retry.
+    OutOfMemory,
+}
+
+/// The result of [`Tracker::run_with_oom_retry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomReport {
+    /// Whether the step finally completed.
+    pub succeeded: bool,
+    /// How many retries it took (0: it succeeded at once).
+    pub retries: u32,
+    /// The releases run between attempts.
+    pub releases: Vec<ReleaseEvent>,
+}
+
+impl OomReport {
+    /// Bytes freed per source, summed over the releases.
+    pub fn freed(&self) -> Vec<u64> {
+        let mut total: Vec<u64> = Vec::new();
+        for e in &self.releases {
+            let f = e.freed();
+            total.resize(f.len().max(total.len()), 0);
+            for (t, v) in total.iter_mut().zip(f) {
+                *t = t.saturating_add(v);
+            }
+        }
+        total
+    }
+}
+
+/// Tracks the phases of a training loop over a set of sources.
+pub struct Tracker {
+    sources: Vec<Source>,
+    stack: Vec<Open>,
+    parked: Vec<Window>,
+    counters: HashMap<(PhaseKind, String), u64>,
+    sinks: Vec<Arc<dyn Sink>>,
+    releasers: Vec<Releaser>,
+    policies: Vec<ReleasePolicy>,
+    releases_fired: u64,
+    leak_policy: Option<LeakPolicy>,
+    leaks: Vec<LeakTracker>,
+    last: HashMap<PhaseKind, Record>,
+}
+
+impl Tracker {
+    /// A tracker over `sources` (at least one), with no sinks or policies.
+    pub fn new(sources: &[Source]) -> Result<Tracker> {
+        if sources.is_empty() {
+            return Err(Error::invalid("a tracker needs at least one source"));
+        }
+        Ok(Tracker {
+            sources: sources.to_vec(),
+            stack: Vec::new(),
+            parked: Vec::new(),
+            counters: HashMap::new(),
+            sinks: Vec::new(),
+            releasers: Vec::new(),
+            policies: Vec::new(),
+            releases_fired: 0,
+            leak_policy: None,
+            leaks: vec![LeakTracker::default(); sources.len()],
+            last: HashMap::new(),
+        })
+    }
+
+    /// The sources, in order.
+    pub fn sources(&self) -> &[Source] {
+        &self.sources
+    }
+
+    /// Phases currently open, outermost first.
+    pub fn open_phases(&self) -> Vec<(PhaseKind, String)> {
+        self.stack.iter().map(|o| (o.kind, o.name.clone())).collect()
+    }
+
+    /// Sends every record (and release) to `sink` too.
+    pub fn add_sink(&mut self, sink: Arc<dyn Sink>) {
+        self.sinks.push(sink);
+    }
+
+    /// Finishes every sink (renames files into place). Called on drop too.
+    pub fn finish_sinks(&mut self) -> Result<()> {
+        let mut first = None;
+        for s in &self.sinks {
+            if let Err(e) = s.finish() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Registers a release callback.
+    pub fn add_release(&mut self, name: &str, kind: ReleaseKind, f: ReleaseFn) -> Result<()> {
+        if name.is_empty() || name.len() > 64 {
+            return Err(Error::invalid("a release callback name must be 1 to 64 bytes"));
+        }
+        self.releasers.push(Releaser { name: name.to_owned(), kind, f });
+        Ok(())
+    }
+
+    /// Adds a release policy.
+    pub fn add_release_policy(&mut self, policy: ReleasePolicy) -> Result<()> {
+        release::validate(&policy, self.sources.len())?;
+        self.policies.push(policy);
+        Ok(())
+    }
+
+    /// How many releases fired so far (all reasons).
+    pub fn releases_fired(&self) -> u64 {
+        self.releases_fired
+    }
+
+    /// Sets (or with `None` removes) the leak rule; trends restart.
+    pub fn set_leak_policy(&mut self, policy: Option<LeakPolicy>) -> Result<()> {
+        if policy.is_some_and(|p| p.epochs == 0) {
+            return Err(Error::invalid("a leak policy needs at least 1 epoch"));
+        }
+        self.leak_policy = policy;
+        self.leaks = vec![LeakTracker::default(); self.sources.len()];
+        Ok(())
+    }
+
+    /// The leak trend of source `index`.
+    pub fn leak_status(&self, index: usize) -> Result<LeakStatus> {
+        self.leaks.get(index).map(LeakTracker::status).ok_or_else(|| self.bad_index(index))
+    }
+
+    /// The last ended record of `kind`, if any.
+    pub fn last_record(&self, kind: PhaseKind) -> Option<&Record> {
+        self.last.get(&kind)
+    }
+
+    fn bad_index(&self, index: usize) -> Error {
+        Error::new(ErrorKind::InvalidId, format!("source index {index} out of range (0..{})", self.sources.len()))
+    }
+
+    fn phase_name(kind: PhaseKind, name: Option<&str>) -> Result<String> {
+        match (kind, name) {
+            (PhaseKind::Custom, Some(n)) if !n.is_empty() && n.len() <= 64 && !n.chars().any(char::is_control) => {
+                Ok(n.to_owned())
+            }
+            (PhaseKind::Custom, _) => Err(Error::invalid("a custom phase needs a name of 1 to 64 printable bytes")),
+            (k, None) => Ok(k.as_str().to_owned()),
+            (k, Some(_)) => Err(Error::invalid(format!("only custom phases take a name, not a {}", k.as_str()))),
+        }
+    }
+
+    /// Begins a phase. A step begins inside an epoch, an epoch inside an
+    /// experience, an experience inside a stream — never the other way
+    /// round; custom phases nest anywhere.
+    pub fn begin(&mut self, kind: PhaseKind, name: Option<&str>) -> Result<()> {
+        let name = Self::phase_name(kind, name)?;
+        if let Some(rank) = kind.rank() {
+            if let Some(outer) = self.stack.iter().rev().find(|o| o.kind.rank().is_some()) {
+                if outer.kind.rank() <= Some(rank) {
+                    return Err(Error::wrong_order(format!(
+                        "cannot begin a {} inside a {}; end the {} first",
+                        kind.as_str(),
+                        outer.kind.as_str(),
+                        outer.kind.as_str()
+                    )));
+                }
+            }
+        }
+        let window = match self.parked.pop() {
+            Some(mut w) => {
+                w.reset()?;
+                w
+            }
+            None => Window::open(&self.sources)?,
+        };
+        self.stack.push(Open { kind, name, window });
+        Ok(())
+    }
+
+    fn check_top(&self, kind: PhaseKind, name: &str) -> Result<()> {
+        match self.stack.last() {
+            None => Err(Error::wrong_order(format!("no {} was begun", kind.as_str()))),
+            Some(top) if top.kind != kind || top.name != name => Err(Error::wrong_order(format!(
+                "cannot end {} '{}': the innermost open phase is {} '{}'",
+                kind.as_str(),
+                name,
+                top.kind.as_str(),
+                top.name
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Ends the innermost phase, which must be `kind` (and `name` for custom
+    /// phases), and returns its record (also sent to the sinks). On error
+    /// nothing changes.
+    pub fn end(&mut self, kind: PhaseKind, name: Option<&str>) -> Result<Record> {
+        let name = Self::phase_name(kind, name)?;
+        self.check_top(kind, &name)?;
+        let top = self.stack.last().expect("checked");
+        let deltas = top.window.measure()?;
+        let started = top.window.started_at_ns();
+        let open = self.stack.pop().expect("checked");
+        if self.parked.len() < PARKED {
+            self.parked.push(open.window);
+        }
+        Ok(self.finish_phase(kind, name, started, deltas))
+    }
+
+    /// Ends the innermost phase and begins the next of the same kind at the
+    /// same instant: the cheapest step boundary (one reading ends one phase
+    /// and starts the next). Returns the ended phase's record.
+    pub fn next(&mut self, kind: PhaseKind, name: Option<&str>) -> Result<Record> {
+        let name_s = Self::phase_name(kind, name)?;
+        self.check_top(kind, &name_s)?;
+        let index = self.counters.get(&(kind, name_s.clone())).copied().unwrap_or(0);
+        if self.release_may_fire(kind, index) {
+            // A release must run between the phases, not inside the next one.
+            let record = self.end(kind, name)?;
+            self.begin(kind, name)?;
+            return Ok(record);
+        }
+        let top = self.stack.last_mut().expect("checked");
+        let started = top.window.started_at_ns();
+        let deltas = top.window.reset()?;
+        Ok(self.finish_phase(kind, name_s, started, deltas))
+    }
+
+    fn release_may_fire(&self, kind: PhaseKind, index: u64) -> bool {
+        self.policies.iter().any(|p| match *p {
+            ReleasePolicy::Every { kind: k, n, .. } => k == kind && (index + 1) % n == 0,
+            ReleasePolicy::BelowFree { .. } => matches!(kind, PhaseKind::Step | PhaseKind::Epoch),
+        })
+    }
+
+    fn finish_phase(&mut self, kind: PhaseKind, name: String, started: u64, deltas: Vec<SourceDelta>) -> Record {
+        let counter = self.counters.entry((kind, name.clone())).or_insert(0);
+        let index = *counter;
+        *counter += 1;
+        let mut record = Record::new(name.clone(), started, monotonic_ns(), deltas);
+        record.phase = Some(PhaseInfo { kind, name, index, depth: self.stack.len() as u32 });
+        if kind == PhaseKind::Epoch {
+            if let Some(policy) = self.leak_policy {
+                record.leaks =
+                    self.leaks.iter_mut().zip(&record.sources).map(|(t, d)| t.observe(&policy, d.used_end)).collect();
+            }
+        }
+        if let Some((reason, gc)) = self.due_release(kind, index) {
+            let event = self.release(reason, Some((kind, index)), gc);
+            record.releases.push(event);
+        }
+        for s in &self.sinks {
+            s.on_record(&record);
+        }
+        self.last.insert(kind, record.clone());
+        record
+    }
+
+    fn due_release(&self, kind: PhaseKind, index: u64) -> Option<(ReleaseReason, bool)> {
+        let mut due: Option<(ReleaseReason, bool)> = None;
+        for p in &self.policies {
+            let hit = match *p {
+                ReleasePolicy::Every { kind: k, n, gc } => {
+                    (k == kind && (index + 1) % n == 0).then_some((ReleaseReason::Periodic, gc))
+                }
+                ReleasePolicy::BelowFree { source, bytes, gc } => {
+                    let low = matches!(kind, PhaseKind::Step | PhaseKind::Epoch)
+                        && self.sources[source].read().ok().and_then(|s| s.free).is_some_and(|f| f < bytes);
+                    low.then_some((ReleaseReason::LowMemory, gc))
+                }
+            };
+            if let Some((reason, gc)) = hit {
+                due = Some(match due {
+                    Some((r, g)) => (r, g || gc),
+                    None => (reason, gc),
+                });
+            }
+        }
+        due
+    }
+
+    fn used_now(&self) -> Vec<u64> {
+        self.sources.iter().map(|s| s.read().map(|r| r.used).unwrap_or(0)).collect()
+    }
+
+    fn release(&mut self, reason: ReleaseReason, phase: Option<(PhaseKind, u64)>, gc: bool) -> ReleaseEvent {
+        let before = self.used_now();
+        let mut ran = Vec::new();
+        let mut errors = Vec::new();
+        for r in self.releasers.iter_mut().filter(|r| r.kind == ReleaseKind::Cache || gc) {
+            ran.push(r.name.clone());
+            if let Err(e) = (r.f)() {
+                errors.push((r.name.clone(), e.to_string()));
+            }
+        }
+        let after = self.used_now();
+        self.releases_fired += 1;
+        ReleaseEvent { reason, phase, ran, errors, before, after }
+    }
+
+    /// Runs the release callbacks now (GC ones too when `gc`).
+    pub fn release_now(&mut self, gc: bool) -> ReleaseEvent {
+        self.release(ReleaseReason::Manual, None, gc)
+    }
+
+    /// fastai's gpu_mem_restore, made useful outside IPython: runs `step`;
+    /// when it reports out-of-memory, runs every release callback (GC
+    /// included) and retries, at most `max_retries` times.
+    pub fn run_with_oom_retry(
+        &mut self,
+        mut step: impl FnMut() -> Result<StepOutcome>,
+        max_retries: u32,
+    ) -> Result<OomReport> {
+        let mut report = OomReport { succeeded: false, retries: 0, releases: Vec::new() };
+        loop {
+            match step()? {
+                StepOutcome::Done => {
+                    report.succeeded = true;
+                    return Ok(report);
+                }
+                StepOutcome::OutOfMemory if report.retries >= max_retries => return Ok(report),
+                StepOutcome::OutOfMemory => {
+                    report.releases.push(self.release(ReleaseReason::OutOfMemory, None, true));
+                    report.retries += 1;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        let _ = self.finish_sinks();
+    }
+}
