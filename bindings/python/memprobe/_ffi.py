@@ -1,0 +1,223 @@
+"""The C ABI of libmemprobe as ctypes declarations (include/memprobe.h).
+
+Every C function the package calls is declared in ``PROTOTYPES``; a test
+checks that every function of the header is declared here (or listed in
+``bindings/python/UNBOUND.txt`` with a reason). The rest of the package
+calls them through ``C.<name>`` and :func:`check`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Tuple
+
+from . import _loader
+from .errors import MemprobeError, Status, error_for
+
+lib, LIBRARY_PATH, FOUND_BY = _loader.load()
+
+# --- constants (#define in memprobe.h) --------------------------------------
+
+MEMPROBE_MONITOR_MIN_INTERVAL_NS = 100_000
+MEMPROBE_MONITOR_MAX_INTERVAL_NS = 3_600_000_000_000
+MEMPROBE_SAMPLE_TOTAL = 1
+MEMPROBE_SAMPLE_FREE = 2
+MEMPROBE_SAMPLE_LIMIT = 4
+MEMPROBE_SAMPLE_RESERVED = 8
+MEMPROBE_PROCESS_PRESERVE_HWM = 1
+MEMPROBE_SMAPS_PSS = 0
+MEMPROBE_SMAPS_USS = 1
+MEMPROBE_TRACE_SILENT = 1
+MEMPROBE_TRACE_DEFERRED = 2
+
+# --- types --------------------------------------------------------------------
+
+status_t = c_uint32
+handle_t = c_void_p  # memprobe_source*, memprobe_window*, memprobe_trace*: opaque tokens
+
+
+class memprobe_monitor_stats(Structure):
+    _fields_ = [
+        ("running", c_bool),
+        ("watched", c_uint64),
+        ("ticks", c_uint64),
+        ("reads", c_uint64),
+        ("errors", c_uint64),
+        ("interval_ns", c_uint64),
+    ]
+
+
+class memprobe_sample(Structure):
+    _fields_ = [
+        ("used", c_uint64),
+        ("total", c_uint64),
+        ("free", c_uint64),
+        ("limit", c_uint64),
+        ("reserved", c_uint64),
+        ("valid", c_uint32),
+        ("taken_at_ns", c_uint64),
+        ("read_ns", c_uint64),
+    ]
+
+
+class memprobe_source_info(Structure):
+    _fields_ = [("kind", c_uint32), ("fidelity", c_uint32), ("name", c_char * 72)]
+
+
+class memprobe_delta(Structure):
+    _fields_ = [
+        ("used_start", c_uint64),
+        ("used_end", c_uint64),
+        ("peak", c_uint64),
+        ("delta_used", c_int64),
+        ("delta_peaked", c_uint64),
+        ("kind", c_uint32),
+        ("fidelity", c_uint32),
+    ]
+
+
+#: int32_t (*)(void *user_data, uint64_t *out_bytes)
+memprobe_read_fn = CFUNCTYPE(c_int32, c_void_p, POINTER(c_uint64))
+#: void (*)(const char *line, void *user_data)
+memprobe_line_fn = CFUNCTYPE(None, c_char_p, c_void_p)
+
+P = POINTER
+PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
+    # library
+    "memprobe_version": (c_char_p, []),
+    "memprobe_soname": (c_char_p, []),
+    "memprobe_b2mb": (c_uint64, [c_uint64]),
+    "memprobe_debug_live_handles": (status_t, [P(c_uint64), P(c_uint64), P(c_uint64)]),
+    "memprobe_last_error": (c_char_p, []),
+    "memprobe_status_name": (c_char_p, [c_uint32]),
+    # monitor
+    "memprobe_monitor_set_interval_ns": (status_t, [c_uint64]),
+    "memprobe_monitor_get_stats": (status_t, [P(memprobe_monitor_stats)]),
+    "memprobe_monitor_stop": (status_t, []),
+    # sources
+    "memprobe_source_new_process": (status_t, [c_uint32, P(handle_t)]),
+    "memprobe_source_new_process_tree": (status_t, [P(handle_t)]),
+    "memprobe_source_new_system_ram": (status_t, [P(handle_t)]),
+    "memprobe_source_new_cgroup": (status_t, [P(handle_t)]),
+    "memprobe_source_new_smaps": (status_t, [c_uint32, P(handle_t)]),
+    "memprobe_source_new_pushed": (status_t, [c_char_p, P(handle_t)]),
+    "memprobe_source_new_callback": (
+        status_t,
+        [c_char_p, memprobe_read_fn, c_void_p, P(handle_t)],
+    ),
+    "memprobe_source_free": (status_t, [handle_t]),
+    "memprobe_source_read": (status_t, [handle_t, P(memprobe_sample)]),
+    "memprobe_source_push": (status_t, [handle_t, c_uint64]),
+    "memprobe_source_get_info": (status_t, [handle_t, P(memprobe_source_info)]),
+    # traces
+    "memprobe_trace_new": (
+        status_t,
+        [P(handle_t), c_size_t, c_char_p, c_uint32, P(handle_t)],
+    ),
+    "memprobe_trace_start": (status_t, [handle_t]),
+    "memprobe_trace_stop": (status_t, [handle_t]),
+    "memprobe_trace_reset": (status_t, [handle_t]),
+    "memprobe_trace_is_running": (status_t, [handle_t, P(c_bool)]),
+    "memprobe_trace_data": (status_t, [handle_t, c_size_t, P(c_int64), P(c_uint64)]),
+    "memprobe_trace_measure": (status_t, [handle_t, c_size_t, P(memprobe_delta)]),
+    "memprobe_trace_report": (status_t, [handle_t, c_char_p]),
+    "memprobe_trace_report_n_reset": (status_t, [handle_t, c_char_p]),
+    "memprobe_trace_format": (
+        status_t,
+        [handle_t, c_char_p, c_char_p, c_size_t, P(c_size_t)],
+    ),
+    "memprobe_trace_set_silent": (status_t, [handle_t, c_bool]),
+    "memprobe_trace_set_output_fd": (status_t, [handle_t, c_int32]),
+    "memprobe_trace_set_output_callback": (status_t, [handle_t, memprobe_line_fn, c_void_p]),
+    "memprobe_trace_free": (status_t, [handle_t]),
+    # windows
+    "memprobe_window_open": (status_t, [P(handle_t), c_size_t, P(handle_t)]),
+    "memprobe_window_peak": (status_t, [handle_t, c_size_t, P(c_uint64)]),
+    "memprobe_window_measure": (status_t, [handle_t, c_size_t, P(memprobe_delta)]),
+    "memprobe_window_reset": (status_t, [handle_t, P(memprobe_delta), c_size_t]),
+    "memprobe_window_source_count": (status_t, [handle_t, P(c_size_t)]),
+    "memprobe_window_free": (status_t, [handle_t]),
+}
+
+
+def _missing(name: str) -> Callable[..., int]:
+    def call(*_args: Any) -> int:
+        raise MemprobeError(
+            Status.UNSUPPORTED,
+            f"{name} is not in {LIBRARY_PATH} (library {version()}); "
+            "this package was written for a newer library",
+        )
+
+    call.__name__ = name
+    return call
+
+
+def _bind() -> SimpleNamespace:
+    ns = SimpleNamespace()
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            setattr(ns, name, _missing(name))
+            continue
+        f.restype = restype
+        f.argtypes = argtypes
+        setattr(ns, name, f)
+    return ns
+
+
+#: The declared C functions: ``C.memprobe_source_read(h, byref(sample))``.
+C = _bind()
+
+
+def version() -> str:
+    """The library's version, e.g. ``"0.1.0"``."""
+    return C.memprobe_version().decode()
+
+
+def last_error() -> str:
+    """``memprobe_last_error()``: why the last call on this thread failed."""
+    return C.memprobe_last_error().decode("utf-8", "replace")
+
+
+def check(status: int) -> None:
+    """Raises the :class:`MemprobeError` subclass for a failed call.
+
+    Must run on the thread that made the call, right after it (the message
+    is thread-local and cleared by the next call)."""
+    if status != Status.OK:
+        raise error_for(status, last_error())
+
+
+def status_name(status: int) -> str:
+    """``memprobe_status_name``: ``"ok"``, ``"null pointer"``, ..."""
+    return C.memprobe_status_name(int(status)).decode()
+
+
+def handles(objs: Any) -> Tuple[Any, int]:
+    """A C array of the handles of ``objs`` (objects with ``_handle``)."""
+    objs = list(objs)
+    arr = (handle_t * len(objs))(*[o._handle for o in objs])
+    return arr, len(objs)
+
+
+def out_handle() -> c_void_p:
+    return c_void_p()
+
+
+byref = ctypes.byref
