@@ -22,7 +22,11 @@ $(BUILD)/trainer: examples-c/trainer.c include/memprobe.h lib
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_STRICT) -Iinclude $< -o $@ -L$(RELEASE) -Wl,-rpath,'$$ORIGIN/../$(RELEASE)' -lmemprobe
 
-examples: $(BUILD)/trainer
+$(BUILD)/trainer_cpp: examples-c/trainer.cpp include/memprobe.hpp include/memprobe.h lib
+	@mkdir -p $(BUILD)
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -pedantic -O2 -g -Iinclude $< -o $@ -L$(RELEASE) -Wl,-rpath,'$$ORIGIN/../$(RELEASE)' -lmemprobe
+
+examples: $(BUILD)/trainer $(BUILD)/trainer_cpp
 
 # The main job: the C trainer, measured by memprobe through its C ABI.
 demo: $(BUILD)/trainer

@@ -112,6 +112,27 @@
 #define MEMPROBE_TRACE_DEFERRED 2
 
 /**
+ * `memprobe_tracker_add_release` kind: a framework cache (always run).
+ */
+#define MEMPROBE_RELEASE_CACHE 0
+
+/**
+ * `memprobe_tracker_add_release` kind: a garbage collector (run when a
+ * policy asks for GC, and on out-of-memory recovery).
+ */
+#define MEMPROBE_RELEASE_GC 1
+
+/**
+ * `memprobe_step_fn` result: the step completed.
+ */
+#define MEMPROBE_STEP_DONE 0
+
+/**
+ * `memprobe_step_fn` result: the step ran out of memory; release and retry.
+ */
+#define MEMPROBE_STEP_OUT_OF_MEMORY 1
+
+/**
  * The result of a fallible call. Values are explicit and never reused; a
  * new failure mode gets a new number.
  */
@@ -274,6 +295,43 @@ typedef uint32_t memprobe_fidelity;
 #endif // __cplusplus
 
 /**
+ * A training-loop phase (`kind` arguments of memprobe_tracker_*).
+ */
+enum memprobe_phase_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * One minibatch / iteration.
+   */
+  MEMPROBE_PHASE_KIND_STEP = 0,
+  /**
+   * One pass over the training data.
+   */
+  MEMPROBE_PHASE_KIND_EPOCH = 1,
+  /**
+   * One experience (a training or evaluation task).
+   */
+  MEMPROBE_PHASE_KIND_EXPERIENCE = 2,
+  /**
+   * One evaluation pass over a stream.
+   */
+  MEMPROBE_PHASE_KIND_STREAM = 3,
+  /**
+   * A phase named by the caller (the `name` argument).
+   */
+  MEMPROBE_PHASE_KIND_CUSTOM = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum memprobe_phase_kind memprobe_phase_kind;
+#else
+typedef uint32_t memprobe_phase_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A source of readings (this process, its tree, system RAM, the cgroup, a
  * custom or pushed source). Several handles may refer to one shared
  * source (e.g. the process source); each handle is freed separately.
@@ -285,6 +343,12 @@ typedef struct memprobe_source memprobe_source;
  * start, with fastai's report line.
  */
 typedef struct memprobe_trace memprobe_trace;
+
+/**
+ * A training-loop tracker: nested phases over a set of sources, one record
+ * per ended phase, sinks, cache-release policies and leak trends.
+ */
+typedef struct memprobe_tracker memprobe_tracker;
 
 /**
  * An open peak window over one or more sources.
@@ -425,6 +489,94 @@ typedef struct {
  */
 typedef void (*memprobe_line_fn)(const char *line, void *user_data);
 
+/**
+ * The record of an ended phase. Per-source figures are `memprobe_delta`s.
+ */
+typedef struct {
+  /**
+   * A memprobe_phase_kind value.
+   */
+  uint32_t kind;
+  /**
+   * Enclosing phases still open (0 = outermost).
+   */
+  uint32_t depth;
+  /**
+   * 0-based count of phases of this kind (and name) ended before it.
+   */
+  uint64_t index;
+  /**
+   * Start, CLOCK_MONOTONIC nanoseconds.
+   */
+  uint64_t started_at_ns;
+  /**
+   * End, CLOCK_MONOTONIC nanoseconds.
+   */
+  uint64_t ended_at_ns;
+  /**
+   * ended_at_ns - started_at_ns.
+   */
+  uint64_t duration_ns;
+  /**
+   * Number of sources (entries in the deltas).
+   */
+  uint32_t n_sources;
+  /**
+   * Cache releases fired at the end of this phase.
+   */
+  uint32_t n_releases;
+  /**
+   * Bit i set: source i is flagged as leaking (epochs with a leak policy;
+   * sources beyond 63 are not represented).
+   */
+  uint64_t leak_flags;
+  /**
+   * Bytes freed by this phase's releases, summed over sources.
+   */
+  uint64_t released_bytes;
+  /**
+   * The phase's name, NUL-terminated (the kind's name unless custom).
+   */
+  char name[72];
+} memprobe_phase_record;
+
+/**
+ * Receives each record: the phase, one delta per source, user data. Runs
+ * on the thread that ended the phase; it must not call back into the same
+ * tracker (WRONG_ORDER).
+ */
+typedef void (*memprobe_record_fn)(const memprobe_phase_record *record, const memprobe_delta *deltas, size_t n_deltas, void *user_data);
+
+/**
+ * A release callback: frees a cache or runs a collector; returns 0, or
+ * non-zero on failure (recorded, the other callbacks still run).
+ */
+typedef int32_t (*memprobe_release_fn)(void *user_data);
+
+/**
+ * One training step for memprobe_tracker_run_oom_retry: return
+ * MEMPROBE_STEP_DONE, MEMPROBE_STEP_OUT_OF_MEMORY, or anything else to fail.
+ */
+typedef int32_t (*memprobe_step_fn)(void *user_data);
+
+/**
+ * What memprobe_tracker_run_oom_retry did.
+ */
+typedef struct {
+  /**
+   * Whether the step finally completed.
+   */
+  bool succeeded;
+  /**
+   * Retries it took (0 = succeeded at once).
+   */
+  uint32_t retries;
+  /**
+   * Bytes freed by the releases, summed over sources.
+   */
+  uint64_t freed_bytes;
+} memprobe_oom_report;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -447,9 +599,9 @@ uint64_t memprobe_b2mb(uint64_t bytes);
 
 /**
  * Number of live handles of each kind, for leak checks in tests:
- * `*sources`, `*windows`, `*traces` (each nullable).
+ * `*sources`, `*windows`, `*traces`, `*trackers` (each nullable).
  */
-memprobe_status memprobe_debug_live_handles(uint64_t *sources, uint64_t *windows, uint64_t *traces);
+memprobe_status memprobe_debug_live_handles(uint64_t *sources, uint64_t *windows, uint64_t *traces, uint64_t *trackers);
 
 /**
  * The message of the last failed call on this thread, or `""` if the last
@@ -624,6 +776,124 @@ memprobe_status memprobe_trace_set_output_callback(memprobe_trace *trace, mempro
  * Releases the trace (no report is printed). NULL is a no-op.
  */
 memprobe_status memprobe_trace_free(memprobe_trace *trace);
+
+/**
+ * Creates a tracker over `sources[0..n_sources]`.
+ */
+memprobe_status memprobe_tracker_new(const memprobe_source *const *sources, size_t n_sources, memprobe_tracker **out);
+
+/**
+ * Finishes the tracker's sinks (files are renamed into place) and releases
+ * it. NULL is a no-op.
+ */
+memprobe_status memprobe_tracker_free(memprobe_tracker *tracker);
+
+/**
+ * Begins a phase. `name` is required for MEMPROBE_PHASE_KIND_CUSTOM and
+ * must be NULL otherwise. A step begins inside an epoch, an epoch inside an
+ * experience, an experience inside a stream, never the reverse
+ * (WRONG_ORDER); custom phases nest anywhere.
+ */
+memprobe_status memprobe_tracker_begin(memprobe_tracker *tracker, uint32_t kind, const char *name);
+
+/**
+ * Ends the innermost phase, which must be `kind` (and `name`), else
+ * WRONG_ORDER and nothing changes. Its record goes to the sinks and, when
+ * the pointers are not NULL, to `*record` and `deltas[0..n_deltas]` (one per
+ * source).
+ */
+memprobe_status memprobe_tracker_end(memprobe_tracker *tracker, uint32_t kind, const char *name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
+
+/**
+ * Ends the innermost phase and begins the next of the same kind at the
+ * same instant (the cheapest step boundary); outputs as memprobe_tracker_end.
+ */
+memprobe_status memprobe_tracker_next(memprobe_tracker *tracker, uint32_t kind, const char *name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
+
+/**
+ * Adds a PeakMemMetric-style table: one row per ended phase of `kind`
+ * (fastai: epochs), each source's delta used and delta peaked in MiB,
+ * written to file descriptor `fd` (not closed by memprobe).
+ */
+memprobe_status memprobe_tracker_add_table_sink(memprobe_tracker *tracker, uint32_t kind, int32_t fd);
+
+/**
+ * Adds a JSON Lines sink: one object per record. The file is written under a
+ * temporary name beside `path` and renamed to `path` by
+ * memprobe_tracker_finish_sinks or memprobe_tracker_free, so a failed run
+ * never leaves a half-written file at `path`. An unwritable directory fails here.
+ */
+memprobe_status memprobe_tracker_add_jsonl_sink(memprobe_tracker *tracker, const char *path);
+
+/**
+ * Adds a CSV sink (one row per record and source; header first), written
+ * safely like the JSON Lines sink.
+ */
+memprobe_status memprobe_tracker_add_csv_sink(memprobe_tracker *tracker, const char *path);
+
+/**
+ * Adds a sink that calls `callback` with each record.
+ */
+memprobe_status memprobe_tracker_add_callback_sink(memprobe_tracker *tracker, memprobe_record_fn callback, void *user_data);
+
+/**
+ * Finishes every sink now (renames files into place) and detaches them;
+ * memprobe_tracker_free does it too.
+ */
+memprobe_status memprobe_tracker_finish_sinks(memprobe_tracker *tracker);
+
+/**
+ * Registers a release callback named `name`; `kind` is
+ * MEMPROBE_RELEASE_CACHE or MEMPROBE_RELEASE_GC.
+ */
+memprobe_status memprobe_tracker_add_release(memprobe_tracker *tracker, const char *name, uint32_t kind, memprobe_release_fn callback, void *user_data);
+
+/**
+ * Runs the release callbacks at the end of every `n`-th step or epoch
+ * (`kind`): when (index + 1) % n == 0, like ClearCacheHook. `gc` also runs
+ * the GC callbacks.
+ */
+memprobe_status memprobe_tracker_release_every(memprobe_tracker *tracker, uint32_t kind, uint64_t n, bool gc);
+
+/**
+ * Runs the release callbacks at the end of any step or epoch where source
+ * `source_index`'s free bytes (GPU free, MemAvailable, cgroup headroom) are
+ * below `bytes`.
+ */
+memprobe_status memprobe_tracker_release_below_free(memprobe_tracker *tracker, size_t source_index, uint64_t bytes, bool gc);
+
+/**
+ * Runs the release callbacks now (GC ones too when `gc`); bytes freed per
+ * source go to `freed[0..n_freed]` when not NULL.
+ */
+memprobe_status memprobe_tracker_release_now(memprobe_tracker *tracker, bool gc, uint64_t *freed, size_t n_freed);
+
+/**
+ * Number of releases fired so far (every reason).
+ */
+memprobe_status memprobe_tracker_releases_fired(const memprobe_tracker *tracker, uint64_t *out);
+
+/**
+ * Flags a source whose end-of-epoch used grows by more than
+ * `threshold_bytes` for `epochs` epochs in a row (one non-growing epoch
+ * clears it). `epochs` = 0 turns leak tracking off.
+ */
+memprobe_status memprobe_tracker_set_leak_policy(memprobe_tracker *tracker, uint64_t threshold_bytes, uint32_t epochs);
+
+/**
+ * The leak trend of source `index`: flagged, current streak of growing
+ * epochs, last epoch-over-epoch growth in bytes (each pointer nullable).
+ */
+memprobe_status memprobe_tracker_leak_status(const memprobe_tracker *tracker, size_t index, bool *flagged, uint32_t *streak, int64_t *last_growth);
+
+/**
+ * fastai's gpu_mem_restore, made useful outside IPython: runs `step`; when
+ * it returns MEMPROBE_STEP_OUT_OF_MEMORY, runs every release callback (GC
+ * included) and retries, at most `max_retries` times. A step that returns
+ * another value fails the call (UNAVAILABLE). Bytes freed per source go to
+ * `freed[0..n_freed]` when not NULL.
+ */
+memprobe_status memprobe_tracker_run_oom_retry(memprobe_tracker *tracker, memprobe_step_fn step, void *user_data, uint32_t max_retries, memprobe_oom_report *out, uint64_t *freed, size_t n_freed);
 
 /**
  * Opens a peak window over `sources[0..n_sources]`. Windows are concurrent,

@@ -96,7 +96,11 @@ pub struct ReleaseEvent {
 impl ReleaseEvent {
     /// Bytes freed per source (before − after, 0 if it grew).
     pub fn freed(&self) -> Vec<u64> {
-        self.before.iter().zip(&self.after).map(|(b, a)| b.saturating_sub(*a)).collect()
+        self.before
+            .iter()
+            .zip(&self.after)
+            .map(|(b, a)| b.saturating_sub(*a))
+            .collect()
     }
 }
 

@@ -8,7 +8,9 @@ use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
 use crate::leak::{LeakPolicy, LeakStatus, LeakTracker};
 use crate::phase::{PhaseInfo, PhaseKind};
-use crate::release::{self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser};
+use crate::release::{
+    self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser,
+};
 use crate::sample::monotonic_ns;
 use crate::sink::{Record, Sink};
 use crate::source::Source;
@@ -103,7 +105,10 @@ impl Tracker {
 
     /// Phases currently open, outermost first.
     pub fn open_phases(&self) -> Vec<(PhaseKind, String)> {
-        self.stack.iter().map(|o| (o.kind, o.name.clone())).collect()
+        self.stack
+            .iter()
+            .map(|o| (o.kind, o.name.clone()))
+            .collect()
     }
 
     /// Sends every record (and release) to `sink` too.
@@ -111,10 +116,11 @@ impl Tracker {
         self.sinks.push(sink);
     }
 
-    /// Finishes every sink (renames files into place). Called on drop too.
+    /// Finishes every sink (renames files into place) and detaches them:
+    /// later records go only to sinks added afterwards. Called on drop too.
     pub fn finish_sinks(&mut self) -> Result<()> {
         let mut first = None;
-        for s in &self.sinks {
+        for s in std::mem::take(&mut self.sinks) {
             if let Err(e) = s.finish() {
                 first.get_or_insert(e);
             }
@@ -125,9 +131,15 @@ impl Tracker {
     /// Registers a release callback.
     pub fn add_release(&mut self, name: &str, kind: ReleaseKind, f: ReleaseFn) -> Result<()> {
         if name.is_empty() || name.len() > 64 {
-            return Err(Error::invalid("a release callback name must be 1 to 64 bytes"));
+            return Err(Error::invalid(
+                "a release callback name must be 1 to 64 bytes",
+            ));
         }
-        self.releasers.push(Releaser { name: name.to_owned(), kind, f });
+        self.releasers.push(Releaser {
+            name: name.to_owned(),
+            kind,
+            f,
+        });
         Ok(())
     }
 
@@ -155,7 +167,10 @@ impl Tracker {
 
     /// The leak trend of source `index`.
     pub fn leak_status(&self, index: usize) -> Result<LeakStatus> {
-        self.leaks.get(index).map(LeakTracker::status).ok_or_else(|| self.bad_index(index))
+        self.leaks
+            .get(index)
+            .map(LeakTracker::status)
+            .ok_or_else(|| self.bad_index(index))
     }
 
     /// The last ended record of `kind`, if any.
@@ -164,17 +179,30 @@ impl Tracker {
     }
 
     fn bad_index(&self, index: usize) -> Error {
-        Error::new(ErrorKind::InvalidId, format!("source index {index} out of range (0..{})", self.sources.len()))
+        Error::new(
+            ErrorKind::InvalidId,
+            format!(
+                "source index {index} out of range (0..{})",
+                self.sources.len()
+            ),
+        )
     }
 
     fn phase_name(kind: PhaseKind, name: Option<&str>) -> Result<String> {
         match (kind, name) {
-            (PhaseKind::Custom, Some(n)) if !n.is_empty() && n.len() <= 64 && !n.chars().any(char::is_control) => {
+            (PhaseKind::Custom, Some(n))
+                if !n.is_empty() && n.len() <= 64 && !n.chars().any(char::is_control) =>
+            {
                 Ok(n.to_owned())
             }
-            (PhaseKind::Custom, _) => Err(Error::invalid("a custom phase needs a name of 1 to 64 printable bytes")),
+            (PhaseKind::Custom, _) => Err(Error::invalid(
+                "a custom phase needs a name of 1 to 64 printable bytes",
+            )),
             (k, None) => Ok(k.as_str().to_owned()),
-            (k, Some(_)) => Err(Error::invalid(format!("only custom phases take a name, not a {}", k.as_str()))),
+            (k, Some(_)) => Err(Error::invalid(format!(
+                "only custom phases take a name, not a {}",
+                k.as_str()
+            ))),
         }
     }
 
@@ -208,7 +236,10 @@ impl Tracker {
 
     fn check_top(&self, kind: PhaseKind, name: &str) -> Result<()> {
         match self.stack.last() {
-            None => Err(Error::wrong_order(format!("no {} was begun", kind.as_str()))),
+            None => Err(Error::wrong_order(format!(
+                "no {} was begun",
+                kind.as_str()
+            ))),
             Some(top) if top.kind != kind || top.name != name => Err(Error::wrong_order(format!(
                 "cannot end {} '{}': the innermost open phase is {} '{}'",
                 kind.as_str(),
@@ -242,7 +273,11 @@ impl Tracker {
     pub fn next(&mut self, kind: PhaseKind, name: Option<&str>) -> Result<Record> {
         let name_s = Self::phase_name(kind, name)?;
         self.check_top(kind, &name_s)?;
-        let index = self.counters.get(&(kind, name_s.clone())).copied().unwrap_or(0);
+        let index = self
+            .counters
+            .get(&(kind, name_s.clone()))
+            .copied()
+            .unwrap_or(0);
         if self.release_may_fire(kind, index) {
             // A release must run between the phases, not inside the next one.
             let record = self.end(kind, name)?;
@@ -262,21 +297,43 @@ impl Tracker {
         })
     }
 
-    fn finish_phase(&mut self, kind: PhaseKind, name: String, started: u64, deltas: Vec<SourceDelta>) -> Record {
+    fn finish_phase(
+        &mut self,
+        kind: PhaseKind,
+        name: String,
+        started: u64,
+        deltas: Vec<SourceDelta>,
+    ) -> Record {
         let counter = self.counters.entry((kind, name.clone())).or_insert(0);
         let index = *counter;
         *counter += 1;
         let mut record = Record::new(name.clone(), started, monotonic_ns(), deltas);
-        record.phase = Some(PhaseInfo { kind, name, index, depth: self.stack.len() as u32 });
-        if kind == PhaseKind::Epoch {
-            if let Some(policy) = self.leak_policy {
-                record.leaks =
-                    self.leaks.iter_mut().zip(&record.sources).map(|(t, d)| t.observe(&policy, d.used_end)).collect();
-            }
-        }
+        record.phase = Some(PhaseInfo {
+            kind,
+            name,
+            index,
+            depth: self.stack.len() as u32,
+        });
         if let Some((reason, gc)) = self.due_release(kind, index) {
             let event = self.release(reason, Some((kind, index)), gc);
             record.releases.push(event);
+        }
+        if kind == PhaseKind::Epoch {
+            if let Some(policy) = self.leak_policy {
+                // A leak is what stays after the caches are emptied: when a
+                // release ran at this epoch's end, use the reading after it.
+                let after = record.releases.last().map(|e| e.after.clone());
+                record.leaks = self
+                    .leaks
+                    .iter_mut()
+                    .zip(&record.sources)
+                    .enumerate()
+                    .map(|(i, (t, d))| {
+                        let end = after.as_ref().and_then(|a| a.get(i).copied()).unwrap_or(d.used_end);
+                        t.observe(&policy, end)
+                    })
+                    .collect();
+            }
         }
         for s in &self.sinks {
             s.on_record(&record);
@@ -294,7 +351,11 @@ impl Tracker {
                 }
                 ReleasePolicy::BelowFree { source, bytes, gc } => {
                     let low = matches!(kind, PhaseKind::Step | PhaseKind::Epoch)
-                        && self.sources[source].read().ok().and_then(|s| s.free).is_some_and(|f| f < bytes);
+                        && self.sources[source]
+                            .read()
+                            .ok()
+                            .and_then(|s| s.free)
+                            .is_some_and(|f| f < bytes);
                     low.then_some((ReleaseReason::LowMemory, gc))
                 }
             };
@@ -309,14 +370,26 @@ impl Tracker {
     }
 
     fn used_now(&self) -> Vec<u64> {
-        self.sources.iter().map(|s| s.read().map(|r| r.used).unwrap_or(0)).collect()
+        self.sources
+            .iter()
+            .map(|s| s.read().map(|r| r.used).unwrap_or(0))
+            .collect()
     }
 
-    fn release(&mut self, reason: ReleaseReason, phase: Option<(PhaseKind, u64)>, gc: bool) -> ReleaseEvent {
+    fn release(
+        &mut self,
+        reason: ReleaseReason,
+        phase: Option<(PhaseKind, u64)>,
+        gc: bool,
+    ) -> ReleaseEvent {
         let before = self.used_now();
         let mut ran = Vec::new();
         let mut errors = Vec::new();
-        for r in self.releasers.iter_mut().filter(|r| r.kind == ReleaseKind::Cache || gc) {
+        for r in self
+            .releasers
+            .iter_mut()
+            .filter(|r| r.kind == ReleaseKind::Cache || gc)
+        {
             ran.push(r.name.clone());
             if let Err(e) = (r.f)() {
                 errors.push((r.name.clone(), e.to_string()));
@@ -324,7 +397,14 @@ impl Tracker {
         }
         let after = self.used_now();
         self.releases_fired += 1;
-        ReleaseEvent { reason, phase, ran, errors, before, after }
+        ReleaseEvent {
+            reason,
+            phase,
+            ran,
+            errors,
+            before,
+            after,
+        }
     }
 
     /// Runs the release callbacks now (GC ones too when `gc`).
@@ -340,7 +420,11 @@ impl Tracker {
         mut step: impl FnMut() -> Result<StepOutcome>,
         max_retries: u32,
     ) -> Result<OomReport> {
-        let mut report = OomReport { succeeded: false, retries: 0, releases: Vec::new() };
+        let mut report = OomReport {
+            succeeded: false,
+            retries: 0,
+            releases: Vec::new(),
+        };
         loop {
             match step()? {
                 StepOutcome::Done => {
@@ -349,7 +433,9 @@ impl Tracker {
                 }
                 StepOutcome::OutOfMemory if report.retries >= max_retries => return Ok(report),
                 StepOutcome::OutOfMemory => {
-                    report.releases.push(self.release(ReleaseReason::OutOfMemory, None, true));
+                    report
+                        .releases
+                        .push(self.release(ReleaseReason::OutOfMemory, None, true));
                     report.retries += 1;
                 }
             }

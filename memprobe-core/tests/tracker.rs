@@ -49,17 +49,40 @@ fn every_phase_kind_nests_and_records() {
     cpu.push(120 * MIB).unwrap();
     let step = t.end(PhaseKind::Step, None).unwrap();
     let p = step.phase.as_ref().unwrap();
-    assert_eq!((p.kind, p.index, p.depth, p.name.as_str()), (PhaseKind::Step, 0, 4, "step"));
+    assert_eq!(
+        (p.kind, p.index, p.depth, p.name.as_str()),
+        (PhaseKind::Step, 0, 4, "step")
+    );
     let d = &step.sources[0];
-    assert_eq!((d.used_start, d.used_end, d.peak, d.delta_used, d.delta_peaked), (100 * MIB, 120 * MIB, 300 * MIB, 20 * MIB as i64, 180 * MIB));
+    assert_eq!(
+        (
+            d.used_start,
+            d.used_end,
+            d.peak,
+            d.delta_used,
+            d.delta_peaked
+        ),
+        (100 * MIB, 120 * MIB, 300 * MIB, 20 * MIB as i64, 180 * MIB)
+    );
     t.end(PhaseKind::Custom, Some("forward")).unwrap();
     let epoch = t.end(PhaseKind::Epoch, None).unwrap();
-    assert_eq!(epoch.sources[0].peak, 300 * MIB, "the outer phase saw the step's peak");
+    assert_eq!(
+        epoch.sources[0].peak,
+        300 * MIB,
+        "the outer phase saw the step's peak"
+    );
     t.end(PhaseKind::Experience, None).unwrap();
     t.end(PhaseKind::Stream, None).unwrap();
-    let kinds: Vec<&str> = snap.records().iter().map(|r| r.phase.as_ref().unwrap().kind.as_str()).collect();
+    let kinds: Vec<&str> = snap
+        .records()
+        .iter()
+        .map(|r| r.phase.as_ref().unwrap().kind.as_str())
+        .collect();
     assert_eq!(kinds, ["step", "custom", "epoch", "experience", "stream"]);
-    assert!(snap.records().iter().all(|r| r.ended_at_ns >= r.started_at_ns));
+    assert!(snap
+        .records()
+        .iter()
+        .all(|r| r.ended_at_ns >= r.started_at_ns));
 }
 
 #[test]
@@ -67,21 +90,54 @@ fn wrong_nesting_is_an_error_and_changes_nothing() {
     let cpu = pushed("cpu", 1);
     let mut t = Tracker::new(&[cpu]).unwrap();
     let e = t.end(PhaseKind::Epoch, None).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::WrongOrder, "ending what was never begun");
+    assert_eq!(
+        e.kind(),
+        ErrorKind::WrongOrder,
+        "ending what was never begun"
+    );
     t.begin(PhaseKind::Epoch, None).unwrap();
     t.begin(PhaseKind::Step, None).unwrap();
     let e = t.end(PhaseKind::Epoch, None).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::WrongOrder, "ending an epoch inside a step: {e}");
-    assert_eq!(t.begin(PhaseKind::Epoch, None).unwrap_err().kind(), ErrorKind::WrongOrder, "epoch inside a step");
-    assert_eq!(t.begin(PhaseKind::Step, None).unwrap_err().kind(), ErrorKind::WrongOrder, "step inside a step");
-    assert_eq!(t.begin(PhaseKind::Custom, None).unwrap_err().kind(), ErrorKind::InvalidArgument);
-    assert_eq!(t.begin(PhaseKind::Step, Some("x")).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        e.kind(),
+        ErrorKind::WrongOrder,
+        "ending an epoch inside a step: {e}"
+    );
+    assert_eq!(
+        t.begin(PhaseKind::Epoch, None).unwrap_err().kind(),
+        ErrorKind::WrongOrder,
+        "epoch inside a step"
+    );
+    assert_eq!(
+        t.begin(PhaseKind::Step, None).unwrap_err().kind(),
+        ErrorKind::WrongOrder,
+        "step inside a step"
+    );
+    assert_eq!(
+        t.begin(PhaseKind::Custom, None).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        t.begin(PhaseKind::Step, Some("x")).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     t.begin(PhaseKind::Custom, Some("a")).unwrap();
-    assert_eq!(t.end(PhaseKind::Custom, Some("b")).unwrap_err().kind(), ErrorKind::WrongOrder);
+    assert_eq!(
+        t.end(PhaseKind::Custom, Some("b")).unwrap_err().kind(),
+        ErrorKind::WrongOrder
+    );
     t.end(PhaseKind::Custom, Some("a")).unwrap();
-    assert_eq!(t.open_phases().len(), 2, "failed calls left the stack as it was");
+    assert_eq!(
+        t.open_phases().len(),
+        2,
+        "failed calls left the stack as it was"
+    );
     let r = t.end(PhaseKind::Step, None).unwrap();
-    assert_eq!(r.phase.unwrap().index, 0, "no record was consumed by the failures");
+    assert_eq!(
+        r.phase.unwrap().index,
+        0,
+        "no record was consumed by the failures"
+    );
     t.end(PhaseKind::Epoch, None).unwrap();
     assert!(Tracker::new(&[]).is_err());
 }
@@ -101,12 +157,23 @@ fn next_is_end_plus_begin_and_indexes_count() {
     }
     t.end(PhaseKind::Step, None).unwrap();
     assert_eq!(t.end(PhaseKind::Epoch, None).unwrap().sources[0].peak, 104);
-    assert_eq!(t.last_record(PhaseKind::Step).unwrap().phase.as_ref().unwrap().index, 5);
+    assert_eq!(
+        t.last_record(PhaseKind::Step)
+            .unwrap()
+            .phase
+            .as_ref()
+            .unwrap()
+            .index,
+        5
+    );
 }
 
 fn scripted_epochs(t: &mut Tracker, cpu: &Source, gpu: &Source) {
     // epoch 1: cpu +1 MiB with a 2 MiB blip; gpu +80 MiB with a 6220 MiB blip
-    for (e, (cu, cp, gu, gp)) in [(1u64, 2u64, 80u64, 6220u64), (0, 2, 2, 914)].into_iter().enumerate() {
+    for (e, (cu, cp, gu, gp)) in [(1u64, 2u64, 80u64, 6220u64), (0, 2, 2, 914)]
+        .into_iter()
+        .enumerate()
+    {
         let (c0, g0) = (cpu.read().unwrap().used, gpu.read().unwrap().used);
         t.begin(PhaseKind::Epoch, None).unwrap();
         cpu.push(c0 + (cu + cp) * MIB).unwrap();
@@ -124,7 +191,10 @@ fn table_matches_peak_mem_metric() {
     let gpu = pushed("gpu0", 1000 * MIB);
     let mut t = Tracker::new(&[cpu.clone(), gpu.clone()]).unwrap();
     let buf = Buf::default();
-    t.add_sink(Arc::new(TableSink::new(PhaseKind::Epoch, Box::new(buf.clone()))));
+    t.add_sink(Arc::new(TableSink::new(
+        PhaseKind::Epoch,
+        Box::new(buf.clone()),
+    )));
     scripted_epochs(&mut t, &cpu, &gpu);
     // Pushed sources are "custom": labelled by name.
     assert_eq!(
@@ -145,7 +215,10 @@ fn jsonl_and_csv_files_appear_complete() {
         t.add_sink(Arc::new(JsonlSink::create(&jp).unwrap()));
         t.add_sink(Arc::new(CsvSink::create(&cp).unwrap()));
         scripted_epochs(&mut t, &cpu, &gpu);
-        assert!(!jp.exists() && !cp.exists(), "nothing at the final path before the end");
+        assert!(
+            !jp.exists() && !cp.exists(),
+            "nothing at the final path before the end"
+        );
         t.finish_sinks().unwrap();
     }
     let jsonl = std::fs::read_to_string(&jp).unwrap();
@@ -156,19 +229,30 @@ fn jsonl_and_csv_files_appear_complete() {
         "\"sources\":[{{\"name\":\"cpu\",\"kind\":\"custom\",\"fidelity\":\"pushed\",\"used_start\":{},\"used_end\":{},\"peak\":{},\"delta_used\":{},\"delta_peaked\":{}}}",
         500 * MIB, 501 * MIB, 503 * MIB, MIB, 2 * MIB
     )), "{}", lines[0]);
-    assert!(lines[1].ends_with(",\"leaks\":[],\"releases\":[]}"), "{}", lines[1]);
+    assert!(
+        lines[1].ends_with(",\"leaks\":[],\"releases\":[]}"),
+        "{}",
+        lines[1]
+    );
     let csv = std::fs::read_to_string(&cp).unwrap();
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(format!("{}\n", rows[0]), CSV_HEADER);
     assert_eq!(rows.len(), 1 + 2 * 2, "one row per epoch and source");
     let cols: Vec<&str> = rows[2].split(',').collect();
     assert_eq!(cols.len(), CSV_HEADER.trim().split(',').count());
-    assert_eq!((cols[0], cols[1], cols[2], cols[7], cols[9]), ("epoch", "epoch", "0", "gpu0", "pushed"));
+    assert_eq!(
+        (cols[0], cols[1], cols[2], cols[7], cols[9]),
+        ("epoch", "epoch", "0", "gpu0", "pushed")
+    );
     assert_eq!(cols[13], (80 * MIB).to_string());
     assert_eq!(cols[14], (6220 * MIB).to_string());
     // An unwritable path fails at creation, before any work.
     assert!(JsonlSink::create("/nonexistent-dir/x.jsonl").is_err());
-    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-")));
+    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .contains(".tmp-")));
 }
 
 #[test]
@@ -178,18 +262,31 @@ fn clear_cache_every_n_follows_index_plus_one_mod_n() {
     let cache = Arc::new(AtomicU64::new(0));
     let gc = Arc::new(AtomicU64::new(0));
     let (c2, g2, src) = (cache.clone(), gc.clone(), cpu.clone());
-    t.add_release("empty_cache", ReleaseKind::Cache, Box::new(move || {
-        c2.fetch_add(1, Ordering::SeqCst);
-        src.push(50).unwrap();
-        Ok(())
-    }))
+    t.add_release(
+        "empty_cache",
+        ReleaseKind::Cache,
+        Box::new(move || {
+            c2.fetch_add(1, Ordering::SeqCst);
+            src.push(50).unwrap();
+            Ok(())
+        }),
+    )
     .unwrap();
-    t.add_release("gc", ReleaseKind::Gc, Box::new(move || {
-        g2.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }))
+    t.add_release(
+        "gc",
+        ReleaseKind::Gc,
+        Box::new(move || {
+            g2.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }),
+    )
     .unwrap();
-    t.add_release_policy(ReleasePolicy::Every { kind: PhaseKind::Step, n: 10, gc: false }).unwrap();
+    t.add_release_policy(ReleasePolicy::Every {
+        kind: PhaseKind::Step,
+        n: 10,
+        gc: false,
+    })
+    .unwrap();
     t.begin(PhaseKind::Epoch, None).unwrap();
     let mut fired_at = Vec::new();
     t.begin(PhaseKind::Step, None).unwrap();
@@ -199,20 +296,64 @@ fn clear_cache_every_n_follows_index_plus_one_mod_n() {
         if !r.releases.is_empty() {
             fired_at.push(i);
             let e = &r.releases[0];
-            assert_eq!((e.reason, e.ran.clone(), e.freed()), (ReleaseReason::Periodic, vec!["empty_cache".to_owned()], vec![50]));
+            assert_eq!(
+                (e.reason, e.ran.clone(), e.freed()),
+                (
+                    ReleaseReason::Periodic,
+                    vec!["empty_cache".to_owned()],
+                    vec![50]
+                )
+            );
         }
     }
-    assert_eq!(fired_at, vec![9, 19], "fires when (index + 1) % 10 == 0, like ClearCacheHook");
-    assert_eq!((cache.load(Ordering::SeqCst), gc.load(Ordering::SeqCst)), (2, 0));
-    t.add_release_policy(ReleasePolicy::Every { kind: PhaseKind::Epoch, n: 1, gc: true }).unwrap();
+    assert_eq!(
+        fired_at,
+        vec![9, 19],
+        "fires when (index + 1) % 10 == 0, like ClearCacheHook"
+    );
+    assert_eq!(
+        (cache.load(Ordering::SeqCst), gc.load(Ordering::SeqCst)),
+        (2, 0)
+    );
+    t.add_release_policy(ReleasePolicy::Every {
+        kind: PhaseKind::Epoch,
+        n: 1,
+        gc: true,
+    })
+    .unwrap();
     t.end(PhaseKind::Step, None).unwrap();
     let r = t.end(PhaseKind::Epoch, None).unwrap();
     assert_eq!(r.releases.len(), 1);
-    assert_eq!(gc.load(Ordering::SeqCst), 1, "epoch policy with gc runs the GC callback");
+    assert_eq!(
+        gc.load(Ordering::SeqCst),
+        1,
+        "epoch policy with gc runs the GC callback"
+    );
     assert_eq!(t.releases_fired(), 3);
-    assert!(t.add_release_policy(ReleasePolicy::Every { kind: PhaseKind::Step, n: 0, gc: false }).is_err());
-    assert!(t.add_release_policy(ReleasePolicy::Every { kind: PhaseKind::Stream, n: 1, gc: false }).is_err());
-    assert_eq!(t.add_release_policy(ReleasePolicy::BelowFree { source: 3, bytes: 1, gc: false }).unwrap_err().kind(), ErrorKind::InvalidId);
+    assert!(t
+        .add_release_policy(ReleasePolicy::Every {
+            kind: PhaseKind::Step,
+            n: 0,
+            gc: false
+        })
+        .is_err());
+    assert!(t
+        .add_release_policy(ReleasePolicy::Every {
+            kind: PhaseKind::Stream,
+            n: 1,
+            gc: false
+        })
+        .is_err());
+    assert_eq!(
+        t.add_release_policy(ReleasePolicy::BelowFree {
+            source: 3,
+            bytes: 1,
+            gc: false
+        })
+        .unwrap_err()
+        .kind(),
+        ErrorKind::InvalidId
+    );
 }
 
 #[test]
@@ -223,22 +364,40 @@ fn threshold_policy_fires_when_free_memory_is_low() {
     struct Gpu(Arc<AtomicU64>);
     impl memprobe_core::Sampler for Gpu {
         fn info(&self) -> memprobe_core::SourceInfo {
-            memprobe_core::SourceInfo { name: "gpu0".into(), kind: memprobe_core::SourceKind::GpuDevice, fidelity: memprobe_core::PeakFidelity::Sampled }
+            memprobe_core::SourceInfo {
+                name: "gpu0".into(),
+                kind: memprobe_core::SourceKind::GpuDevice,
+                fidelity: memprobe_core::PeakFidelity::Sampled,
+            }
         }
         fn read(&mut self) -> memprobe_core::Result<memprobe_core::Sample> {
             let free = self.0.load(Ordering::SeqCst);
-            Ok(memprobe_core::Sample { used: 100 * MIB - free, total: Some(100 * MIB), free: Some(free), ..Default::default() })
+            Ok(memprobe_core::Sample {
+                used: 100 * MIB - free,
+                total: Some(100 * MIB),
+                free: Some(free),
+                ..Default::default()
+            })
         }
     }
     let gpu = Source::from_sampler(Box::new(Gpu(f2)));
     let mut t = Tracker::new(&[gpu]).unwrap();
     let f3 = free.clone();
-    t.add_release("empty_cache", ReleaseKind::Cache, Box::new(move || {
-        f3.store(60 * MIB, Ordering::SeqCst);
-        Ok(())
-    }))
+    t.add_release(
+        "empty_cache",
+        ReleaseKind::Cache,
+        Box::new(move || {
+            f3.store(60 * MIB, Ordering::SeqCst);
+            Ok(())
+        }),
+    )
     .unwrap();
-    t.add_release_policy(ReleasePolicy::BelowFree { source: 0, bytes: 20 * MIB, gc: false }).unwrap();
+    t.add_release_policy(ReleasePolicy::BelowFree {
+        source: 0,
+        bytes: 20 * MIB,
+        gc: false,
+    })
+    .unwrap();
     t.begin(PhaseKind::Step, None).unwrap();
     let r = t.next(PhaseKind::Step, None).unwrap();
     assert_eq!(r.releases.len(), 1);
@@ -254,22 +413,39 @@ fn oom_retry_releases_and_retries() {
     let cpu = pushed("cpu", 100);
     let mut t = Tracker::new(&[cpu.clone()]).unwrap();
     let src = cpu.clone();
-    t.add_release("empty_cache", ReleaseKind::Cache, Box::new(move || {
-        src.push(src.read().unwrap().used - 10).unwrap();
-        Ok(())
-    }))
+    t.add_release(
+        "empty_cache",
+        ReleaseKind::Cache,
+        Box::new(move || {
+            src.push(src.read().unwrap().used - 10).unwrap();
+            Ok(())
+        }),
+    )
     .unwrap();
     let mut attempts = 0;
-    let r = t.run_with_oom_retry(|| {
-        attempts += 1;
-        Ok(if attempts < 3 { StepOutcome::OutOfMemory } else { StepOutcome::Done })
-    }, 5).unwrap();
+    let r = t
+        .run_with_oom_retry(
+            || {
+                attempts += 1;
+                Ok(if attempts < 3 {
+                    StepOutcome::OutOfMemory
+                } else {
+                    StepOutcome::Done
+                })
+            },
+            5,
+        )
+        .unwrap();
     assert!(r.succeeded);
     assert_eq!((r.retries, r.freed()), (2, vec![20]));
-    let r = t.run_with_oom_retry(|| Ok(StepOutcome::OutOfMemory), 2).unwrap();
+    let r = t
+        .run_with_oom_retry(|| Ok(StepOutcome::OutOfMemory), 2)
+        .unwrap();
     assert!(!r.succeeded);
     assert_eq!(r.retries, 2);
-    let e = t.run_with_oom_retry(|| Err(memprobe_core::Error::invalid("boom")), 2).unwrap_err();
+    let e = t
+        .run_with_oom_retry(|| Err(memprobe_core::Error::invalid("boom")), 2)
+        .unwrap_err();
     assert_eq!(e.message(), "boom", "other errors pass through");
 }
 
@@ -277,9 +453,16 @@ fn oom_retry_releases_and_retries() {
 fn leak_flag_on_and_off() {
     let cpu = pushed("cpu", 100 * MIB);
     let mut t = Tracker::new(&[cpu.clone()]).unwrap();
-    t.set_leak_policy(Some(LeakPolicy { threshold: MIB, epochs: 2 })).unwrap();
+    t.set_leak_policy(Some(LeakPolicy {
+        threshold: MIB,
+        epochs: 2,
+    }))
+    .unwrap();
     let buf = Buf::default();
-    t.add_sink(Arc::new(TableSink::new(PhaseKind::Epoch, Box::new(buf.clone()))));
+    t.add_sink(Arc::new(TableSink::new(
+        PhaseKind::Epoch,
+        Box::new(buf.clone()),
+    )));
     let mut flags = Vec::new();
     for grow in [5, 5, 5, 0, 5] {
         t.begin(PhaseKind::Epoch, None).unwrap();
@@ -295,5 +478,10 @@ fn leak_flag_on_and_off() {
     assert!(text.lines().next().unwrap().ends_with("  leak"));
     assert!(text.lines().nth(3).unwrap().ends_with("  cpu"), "{text}");
     assert!(text.lines().nth(4).unwrap().ends_with("  -"), "{text}");
-    assert!(t.set_leak_policy(Some(LeakPolicy { threshold: 1, epochs: 0 })).is_err());
+    assert!(t
+        .set_leak_policy(Some(LeakPolicy {
+            threshold: 1,
+            epochs: 0
+        }))
+        .is_err());
 }

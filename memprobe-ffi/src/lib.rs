@@ -14,6 +14,7 @@ pub mod monitor;
 pub mod source;
 pub mod status;
 pub mod trace;
+pub mod tracker;
 pub mod window;
 
 use std::ffi::c_char;
@@ -47,12 +48,13 @@ pub extern "C" fn memprobe_b2mb(bytes: u64) -> u64 {
 }
 
 /// Number of live handles of each kind, for leak checks in tests:
-/// `*sources`, `*windows`, `*traces` (each nullable).
+/// `*sources`, `*windows`, `*traces`, `*trackers` (each nullable).
 #[no_mangle]
 pub extern "C" fn memprobe_debug_live_handles(
     sources: *mut u64,
     windows: *mut u64,
     traces: *mut u64,
+    trackers: *mut u64,
 ) -> memprobe_status {
     boundary::run("memprobe_debug_live_handles", || {
         // SAFETY: each pointer, when non-NULL, is valid for a write (documented).
@@ -65,6 +67,9 @@ pub extern "C" fn memprobe_debug_live_handles(
             }
             if let Some(t) = traces.as_mut() {
                 *t = trace::live() as u64;
+            }
+            if let Some(t) = trackers.as_mut() {
+                *t = tracker::live() as u64;
             }
         }
         Ok(())

@@ -191,7 +191,7 @@ pub extern "C" fn memprobe_trace_set_silent(
     })
 }
 
-struct FdWriter(i32);
+pub(crate) struct FdWriter(pub(crate) i32);
 
 impl Write for FdWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -278,6 +278,44 @@ fn main() {
         );
     }
 
+    // A training step boundary through the tracker (`next`), over this
+    // process and the container's cgroup when there is one, with no sink and
+    // with the PeakMemMetric table sink (rows only per epoch: a step record
+    // passes it by). The window cost for the same sources is measured beside.
+    let mut host: Vec<Source> = vec![rss.clone()];
+    match Source::cgroup() {
+        Ok(cg) => host.push(cg),
+        Err(e) => eprintln!("no cgroup source ({e}); tracker cases use the process source alone"),
+    }
+    {
+        let mut w = Window::open(&host).unwrap();
+        add(
+            "window reset, process + cgroup",
+            Box::new(move || {
+                black_box(w.reset().unwrap());
+            }),
+        );
+    }
+    for table in [false, true] {
+        let mut t = memprobe_core::Tracker::new(&host).unwrap();
+        if table {
+            t.add_sink(std::sync::Arc::new(memprobe_core::sinks::TableSink::new(
+                memprobe_core::PhaseKind::Epoch,
+                Box::new(std::io::sink()),
+            )));
+        }
+        t.begin(memprobe_core::PhaseKind::Epoch, None).unwrap();
+        t.begin(memprobe_core::PhaseKind::Step, None).unwrap();
+        let name: &'static str =
+            if table { "tracker step next, process + cgroup, table sink" } else { "tracker step next, process + cgroup, no sink" };
+        add(
+            name,
+            Box::new(move || {
+                black_box(t.next(memprobe_core::PhaseKind::Step, None).unwrap());
+            }),
+        );
+    }
+
     for case in &mut cases {
         for _ in 0..ITERS / 4 {
             (case.run)();

@@ -353,7 +353,7 @@ int main(void) {
     test_windows();
     test_traces();
     test_monitor();
-    EXPECT(memprobe_debug_live_handles(&s, &w, &t), MEMPROBE_STATUS_OK);
+    EXPECT(memprobe_debug_live_handles(&s, &w, &t, NULL), MEMPROBE_STATUS_OK);
     CHECK(s == 0 && w == 0 && t == 0);
     return check_summary();
 }

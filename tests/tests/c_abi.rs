@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn source(name: &str) -> Vec<PathBuf> {
-    vec![root().join("tests/c").join(name)]
+    let dir = if name.ends_with(".cpp") { "tests/cpp" } else { "tests/c" };
+    vec![root().join(dir).join(name)]
 }
 
 fn check_all_ways(name: &str, env: &[(&str, &str)]) {
@@ -45,6 +46,16 @@ fn check_all_ways(name: &str, env: &[(&str, &str)]) {
 #[test]
 fn abi_end_to_end_and_bad_input() {
     check_all_ways("test_abi.c", &[]);
+}
+
+#[test]
+fn tracker_phases_sinks_policies() {
+    check_all_ways("test_tracker.c", &[]);
+}
+
+#[test]
+fn cpp_raii_layer() {
+    check_all_ways("test_cpp.cpp", &[]);
 }
 
 #[test]

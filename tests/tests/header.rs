@@ -59,6 +59,23 @@ fn header_compiles_alone_and_twice_included() {
 }
 
 #[test]
+fn cpp_header_compiles_alone_and_twice_included() {
+    let dir = scratch("hpp");
+    let src = dir.join("twice.cpp");
+    std::fs::write(&src, "#include \"memprobe.hpp\"\n#include \"memprobe.hpp\"\nint main() { return memprobe::b2mb(0) == 0 ? 0 : 1; }\n").unwrap();
+    let o = Command::new("c++")
+        .arg("-std=c++17")
+        .args(STRICT)
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(&src)
+        .arg("-fsyntax-only")
+        .output()
+        .expect("run c++");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
 fn version_macros_match_cargo_toml() {
     let header = std::fs::read_to_string(root().join("include/memprobe.h")).unwrap();
     let version = env!("CARGO_PKG_VERSION");

@@ -22,7 +22,9 @@ impl AtomicFile {
     /// any work) if the directory is missing or not writable.
     pub fn create(path: impl AsRef<Path>) -> Result<AtomicFile> {
         let path = path.as_ref().to_path_buf();
-        let name = path.file_name().ok_or_else(|| Error::invalid(format!("{} is not a file path", path.display())))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| Error::invalid(format!("{} is not a file path", path.display())))?;
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut tmp_name = name.to_os_string();
@@ -33,7 +35,11 @@ impl AtomicFile {
             .create_new(true)
             .open(&tmp)
             .map_err(|e| Error::io(format!("create {}", tmp.display()), &e))?;
-        Ok(AtomicFile { path, tmp, file: Mutex::new(Some(file)) })
+        Ok(AtomicFile {
+            path,
+            tmp,
+            file: Mutex::new(Some(file)),
+        })
     }
 
     /// The final path.
@@ -45,17 +51,26 @@ impl AtomicFile {
     pub fn write_line(&self, line: &str) -> Result<()> {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let Some(file) = f.as_mut() else {
-            return Err(Error::wrong_order(format!("{} is already finished", self.path.display())));
+            return Err(Error::wrong_order(format!(
+                "{} is already finished",
+                self.path.display()
+            )));
         };
-        file.write_all(line.as_bytes()).map_err(|e| Error::io(format!("write {}", self.tmp.display()), &e))
+        file.write_all(line.as_bytes())
+            .map_err(|e| Error::io(format!("write {}", self.tmp.display()), &e))
     }
 
     /// Syncs and renames the file into place. Later calls do nothing.
     pub fn finish(&self) -> Result<()> {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let Some(file) = f.take() else { return Ok(()) };
-        file.sync_all().map_err(|e| Error::io(format!("sync {}", self.tmp.display()), &e))?;
-        std::fs::rename(&self.tmp, &self.path)
-            .map_err(|e| Error::io(format!("rename {} to {}", self.tmp.display(), self.path.display()), &e))
+        file.sync_all()
+            .map_err(|e| Error::io(format!("sync {}", self.tmp.display()), &e))?;
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| {
+            Error::io(
+                format!("rename {} to {}", self.tmp.display(), self.path.display()),
+                &e,
+            )
+        })
     }
 }

@@ -22,7 +22,10 @@ impl CsvSink {
     pub fn create(path: impl AsRef<Path>) -> Result<CsvSink> {
         let file = AtomicFile::create(path)?;
         file.write_line(CSV_HEADER)?;
-        Ok(CsvSink { file, error: Mutex::new(None) })
+        Ok(CsvSink {
+            file,
+            error: Mutex::new(None),
+        })
     }
 }
 
@@ -42,7 +45,10 @@ impl Sink for CsvSink {
             None => ("", String::new(), String::new()),
         };
         for (i, d) in r.sources.iter().enumerate() {
-            let leak = r.leaks.get(i).map_or(String::new(), |l| l.flagged.to_string());
+            let leak = r
+                .leaks
+                .get(i)
+                .map_or(String::new(), |l| l.flagged.to_string());
             rows.push_str(&format!(
                 "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 field(&r.label),
@@ -65,7 +71,10 @@ impl Sink for CsvSink {
             ));
         }
         if let Err(e) = self.file.write_line(&rows) {
-            self.error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            self.error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
         }
     }
 

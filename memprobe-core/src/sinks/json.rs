@@ -70,7 +70,11 @@ fn release(out: &mut String, e: &ReleaseEvent) {
         string(o, m);
         o.push('}');
     });
-    for (key, v) in [("before", &e.before), ("after", &e.after), ("freed", &e.freed())] {
+    for (key, v) in [
+        ("before", &e.before),
+        ("after", &e.after),
+        ("freed", &e.freed()),
+    ] {
         let _ = write!(out, ",\"{key}\":");
         list(out, v, |o, n| {
             let _ = write!(o, "{n}");
@@ -86,7 +90,11 @@ pub(crate) fn record(r: &Record) -> String {
     string(&mut out, &r.label);
     match &r.phase {
         Some(p) => {
-            let _ = write!(out, ",\"phase\":{{\"kind\":\"{}\",\"name\":", p.kind.as_str());
+            let _ = write!(
+                out,
+                ",\"phase\":{{\"kind\":\"{}\",\"name\":",
+                p.kind.as_str()
+            );
             string(&mut out, &p.name);
             let _ = write!(out, ",\"index\":{},\"depth\":{}}}", p.index, p.depth);
         }
@@ -102,7 +110,11 @@ pub(crate) fn record(r: &Record) -> String {
     list(&mut out, &r.sources, source);
     out.push_str(",\"leaks\":");
     list(&mut out, &r.leaks, |o, l| {
-        let _ = write!(o, "{{\"flagged\":{},\"streak\":{},\"last_growth\":{}}}", l.flagged, l.streak, l.last_growth);
+        let _ = write!(
+            o,
+            "{{\"flagged\":{},\"streak\":{},\"last_growth\":{}}}",
+            l.flagged, l.streak, l.last_growth
+        );
     });
     out.push_str(",\"releases\":");
     list(&mut out, &r.releases, release);

@@ -17,7 +17,10 @@ pub struct JsonlSink {
 impl JsonlSink {
     /// Creates the sink; the file appears at `path` when finished.
     pub fn create(path: impl AsRef<Path>) -> Result<JsonlSink> {
-        Ok(JsonlSink { file: AtomicFile::create(path)?, error: Mutex::new(None) })
+        Ok(JsonlSink {
+            file: AtomicFile::create(path)?,
+            error: Mutex::new(None),
+        })
     }
 }
 
@@ -26,7 +29,10 @@ impl Sink for JsonlSink {
         let mut line = json::record(record);
         line.push('\n');
         if let Err(e) = self.file.write_line(&line) {
-            self.error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            self.error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
         }
     }
 

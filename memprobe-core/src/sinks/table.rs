@@ -31,19 +31,30 @@ pub struct TableSink {
 impl TableSink {
     /// Rows for phases of `kind` (fastai: epochs), written to `out`.
     pub fn new(kind: PhaseKind, out: Box<dyn Write + Send>) -> TableSink {
-        TableSink { kind, state: Mutex::new(State { out, header_done: false }) }
+        TableSink {
+            kind,
+            state: Mutex::new(State {
+                out,
+                header_done: false,
+            }),
+        }
     }
 
     /// The column labels for a record's sources.
     pub fn labels(record: &Record) -> Vec<String> {
-        let gpus = record.sources.iter().filter(|d| matches!(d.kind, SourceKind::GpuDevice | SourceKind::GpuProcess)).count();
+        let gpus = record
+            .sources
+            .iter()
+            .filter(|d| matches!(d.kind, SourceKind::GpuDevice | SourceKind::GpuProcess))
+            .count();
         record
             .sources
             .iter()
             .map(|d| match d.kind {
-                SourceKind::Process | SourceKind::ProcessTree | SourceKind::ProcessPss | SourceKind::ProcessUss => {
-                    "cpu".to_owned()
-                }
+                SourceKind::Process
+                | SourceKind::ProcessTree
+                | SourceKind::ProcessPss
+                | SourceKind::ProcessUss => "cpu".to_owned(),
                 SourceKind::GpuDevice | SourceKind::GpuProcess if gpus == 1 => "gpu".to_owned(),
                 _ => d.name.clone(),
             })
@@ -74,7 +85,14 @@ impl TableSink {
                 .map(|(n, _)| n.as_str())
                 .collect();
             header.push_str("  leak");
-            row.push_str(&format!("  {}", if flagged.is_empty() { "-".to_owned() } else { flagged.join(",") }));
+            row.push_str(&format!(
+                "  {}",
+                if flagged.is_empty() {
+                    "-".to_owned()
+                } else {
+                    flagged.join(",")
+                }
+            ));
         }
         (header, row)
     }
