@@ -84,3 +84,57 @@ func mpgoLine(line *C.char, userData unsafe.Pointer) {
 	defer func() { _ = recover() }() // a writer must never unwind into the library
 	v.(*lineSink).write(C.GoString(line))
 }
+
+//export mpgoRecord
+func mpgoRecord(rec *C.memprobe_phase_record, deltas *C.memprobe_delta, n C.size_t, userData unsafe.Pointer) {
+	v, ok := callbacks.get(uintptr(userData))
+	if !ok {
+		return
+	}
+	defer func() { _ = recover() }() // a sink must never unwind into the library
+	v.(*recordSink).fn(recordFromC(rec, deltas, int(n)))
+}
+
+//export mpgoRelease
+func mpgoRelease(userData unsafe.Pointer) (rc C.int32_t) {
+	v, ok := callbacks.get(uintptr(userData))
+	if !ok {
+		return 1
+	}
+	r := v.(*releaseFunc)
+	defer func() {
+		if p := recover(); p != nil {
+			r.tracker.addErr(fmt.Errorf("release %q panicked: %v", r.name, p))
+			rc = 1
+		}
+	}()
+	if err := r.fn(); err != nil {
+		r.tracker.addErr(fmt.Errorf("release %q: %w", r.name, err))
+		return 1
+	}
+	return 0
+}
+
+//export mpgoStep
+func mpgoStep(userData unsafe.Pointer) (rc C.int32_t) {
+	v, ok := callbacks.get(uintptr(userData))
+	if !ok {
+		return 2
+	}
+	st := v.(*stepState)
+	defer func() {
+		if p := recover(); p != nil {
+			st.err = fmt.Errorf("step panicked: %v", p)
+			rc = 2
+		}
+	}()
+	oom, err := st.fn()
+	switch {
+	case err != nil:
+		st.err = err
+		return 2
+	case oom:
+		return C.MEMPROBE_STEP_OUT_OF_MEMORY
+	}
+	return C.MEMPROBE_STEP_DONE
+}

@@ -96,3 +96,28 @@ func mustProcess() *memprobe.Source {
 	}
 	return s
 }
+
+// The training-loop tracker: per-step and per-epoch records, a cache
+// release every 2 steps.
+func ExampleTracker() {
+	alloc, _ := memprobe.NewPushed("alloc")
+	defer alloc.Close()
+	alloc.Push(100 * memprobe.MiB)
+	tr, _ := memprobe.NewTracker(alloc)
+	defer tr.Close()
+	tr.AddRelease("empty cache", memprobe.ReleaseCache, func() error { return alloc.Push(80 * memprobe.MiB) })
+	tr.ReleaseEvery(memprobe.Step, 2, false)
+	tr.Begin(memprobe.Epoch, "")
+	for i := 1; i <= 2; i++ {
+		tr.Begin(memprobe.Step, "")
+		alloc.Push(uint64(100+50*i) * memprobe.MiB)
+		r, _ := tr.End(memprobe.Step, "")
+		fmt.Printf("step %d: peak %d MiB, releases %d\n", r.Index, memprobe.B2MB(r.Deltas[0].Peak), r.Releases)
+	}
+	e, _ := tr.End(memprobe.Epoch, "")
+	fmt.Printf("epoch %d: peak %d MiB, delta used %d MiB\n", e.Index, memprobe.B2MB(e.Deltas[0].Peak), e.Deltas[0].DeltaUsed/memprobe.MiB)
+	// Output:
+	// step 0: peak 150 MiB, releases 0
+	// step 1: peak 200 MiB, releases 1
+	// epoch 0: peak 200 MiB, delta used -20 MiB
+}

@@ -55,12 +55,17 @@ func B2MB(bytes uint64) uint64 { return uint64(C.memprobe_b2mb(C.uint64_t(bytes)
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
 
-// LiveHandles returns how many source, window and trace handles are alive
-// in the library (for leak checks in tests).
-func LiveHandles() (sources, windows, traces uint64, err error) {
-	var s, w, t C.uint64_t
-	err = call(func() C.memprobe_status { return C.memprobe_debug_live_handles(&s, &w, &t) })
-	return uint64(s), uint64(w), uint64(t), err
+// Handles counts the library's live handles of each kind.
+type Handles struct {
+	Sources, Windows, Traces, Trackers uint64
+}
+
+// LiveHandles returns how many handles of each kind are alive in the
+// library (for leak checks in tests).
+func LiveHandles() (Handles, error) {
+	var s, w, t, k C.uint64_t
+	err := call(func() C.memprobe_status { return C.memprobe_debug_live_handles(&s, &w, &t, &k) })
+	return Handles{uint64(s), uint64(w), uint64(t), uint64(k)}, err
 }
 
 // lastError is memprobe_last_error() of the calling thread.

@@ -52,14 +52,14 @@ func ok(t testing.TB, err error) {
 // checkLeaks fails the test if it leaves library handles or registered
 // callbacks behind.
 func checkLeaks(t *testing.T) {
-	s0, w0, t0, err := LiveHandles()
+	h0, err := LiveHandles()
 	ok(t, err)
 	c0 := callbacks.len()
 	t.Cleanup(func() {
-		s1, w1, t1, err := LiveHandles()
+		h1, err := LiveHandles()
 		ok(t, err)
-		if s1 != s0 || w1 != w0 || t1 != t0 {
-			t.Errorf("live handles (sources, windows, traces) (%d,%d,%d) -> (%d,%d,%d)", s0, w0, t0, s1, w1, t1)
+		if h1 != h0 {
+			t.Errorf("live handles %+v -> %+v", h0, h1)
 		}
 		if c := callbacks.len(); c != c0 {
 			t.Errorf("registered callbacks %d -> %d", c0, c)

@@ -21,3 +21,25 @@ memprobe_status mpgo_source_new_callback(const char *name, uintptr_t id, memprob
 memprobe_status mpgo_trace_set_output_callback(memprobe_trace *trace, uintptr_t id) {
     return memprobe_trace_set_output_callback(trace, line_trampoline, (void *)id);
 }
+
+static void record_trampoline(const memprobe_phase_record *record, const memprobe_delta *deltas, size_t n,
+                              void *user_data) {
+    mpgoRecord((memprobe_phase_record *)record, (memprobe_delta *)deltas, n, user_data);
+}
+
+static int32_t release_trampoline(void *user_data) { return mpgoRelease(user_data); }
+
+static int32_t step_trampoline(void *user_data) { return mpgoStep(user_data); }
+
+memprobe_status mpgo_tracker_add_callback_sink(memprobe_tracker *tracker, uintptr_t id) {
+    return memprobe_tracker_add_callback_sink(tracker, record_trampoline, (void *)id);
+}
+
+memprobe_status mpgo_tracker_add_release(memprobe_tracker *tracker, const char *name, uint32_t kind, uintptr_t id) {
+    return memprobe_tracker_add_release(tracker, name, kind, release_trampoline, (void *)id);
+}
+
+memprobe_status mpgo_tracker_run_oom_retry(memprobe_tracker *tracker, uintptr_t id, uint32_t max_retries,
+                                           memprobe_oom_report *out, uint64_t *freed, size_t n_freed) {
+    return memprobe_tracker_run_oom_retry(tracker, step_trampoline, (void *)id, max_retries, out, freed, n_freed);
+}

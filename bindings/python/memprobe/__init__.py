@@ -50,6 +50,7 @@ from .errors import (
 from .monitor import MonitorStats
 from .sources import Fidelity, Sample, Source, SourceInfo, SourceKind
 from .trace import Trace, mem_trace
+from .tracker import LeakStatus, OomReport, PhaseKind, PhaseRecord, Tracker
 from .units import MiB, b2mb
 from .windows import Delta, Window
 
@@ -70,12 +71,13 @@ def soname() -> str:
 
 
 def live_handles() -> tuple:
-    """``(sources, windows, traces)`` handles alive in the library (leak checks)."""
+    """``(sources, windows, traces, trackers)`` handles alive in the library
+    (for leak checks)."""
     from ctypes import byref, c_uint64
 
-    s, w, t = c_uint64(), c_uint64(), c_uint64()
-    _check(_C.memprobe_debug_live_handles(byref(s), byref(w), byref(t)))
-    return int(s.value), int(w.value), int(t.value)
+    s, w, t, k = c_uint64(), c_uint64(), c_uint64(), c_uint64()
+    _check(_C.memprobe_debug_live_handles(byref(s), byref(w), byref(t), byref(k)))
+    return int(s.value), int(w.value), int(t.value), int(k.value)
 
 
 __all__ = [
@@ -89,20 +91,25 @@ __all__ = [
     "InvalidHandleError",
     "InvalidIdError",
     "IoError",
+    "LeakStatus",
     "LibraryNotFoundError",
     "MemprobeError",
     "MiB",
     "MonitorStats",
     "NullPointerError",
+    "OomReport",
     "PanicError",
     "ParseError",
     "PermissionDeniedError",
+    "PhaseKind",
+    "PhaseRecord",
     "Sample",
     "Source",
     "SourceInfo",
     "SourceKind",
     "Status",
     "Trace",
+    "Tracker",
     "UnavailableError",
     "UnsupportedError",
     "Window",

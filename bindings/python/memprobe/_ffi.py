@@ -44,6 +44,10 @@ MEMPROBE_SMAPS_PSS = 0
 MEMPROBE_SMAPS_USS = 1
 MEMPROBE_TRACE_SILENT = 1
 MEMPROBE_TRACE_DEFERRED = 2
+MEMPROBE_RELEASE_CACHE = 0
+MEMPROBE_RELEASE_GC = 1
+MEMPROBE_STEP_DONE = 0
+MEMPROBE_STEP_OUT_OF_MEMORY = 1
 
 # --- types --------------------------------------------------------------------
 
@@ -91,6 +95,34 @@ class memprobe_delta(Structure):
     ]
 
 
+class memprobe_phase_record(Structure):
+    _fields_ = [
+        ("kind", c_uint32),
+        ("depth", c_uint32),
+        ("index", c_uint64),
+        ("started_at_ns", c_uint64),
+        ("ended_at_ns", c_uint64),
+        ("duration_ns", c_uint64),
+        ("n_sources", c_uint32),
+        ("n_releases", c_uint32),
+        ("leak_flags", c_uint64),
+        ("released_bytes", c_uint64),
+        ("name", c_char * 72),
+    ]
+
+
+class memprobe_oom_report(Structure):
+    _fields_ = [("succeeded", c_bool), ("retries", c_uint32), ("freed_bytes", c_uint64)]
+
+
+#: void (*)(const memprobe_phase_record *, const memprobe_delta *, size_t, void *)
+memprobe_record_fn = CFUNCTYPE(
+    None, POINTER(memprobe_phase_record), POINTER(memprobe_delta), c_size_t, c_void_p
+)
+#: int32_t (*)(void *user_data)
+memprobe_release_fn = CFUNCTYPE(c_int32, c_void_p)
+#: int32_t (*)(void *user_data)
+memprobe_step_fn = CFUNCTYPE(c_int32, c_void_p)
 #: int32_t (*)(void *user_data, uint64_t *out_bytes)
 memprobe_read_fn = CFUNCTYPE(c_int32, c_void_p, POINTER(c_uint64))
 #: void (*)(const char *line, void *user_data)
@@ -102,7 +134,10 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_version": (c_char_p, []),
     "memprobe_soname": (c_char_p, []),
     "memprobe_b2mb": (c_uint64, [c_uint64]),
-    "memprobe_debug_live_handles": (status_t, [P(c_uint64), P(c_uint64), P(c_uint64)]),
+    "memprobe_debug_live_handles": (
+        status_t,
+        [P(c_uint64), P(c_uint64), P(c_uint64), P(c_uint64)],
+    ),
     "memprobe_last_error": (c_char_p, []),
     "memprobe_status_name": (c_char_p, [c_uint32]),
     # monitor
@@ -152,6 +187,48 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_window_reset": (status_t, [handle_t, P(memprobe_delta), c_size_t]),
     "memprobe_window_source_count": (status_t, [handle_t, P(c_size_t)]),
     "memprobe_window_free": (status_t, [handle_t]),
+    # trackers
+    "memprobe_tracker_new": (status_t, [P(handle_t), c_size_t, P(handle_t)]),
+    "memprobe_tracker_free": (status_t, [handle_t]),
+    "memprobe_tracker_begin": (status_t, [handle_t, c_uint32, c_char_p]),
+    "memprobe_tracker_end": (
+        status_t,
+        [handle_t, c_uint32, c_char_p, P(memprobe_phase_record), P(memprobe_delta), c_size_t],
+    ),
+    "memprobe_tracker_next": (
+        status_t,
+        [handle_t, c_uint32, c_char_p, P(memprobe_phase_record), P(memprobe_delta), c_size_t],
+    ),
+    "memprobe_tracker_add_table_sink": (status_t, [handle_t, c_uint32, c_int32]),
+    "memprobe_tracker_add_jsonl_sink": (status_t, [handle_t, c_char_p]),
+    "memprobe_tracker_add_csv_sink": (status_t, [handle_t, c_char_p]),
+    "memprobe_tracker_add_callback_sink": (status_t, [handle_t, memprobe_record_fn, c_void_p]),
+    "memprobe_tracker_finish_sinks": (status_t, [handle_t]),
+    "memprobe_tracker_add_release": (
+        status_t,
+        [handle_t, c_char_p, c_uint32, memprobe_release_fn, c_void_p],
+    ),
+    "memprobe_tracker_release_every": (status_t, [handle_t, c_uint32, c_uint64, c_bool]),
+    "memprobe_tracker_release_below_free": (status_t, [handle_t, c_size_t, c_uint64, c_bool]),
+    "memprobe_tracker_release_now": (status_t, [handle_t, c_bool, P(c_uint64), c_size_t]),
+    "memprobe_tracker_releases_fired": (status_t, [handle_t, P(c_uint64)]),
+    "memprobe_tracker_set_leak_policy": (status_t, [handle_t, c_uint64, c_uint32]),
+    "memprobe_tracker_leak_status": (
+        status_t,
+        [handle_t, c_size_t, P(c_bool), P(c_uint32), P(c_int64)],
+    ),
+    "memprobe_tracker_run_oom_retry": (
+        status_t,
+        [
+            handle_t,
+            memprobe_step_fn,
+            c_void_p,
+            c_uint32,
+            P(memprobe_oom_report),
+            P(c_uint64),
+            c_size_t,
+        ],
+    ),
 }
 
 

@@ -181,7 +181,7 @@ def test_live_handles_return_to_baseline():
     s = memprobe.Source.process()
     w = memprobe.Window(s)
     t = memprobe.Trace(s, silent=True)
-    assert memprobe.live_handles() == (base[0] + 1, base[1] + 1, base[2] + 1)
+    assert memprobe.live_handles() == (base[0] + 1, base[1] + 1, base[2] + 1, base[3])
     del s, w, t
     gc.collect()
     assert memprobe.live_handles() == base
