@@ -38,6 +38,11 @@ demo: $(BUILD)/trainer
 test:
 	$(CARGO) build -j$(JOBS) -p memprobe-ffi
 	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
+	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
+	@$(PYTHON) -c 'import pytest' 2>/dev/null || { echo "make test: pytest is missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest" >&2; exit 1; }
+	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
+	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
+	cd bindings/go && CGO_ENABLED=1 CGO_LDFLAGS="-L$(TEST_PREFIX)/lib" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
@@ -50,6 +55,11 @@ header:
 clean:
 	$(CARGO) clean
 	rm -rf $(BUILD)
+
+# The bindings' tests (in `make test`) run against an installed prefix.
+PYTHON ?= python3
+GO ?= go
+TEST_PREFIX := $(abspath $(BUILD))/test-prefix
 
 # Installs the library, headers, pkg-config file and CMake package under
 # PREFIX (default /usr/local; DESTDIR stages for packagers):

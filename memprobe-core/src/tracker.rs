@@ -329,7 +329,10 @@ impl Tracker {
                     .zip(&record.sources)
                     .enumerate()
                     .map(|(i, (t, d))| {
-                        let end = after.as_ref().and_then(|a| a.get(i).copied()).unwrap_or(d.used_end);
+                        let end = after
+                            .as_ref()
+                            .and_then(|a| a.get(i).copied())
+                            .unwrap_or(d.used_end);
                         t.observe(&policy, end)
                     })
                     .collect();

@@ -306,8 +306,11 @@ fn main() {
         }
         t.begin(memprobe_core::PhaseKind::Epoch, None).unwrap();
         t.begin(memprobe_core::PhaseKind::Step, None).unwrap();
-        let name: &'static str =
-            if table { "tracker step next, process + cgroup, table sink" } else { "tracker step next, process + cgroup, no sink" };
+        let name: &'static str = if table {
+            "tracker step next, process + cgroup, table sink"
+        } else {
+            "tracker step next, process + cgroup, no sink"
+        };
         add(
             name,
             Box::new(move || {

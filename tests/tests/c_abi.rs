@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn source(name: &str) -> Vec<PathBuf> {
-    let dir = if name.ends_with(".cpp") { "tests/cpp" } else { "tests/c" };
+    let dir = if name.ends_with(".cpp") {
+        "tests/cpp"
+    } else {
+        "tests/c"
+    };
     vec![root().join(dir).join(name)]
 }
 

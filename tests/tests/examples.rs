@@ -87,19 +87,45 @@ fn c_trainer_reports_every_spike() {
 fn cpp_trainer_flags_the_leak_and_releases_the_cache() {
     let dir = scratch("trainer-cpp");
     let exe = dir.join("trainer_cpp");
-    compile(&[root().join("examples-c/trainer.cpp")], &exe, Build::Plain, &[]);
+    compile(
+        &[root().join("examples-c/trainer.cpp")],
+        &exe,
+        Build::Plain,
+        &[],
+    );
     let o = run(&exe, &["5", "8"], &[]);
     assert_ok("trainer_cpp", &o);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.starts_with("epoch  cpu used  peak  leak\n"), "{out}");
-    let flags: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ") && l.contains("leak flag")).map(|l| l.rsplit(' ').next().unwrap()).collect();
+    let flags: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("epoch ") && l.contains("leak flag"))
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
     // After each epoch's cache release, 8 MiB more stays: growing from epoch
     // 2 on, flagged once 2 epochs in a row have grown.
     assert_eq!(flags, ["off", "off", "ON", "ON", "ON"], "{out}");
-    let releases: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ") && l.contains("releases ")).map(|l| l.split("releases ").nth(1).unwrap().split(',').next().unwrap()).collect();
+    let releases: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("epoch ") && l.contains("releases "))
+        .map(|l| {
+            l.split("releases ")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+        })
+        .collect();
     assert_eq!(releases, ["1", "1", "1", "1", "1"], "every epoch:\n{out}");
-    assert!(out.contains("releases fired: 5; process flagged as leaking: yes"), "{out}");
+    assert!(
+        out.contains("releases fired: 5; process flagged as leaking: yes"),
+        "{out}"
+    );
     if have_valgrind() {
-        assert_ok("trainer_cpp under valgrind", &run_valgrind(&exe, &["2", "1"], &[]));
+        assert_ok(
+            "trainer_cpp under valgrind",
+            &run_valgrind(&exe, &["2", "1"], &[]),
+        );
     }
 }
