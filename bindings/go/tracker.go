@@ -279,6 +279,9 @@ func (t *Tracker) AddGoGC() error {
 }
 
 func (t *Tracker) addErr(err error) {
+	if t == nil {
+		return
+	}
 	t.mu.Lock()
 	t.errs = append(t.errs, err)
 	t.mu.Unlock()

@@ -47,11 +47,8 @@ fn mentions(text: &str, ident: &str) -> bool {
     while let Some(i) = text[from..].find(ident) {
         let start = from + i;
         let end = start + ident.len();
-        let before_ok = text[..start]
-            .chars()
-            .next_back()
-            .map_or(true, |c| !is_ident(c));
-        let after_ok = text[end..].chars().next().map_or(true, |c| !is_ident(c));
+        let before_ok = !text[..start].chars().next_back().is_some_and(is_ident);
+        let after_ok = !text[end..].chars().next().is_some_and(is_ident);
         if before_ok && after_ok {
             return true;
         }
