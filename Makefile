@@ -1,7 +1,7 @@
 # memprobe — the two commands of the README:
 #   make demo   runs the main job on a workload shipped in the repo
 #   make test   runs every test in every language
-# and the rest: make lib | examples | bench | header | clean
+# and the rest: make lib | examples | demo-c | bench | header | clean
 
 CARGO ?= cargo
 JOBS ?= 2
@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g -D_GNU_SOURCE
 
-.PHONY: all lib examples demo test bench header clean
+.PHONY: all lib examples demo demo-c test bench header clean
 
 all: lib examples
 
@@ -28,8 +28,15 @@ $(BUILD)/trainer_cpp: examples-c/trainer.cpp include/memprobe.hpp include/mempro
 
 examples: $(BUILD)/trainer $(BUILD)/trainer_cpp
 
-# The main job: the C trainer, measured by memprobe through its C ABI.
-demo: $(BUILD)/trainer
+# The main job: `memprobe run` on the workload shipped in the repo (epochs
+# with a 256 MiB spike, two forked workers), writing a timeline plot.
+demo:
+	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe --example spiky
+	$(RELEASE)/memprobe run --plot memprobe-run.svg --json memprobe-run.json -- $(RELEASE)/examples/spiky
+	@echo "timeline: memprobe-run.svg, summary and samples: memprobe-run.json"
+
+# The C trainer, measured from inside through the C ABI.
+demo-c: $(BUILD)/trainer
 	@ln -sf libmemprobe.so $(RELEASE)/$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}')
 	$(BUILD)/trainer 3 4 256 16
 
@@ -47,6 +54,7 @@ test:
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
 	$(CARGO) bench -j$(JOBS) -p memprobe-gpu --bench gpu_read
+	$(CARGO) bench -j$(JOBS) -p memprobe-cli --bench overhead
 
 # Regenerates include/memprobe.h from memprobe-ffi (then commit it).
 header:
@@ -54,7 +62,7 @@ header:
 
 clean:
 	$(CARGO) clean
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) memprobe-run.svg memprobe-run.json
 
 # The bindings' tests (in `make test`) run against an installed prefix.
 PYTHON ?= python3

@@ -252,11 +252,12 @@ impl Shared {
 }
 
 impl State {
-    /// Raises the pending high-water mark with a reading.
+    /// Raises the pending high-water mark with a reading. Exact sources keep
+    /// it too: the kernel's mark can trail a reading when many threads fault
+    /// and unmap at once, and a window's peak must never be below a reading
+    /// memprobe took while it was open.
     fn note(&mut self, sample: &Sample) {
-        if !self.kernel_hwm {
-            self.pending = Some(self.pending.map_or(sample.used, |p| p.max(sample.used)));
-        }
+        self.pending = Some(self.pending.map_or(sample.used, |p| p.max(sample.used)));
     }
 
     /// In a forked child, lets the sampler reopen what it keeps open.
@@ -301,11 +302,12 @@ impl State {
     /// The high-water mark since the last boundary (0 if nothing was seen).
     fn current_hwm(&mut self) -> Result<u64> {
         self.check_fork();
+        let pending = self.pending.unwrap_or(0);
         if self.kernel_hwm {
             let s = self.sampler.as_mut().expect("kernel hwm implies a sampler");
-            Ok(s.read_peak()?.unwrap_or(0))
+            Ok(s.read_peak()?.unwrap_or(0).max(pending))
         } else {
-            Ok(self.pending.unwrap_or(0))
+            Ok(pending)
         }
     }
 
@@ -323,6 +325,7 @@ impl State {
                 }
             }
         }
+        self.pending = None;
         if self.kernel_hwm {
             let s = self.sampler.as_mut().expect("kernel hwm implies a sampler");
             let t0 = monotonic_ns();
@@ -330,10 +333,10 @@ impl State {
             if sample.taken_at_ns == 0 {
                 sample.taken_at_ns = t0;
             }
+            self.note(&sample);
             self.last = Some(sample);
             Ok((hwm, sample))
         } else {
-            self.pending = None;
             Ok((hwm, self.read_now()?))
         }
     }

@@ -1,0 +1,100 @@
+//! The command line, as clap parses it.
+
+use crate::interval::parse_interval;
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// memprobe: measure the memory of a training run (its process tree, the
+/// container, the GPUs) with exact peaks.
+#[derive(Debug, Parser)]
+#[command(name = "memprobe", version, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a command and record the memory of its process tree, the
+    /// container and the GPUs; print a summary on stderr.
+    ///
+    /// memprobe passes the command's exit status through (128+N when a
+    /// signal N killed it) and forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+    /// SIGUSR1 and SIGUSR2 sent to it. Exit statuses of its own: 127 command
+    /// not found, 126 not executable, 2 bad options or unwritable output
+    /// (before the command starts), 1 memprobe failed.
+    Run(RunArgs),
+    /// One reading of system RAM, the container's cgroup and the GPUs.
+    Status(StatusArgs),
+    /// A refreshing view of the host, the container, the GPUs and the
+    /// processes using the most memory (Ctrl-C to quit). When stdout is not
+    /// a terminal, one block is printed per interval instead.
+    Watch(WatchArgs),
+    /// The GPUs with their memory and processes.
+    Gpus(GpusArgs),
+}
+
+/// Options of `memprobe run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Sampling interval, 1ms ..= 60s (e.g. 10ms, 1s, 500us).
+    #[arg(
+        long,
+        short = 'i',
+        default_value = "10ms",
+        value_parser = parse_interval,
+        value_name = "DURATION"
+    )]
+    pub(crate) interval: Duration,
+    /// Write the summary and the timeline as JSON to FILE
+    /// (schema: docs/run-output.schema.json).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+    /// Write the timeline as CSV to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) csv: Option<PathBuf>,
+    /// Draw the timeline as an SVG chart to FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
+    /// Do not draw the live status line (drawn only when stderr is a
+    /// terminal, on its last row).
+    #[arg(long)]
+    pub(crate) no_live: bool,
+    /// The command to run and its arguments; put them after `--` when an
+    /// argument could be taken for one of memprobe's options.
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Options of `memprobe status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Print JSON (schema: docs/status-output.schema.json) instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `memprobe watch`.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// Refresh interval, 1ms ..= 60s.
+    #[arg(
+        long,
+        short = 'i',
+        default_value = "1s",
+        value_parser = parse_interval,
+        value_name = "DURATION"
+    )]
+    pub(crate) interval: Duration,
+}
+
+/// Options of `memprobe gpus`.
+#[derive(Debug, Args)]
+pub(crate) struct GpusArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}

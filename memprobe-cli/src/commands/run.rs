@@ -1,0 +1,198 @@
+//! `memprobe run`: start the command, record its memory until it ends, print
+//! the summary, write the outputs, and exit with the command's status.
+//!
+//! Order matters:
+//! 1. reserve the output files (exit 2 before anything runs if one cannot
+//!    be created);
+//! 2. block the forwarded signals (every thread started later inherits the
+//!    mask; the child starts with an empty one);
+//! 3. open the cgroup and ask for GPUs, spawn the child, start the signal,
+//!    sampling and live-line threads;
+//! 4. wait for the child to terminate without reaping it, take the last
+//!    sample, stop forwarding, then reap it with `wait4` for its exact peak.
+
+use crate::args::RunArgs;
+use crate::child;
+use crate::exit;
+use crate::gpu;
+use crate::live::{is_tty, LiveLine, LiveState};
+use crate::outfile::PendingFile;
+use crate::plot;
+use crate::recorder::{Recorder, Setup};
+use crate::report::{self, RunFacts};
+use crate::signals::{self, Forwarder, SigSet};
+use crate::units;
+use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The reserved output files.
+struct Outputs {
+    json: Option<PendingFile>,
+    csv: Option<PendingFile>,
+    plot: Option<PendingFile>,
+}
+
+impl Outputs {
+    fn reserve(args: &RunArgs) -> Result<Outputs, String> {
+        let named = [
+            ("--json", &args.json),
+            ("--csv", &args.csv),
+            ("--plot", &args.plot),
+        ];
+        for (i, (a, pa)) in named.iter().enumerate() {
+            for (b, pb) in &named[i + 1..] {
+                if let (Some(x), Some(y)) = (pa, pb) {
+                    if same_path(x, y) {
+                        return Err(format!("{a} and {b} name the same file {}", x.display()));
+                    }
+                }
+            }
+        }
+        let reserve = |what: &str, p: &Option<std::path::PathBuf>| {
+            p.as_deref()
+                .map(|p| PendingFile::reserve(p, what))
+                .transpose()
+        };
+        Ok(Outputs {
+            json: reserve("--json", &args.json)?,
+            csv: reserve("--csv", &args.csv)?,
+            plot: reserve("--plot", &args.plot)?,
+        })
+    }
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    let canon = |p: &Path| {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = dir.map_or_else(|| Path::new(".").canonicalize(), Path::canonicalize);
+        dir.ok().map(|d| d.join(p.file_name().unwrap_or_default()))
+    };
+    a == b || matches!((canon(a), canon(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Opens the container's cgroup. With cgroup v2 the peak is reset for this
+/// descriptor only (Linux ≥ 6.12), giving an exact peak over the run without
+/// disturbing anyone; with v1 the reset would be cgroup-wide, so the peak is
+/// sampled instead.
+fn open_cgroup() -> Result<CgroupSampler, String> {
+    let loc = memprobe_core::cgroup::discover().map_err(|e| e.message().to_string())?;
+    let reset_peak = loc.version == CgroupVersion::V2;
+    CgroupSampler::at(loc, CgroupOptions { reset_peak }).map_err(|e| e.to_string())
+}
+
+pub(crate) fn main(args: RunArgs) -> i32 {
+    let outputs = match Outputs::reserve(&args) {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("memprobe: {msg}");
+            return exit::USAGE;
+        }
+    };
+    let set = SigSet::of(&signals::FORWARDED);
+    if let Err(e) = set.block() {
+        eprintln!("memprobe: cannot block signals: {e}");
+        return exit::FAILURE;
+    }
+    let cgroup = open_cgroup();
+    let gpus = gpu::read_gpus();
+    let command: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+
+    let started_at_unix_s = units::unix_now_s();
+    let pid = match child::spawn(&args.command) {
+        Ok(pid) => pid,
+        Err(e) => {
+            eprintln!("memprobe: {}", e.message);
+            return e.status;
+        }
+    };
+    let t0 = Instant::now();
+    let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("memprobe: warning: signals will not be forwarded: {e}");
+            None
+        }
+    };
+    let live_state = (!args.no_live && is_tty(2)).then(|| Arc::new(LiveState::new()));
+    let recorder = Recorder::start(Setup {
+        root: pid,
+        interval: args.interval,
+        t0,
+        cgroup,
+        gpus,
+        live: live_state.clone(),
+    });
+    let live = live_state.and_then(|s| LiveLine::start(s, t0));
+
+    let waited = child::wait_terminated(pid);
+    let duration_s = t0.elapsed().as_secs_f64();
+    let recording = recorder.map(Recorder::finish);
+    if let Some(l) = live {
+        l.stop();
+    }
+    let signals = forwarder.map(|f| f.disarm()).unwrap_or_default();
+    if let Err(e) = waited {
+        eprintln!("memprobe: waiting for the command: {e}");
+        return exit::FAILURE;
+    }
+    let exit_info = match child::reap(pid) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("memprobe: reaping the command: {e}");
+            return exit::FAILURE;
+        }
+    };
+    let mut recording = match recording {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memprobe: could not start sampling: {e}");
+            return exit::FAILURE;
+        }
+    };
+    let facts = RunFacts {
+        command,
+        pid,
+        interval: args.interval,
+        started_at_unix_s,
+        duration_s,
+        exit: exit_info,
+        signals,
+        memprobe_cpu_s: child::own_cpu_s(),
+    };
+    report::add_rusage(&mut recording, &facts);
+    let rep = report::build(&recording, &facts);
+    eprint!("{}", report::summary(&rep));
+
+    let mut failed = false;
+    let mut write = |file: Option<PendingFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
+        let Some(file) = file else { return };
+        let target = file.target().display().to_string();
+        match render().and_then(|bytes| file.commit(&bytes)) {
+            Ok(()) => eprintln!("memprobe: wrote {target}"),
+            Err(e) => {
+                eprintln!("memprobe: {target}: {e}");
+                failed = true;
+            }
+        }
+    };
+    write(outputs.json, &|| {
+        let mut v = serde_json::to_vec(&rep).map_err(|e| e.to_string())?;
+        v.push(b'\n');
+        Ok(v)
+    });
+    write(outputs.csv, &|| Ok(crate::csv::render(&rep).into_bytes()));
+    write(outputs.plot, &|| plot::render(&rep).map(String::into_bytes));
+
+    let status = rep.exit.status;
+    if failed && status == 0 {
+        exit::FAILURE
+    } else {
+        status
+    }
+}

@@ -1,0 +1,40 @@
+//! The timeline as CSV: one row per point.
+//!
+//! Columns: `t_s` (seconds since the child started, 6 decimals),
+//! `tree_rss_bytes`, `processes`, then `cgroup_bytes` when the container's
+//! cgroup was measured, then `gpu<index>_used_bytes` per GPU. An empty cell
+//! is a reading that failed.
+
+use crate::report::RunReport;
+use std::fmt::Write as _;
+
+/// Renders the timeline of `r` as CSV text.
+pub(crate) fn render(r: &RunReport) -> String {
+    let with_cgroup = r.cgroup.is_some();
+    let mut out = String::with_capacity(64 * (r.timeline.len() + 1));
+    out.push_str("t_s,tree_rss_bytes,processes");
+    if with_cgroup {
+        out.push_str(",cgroup_bytes");
+    }
+    for g in &r.gpus {
+        let _ = write!(out, ",gpu{}_used_bytes", g.index);
+    }
+    out.push('\n');
+    let cell = |out: &mut String, v: Option<u64>| {
+        out.push(',');
+        if let Some(v) = v {
+            let _ = write!(out, "{v}");
+        }
+    };
+    for p in &r.timeline {
+        let _ = write!(out, "{:.6},{},{}", p.t_s, p.tree_rss_bytes, p.processes);
+        if with_cgroup {
+            cell(&mut out, p.cgroup_bytes);
+        }
+        for i in 0..r.gpus.len() {
+            cell(&mut out, p.gpu_used_bytes.get(i).copied().flatten());
+        }
+        out.push('\n');
+    }
+    out
+}

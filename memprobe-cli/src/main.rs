@@ -1,0 +1,47 @@
+//! The `memprobe` command: `run` a program and record the memory of its
+//! process tree (exact per-process peaks), the container and the GPUs;
+//! `status`, `watch` and `gpus` read the machine. See docs/cli.md.
+
+mod args;
+mod child;
+mod commands;
+mod csv;
+mod exit;
+mod gpu;
+mod interval;
+mod live;
+mod outfile;
+mod plot;
+mod proc_status;
+mod recorder;
+mod recording;
+mod report;
+mod signals;
+mod snapshot;
+mod tree_walk;
+mod units;
+
+#[cfg(test)]
+#[path = "../tests/cli/schema.rs"]
+mod schema_check;
+
+use clap::Parser;
+
+fn main() {
+    let cli = match args::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version go to stdout with status 0; usage errors to
+            // stderr with status 2.
+            let _ = e.print();
+            std::process::exit(e.exit_code());
+        }
+    };
+    let status = match cli.command {
+        args::Command::Run(a) => commands::run::main(a),
+        args::Command::Status(a) => commands::status::main(a),
+        args::Command::Watch(a) => commands::watch::main(a),
+        args::Command::Gpus(a) => commands::gpus::main(a),
+    };
+    std::process::exit(status);
+}

@@ -1,0 +1,614 @@
+//! The result of `run`: the JSON document (schema in
+//! `docs/run-output.schema.json`, fields in `docs/cli.md`) and the summary
+//! printed on stderr. Bytes are integers; times are seconds as f64.
+
+use crate::child::ExitInfo;
+use crate::recording::{PeakSource, ProcessRecord, Recording};
+use crate::signals::{self, SignalEvent};
+use crate::units;
+use memprobe_core::cgroup::CgroupVersion;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// The version of the JSON layout; bumped on any incompatible change.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+
+fn s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Facts about the run that the recording does not hold.
+pub(crate) struct RunFacts {
+    pub(crate) command: Vec<String>,
+    pub(crate) pid: u32,
+    pub(crate) interval: Duration,
+    pub(crate) started_at_unix_s: f64,
+    pub(crate) duration_s: f64,
+    pub(crate) exit: ExitInfo,
+    pub(crate) signals: Vec<SignalEvent>,
+    pub(crate) memprobe_cpu_s: f64,
+}
+
+/// The JSON document of `run`.
+#[derive(Debug, Serialize)]
+pub(crate) struct RunReport {
+    pub(crate) schema_version: u32,
+    pub(crate) kind: &'static str,
+    pub(crate) memprobe_version: &'static str,
+    pub(crate) command: Vec<String>,
+    pub(crate) pid: u32,
+    pub(crate) interval_s: f64,
+    pub(crate) started_at_unix_s: f64,
+    pub(crate) duration_s: f64,
+    pub(crate) samples: u64,
+    pub(crate) missed_ticks: u64,
+    pub(crate) exit: ExitReport,
+    pub(crate) tree: TreeReport,
+    pub(crate) peak_process: Option<ProcessReport>,
+    pub(crate) processes: Vec<ProcessReport>,
+    pub(crate) processes_seen: u64,
+    pub(crate) cgroup: Option<CgroupReport>,
+    pub(crate) gpus: Vec<GpuReport>,
+    pub(crate) unavailable: BTreeMap<String, String>,
+    pub(crate) signals: Vec<SignalReport>,
+    pub(crate) command_cpu_s: f64,
+    pub(crate) memprobe_cpu_s: f64,
+    pub(crate) timeline_merged: u64,
+    pub(crate) timeline: Vec<PointReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ExitReport {
+    pub(crate) status: i32,
+    pub(crate) code: Option<i32>,
+    pub(crate) signal: Option<i32>,
+    pub(crate) signal_name: Option<String>,
+    pub(crate) core_dumped: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct TreeReport {
+    pub(crate) peak_rss_bytes: u64,
+    pub(crate) peak_at_s: Option<f64>,
+    pub(crate) peak_fidelity: &'static str,
+    pub(crate) max_processes: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ProcessReport {
+    pub(crate) pid: u32,
+    pub(crate) ppid: Option<u32>,
+    pub(crate) name: String,
+    pub(crate) first_seen_s: f64,
+    pub(crate) last_seen_s: f64,
+    pub(crate) exited: bool,
+    pub(crate) peak_rss_bytes: u64,
+    pub(crate) peak_source: &'static str,
+    pub(crate) vmhwm_bytes: Option<u64>,
+    pub(crate) max_sampled_rss_bytes: u64,
+    pub(crate) rusage_maxrss_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CgroupReport {
+    pub(crate) version: &'static str,
+    pub(crate) path: String,
+    pub(crate) limit_bytes: Option<u64>,
+    pub(crate) start_bytes: Option<u64>,
+    pub(crate) end_bytes: Option<u64>,
+    pub(crate) peak_bytes: Option<u64>,
+    pub(crate) peak_fidelity: &'static str,
+    pub(crate) sampled_peak_bytes: Option<u64>,
+    pub(crate) sampled_peak_at_s: Option<f64>,
+    pub(crate) read_errors: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct GpuReport {
+    pub(crate) index: u32,
+    pub(crate) name: String,
+    pub(crate) uuid: String,
+    pub(crate) total_bytes: u64,
+    pub(crate) peak_used_bytes: Option<u64>,
+    pub(crate) peak_at_s: Option<f64>,
+    pub(crate) peak_fidelity: &'static str,
+    pub(crate) tree_peak_used_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct SignalReport {
+    pub(crate) signal: i32,
+    pub(crate) name: String,
+    pub(crate) at_s: f64,
+    pub(crate) forwarded: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct PointReport {
+    pub(crate) t_s: f64,
+    pub(crate) tree_rss_bytes: u64,
+    pub(crate) processes: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cgroup_bytes: Option<u64>,
+    pub(crate) gpu_used_bytes: Vec<Option<u64>>,
+}
+
+pub(crate) fn version_str(v: CgroupVersion) -> &'static str {
+    match v {
+        CgroupVersion::V1 => "v1",
+        CgroupVersion::V2 => "v2",
+    }
+}
+
+fn process_report(p: &ProcessRecord) -> ProcessReport {
+    let (peak, source) = p.peak();
+    ProcessReport {
+        pid: p.pid,
+        ppid: p.ppid,
+        name: p.name.clone(),
+        first_seen_s: s(p.first_seen_ns),
+        last_seen_s: s(p.last_seen_ns),
+        exited: p.exited,
+        peak_rss_bytes: peak,
+        peak_source: source.as_str(),
+        vmhwm_bytes: p.vmhwm,
+        max_sampled_rss_bytes: p.max_sampled_rss,
+        rusage_maxrss_bytes: p.rusage_maxrss,
+    }
+}
+
+/// Folds the child's `ru_maxrss` into its record (creating the record if the
+/// child exited before the first sample saw it).
+pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts) {
+    let rusage = facts.exit.maxrss_bytes;
+    if let Some(p) = rec.processes.iter_mut().find(|p| p.pid == facts.pid) {
+        p.rusage_maxrss = Some(rusage);
+        p.exited = true;
+        return;
+    }
+    let name = facts
+        .command
+        .first()
+        .map(|c| c.rsplit('/').next().unwrap_or(c).chars().take(15).collect())
+        .unwrap_or_default();
+    let end = (facts.duration_s * 1e9) as u64;
+    rec.processes.insert(
+        0,
+        ProcessRecord {
+            pid: facts.pid,
+            ppid: Some(std::process::id()),
+            name,
+            first_seen_ns: 0,
+            last_seen_ns: end,
+            exited: true,
+            vmhwm: None,
+            max_sampled_rss: 0,
+            rusage_maxrss: Some(rusage),
+        },
+    );
+    rec.processes_seen += 1;
+}
+
+/// Builds the JSON document.
+pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
+    let cgroup = rec.cgroup.as_ref().map(|c| {
+        let exact = c.exact_peak.is_some();
+        CgroupReport {
+            version: version_str(c.version),
+            path: c.path.clone(),
+            limit_bytes: c.limit,
+            start_bytes: c.start,
+            end_bytes: c.end,
+            peak_bytes: c.exact_peak.or(c.sampled_peak.map(|(v, _)| v)),
+            peak_fidelity: if exact { "exact" } else { "sampled" },
+            sampled_peak_bytes: c.sampled_peak.map(|(v, _)| v),
+            sampled_peak_at_s: c.sampled_peak.map(|(_, t)| s(t)),
+            read_errors: c.errors,
+        }
+    });
+    RunReport {
+        schema_version: SCHEMA_VERSION,
+        kind: "run",
+        memprobe_version: env!("CARGO_PKG_VERSION"),
+        command: facts.command.clone(),
+        pid: facts.pid,
+        interval_s: facts.interval.as_secs_f64(),
+        started_at_unix_s: facts.started_at_unix_s,
+        duration_s: facts.duration_s,
+        samples: rec.samples,
+        missed_ticks: rec.missed_ticks,
+        exit: ExitReport {
+            status: facts.exit.status(),
+            code: facts.exit.code,
+            signal: facts.exit.signal,
+            signal_name: facts.exit.signal.map(signals::name),
+            core_dumped: facts.exit.core_dumped,
+        },
+        tree: TreeReport {
+            peak_rss_bytes: rec.tree_peak.map_or(0, |(v, _)| v),
+            peak_at_s: rec.tree_peak.map(|(_, t)| s(t)),
+            peak_fidelity: "sampled",
+            max_processes: rec.max_processes,
+        },
+        peak_process: rec.peak_process().map(process_report),
+        processes: rec.processes.iter().map(process_report).collect(),
+        processes_seen: rec.processes_seen,
+        cgroup,
+        gpus: rec
+            .gpus
+            .iter()
+            .map(|g| GpuReport {
+                index: g.index,
+                name: g.name.clone(),
+                uuid: g.uuid.clone(),
+                total_bytes: g.total,
+                peak_used_bytes: g.peak.map(|(v, _)| v),
+                peak_at_s: g.peak.map(|(_, t)| s(t)),
+                peak_fidelity: "sampled",
+                tree_peak_used_bytes: g.tree_peak,
+            })
+            .collect(),
+        unavailable: rec.unavailable.clone(),
+        signals: facts
+            .signals
+            .iter()
+            .map(|e| SignalReport {
+                signal: e.signal,
+                name: signals::name(e.signal),
+                at_s: s(e.at_ns),
+                forwarded: e.forwarded,
+            })
+            .collect(),
+        command_cpu_s: facts.exit.cpu_s,
+        memprobe_cpu_s: facts.memprobe_cpu_s,
+        timeline_merged: rec.timeline.merged(),
+        timeline: rec
+            .timeline
+            .points()
+            .map(|p| PointReport {
+                t_s: s(p.t_ns),
+                tree_rss_bytes: p.tree_rss,
+                processes: p.processes,
+                cgroup_bytes: p.cgroup,
+                gpu_used_bytes: p.gpus.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The command as one line, arguments with spaces quoted, control
+/// characters escaped (`\n`), cut to about `max` characters.
+pub(crate) fn command_line(argv: &[String], max: usize) -> String {
+    let line = argv
+        .iter()
+        .map(|a| {
+            let a: String = a
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.chars().count() > max {
+        line.chars().take(max.saturating_sub(3)).collect::<String>() + "..."
+    } else {
+        line
+    }
+}
+
+/// The end-of-run summary (several lines, each ending in a newline).
+pub(crate) fn summary(r: &RunReport) -> String {
+    let mut out = String::new();
+    let how = match (r.exit.code, &r.exit.signal_name) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(n)) => format!(
+            "was killed by {n}{} (status {})",
+            if r.exit.core_dumped {
+                ", core dumped"
+            } else {
+                ""
+            },
+            r.exit.status
+        ),
+        _ => "ended".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "memprobe: {} {how} after {}",
+        command_line(&r.command, 100),
+        units::secs(r.duration_s)
+    );
+    let row = |out: &mut String, label: &str, text: String| {
+        let _ = writeln!(out, "  {label:<22}{text}");
+    };
+    row(
+        &mut out,
+        "peak tree RSS",
+        format!(
+            "{}{}  (sampled; {} process{} at most)",
+            units::bytes(r.tree.peak_rss_bytes),
+            r.tree
+                .peak_at_s
+                .map(|t| format!(" at {}", units::secs(t)))
+                .unwrap_or_default(),
+            r.tree.max_processes,
+            if r.tree.max_processes == 1 { "" } else { "es" }
+        ),
+    );
+    match &r.peak_process {
+        Some(p) => {
+            let how = match p.peak_source {
+                s if s == PeakSource::Rusage.as_str() => {
+                    "exact (wait4 ru_maxrss: this process or a child it waited for)"
+                }
+                _ => "exact (kernel VmHWM)",
+            };
+            row(
+                &mut out,
+                "peak single process",
+                format!(
+                    "{}  pid {} ({}), {how}",
+                    units::bytes(p.peak_rss_bytes),
+                    p.pid,
+                    p.name
+                ),
+            );
+        }
+        None => row(&mut out, "peak single process", "-".into()),
+    }
+    match &r.cgroup {
+        Some(c) => row(
+            &mut out,
+            &format!("container (cgroup {})", c.version),
+            format!(
+                "{} peak ({}), {} at start, limit {}",
+                units::opt_bytes(c.peak_bytes),
+                c.peak_fidelity,
+                units::opt_bytes(c.start_bytes),
+                c.limit_bytes.map_or_else(|| "none".into(), units::bytes),
+            ),
+        ),
+        None => row(
+            &mut out,
+            "container (cgroup)",
+            format!(
+                "unavailable: {}",
+                r.unavailable.get("cgroup").map_or("", String::as_str)
+            ),
+        ),
+    }
+    if r.gpus.is_empty() {
+        row(
+            &mut out,
+            "GPUs",
+            match r.unavailable.get("gpus") {
+                Some(why) => format!("unavailable: {why}"),
+                None => "none".into(),
+            },
+        );
+    }
+    for g in &r.gpus {
+        row(
+            &mut out,
+            &format!("GPU {}", g.index),
+            format!(
+                "{} peak of {} (sampled), this run's processes {} ({})",
+                units::opt_bytes(g.peak_used_bytes),
+                units::bytes(g.total_bytes),
+                units::opt_bytes(g.tree_peak_used_bytes),
+                g.name
+            ),
+        );
+    }
+    for sig in &r.signals {
+        row(
+            &mut out,
+            "signal",
+            format!(
+                "{} at {}, {}",
+                sig.name,
+                units::secs(sig.at_s),
+                if sig.forwarded {
+                    "forwarded to the child"
+                } else {
+                    "from the terminal (the child got it directly)"
+                }
+            ),
+        );
+    }
+    row(
+        &mut out,
+        "samples",
+        format!(
+            "{} every {}{}",
+            r.samples,
+            units::duration(Duration::from_secs_f64(r.interval_s)),
+            if r.missed_ticks > 0 {
+                format!(
+                    " ({} tick{} missed: the sampler fell behind)",
+                    r.missed_ticks,
+                    if r.missed_ticks == 1 { "" } else { "s" }
+                )
+            } else {
+                String::new()
+            }
+        ),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::{CgroupRecord, GpuSeries, Point};
+
+    /// A recording with everything a run can hold: two GPUs, a cgroup with
+    /// an exact peak, workers, a forwarded signal. Every output must handle
+    /// it (today's builds have no GPUs, so only this test covers them).
+    fn full() -> (Recording, RunFacts) {
+        let mut rec = Recording::default();
+        for i in 0..5u64 {
+            rec.timeline.push(Point {
+                t_ns: i * 10_000_000,
+                tree_rss: (100 + i) << 20,
+                processes: 2,
+                cgroup: if i == 3 { None } else { Some((300 + i) << 20) },
+                gpus: vec![
+                    Some((1 + i) << 30),
+                    if i == 2 { None } else { Some(5 << 30) },
+                ],
+            });
+        }
+        rec.samples = 5;
+        rec.tree_peak = Some((104 << 20, 40_000_000));
+        rec.max_processes = 2;
+        rec.processes = vec![
+            ProcessRecord {
+                pid: 100,
+                ppid: Some(1),
+                name: "train".into(),
+                first_seen_ns: 0,
+                last_seen_ns: 40_000_000,
+                exited: true,
+                vmhwm: Some(90 << 20),
+                max_sampled_rss: 80 << 20,
+                rusage_maxrss: None,
+            },
+            ProcessRecord {
+                pid: 101,
+                ppid: Some(100),
+                name: "worker".into(),
+                first_seen_ns: 10_000_000,
+                last_seen_ns: 30_000_000,
+                exited: true,
+                vmhwm: Some(20 << 20),
+                max_sampled_rss: 20 << 20,
+                rusage_maxrss: None,
+            },
+        ];
+        rec.processes_seen = 2;
+        rec.cgroup = Some(CgroupRecord {
+            version: CgroupVersion::V2,
+            path: "/sys/fs/cgroup/job".into(),
+            limit: Some(8 << 30),
+            start: Some(300 << 20),
+            end: Some(304 << 20),
+            sampled_peak: Some((304 << 20, 40_000_000)),
+            exact_peak: Some(400 << 20),
+            errors: 1,
+        });
+        rec.gpus = (0..2)
+            .map(|i| GpuSeries {
+                index: i,
+                name: "Test GPU".into(),
+                uuid: format!("GPU-{i}"),
+                total: 80 << 30,
+                peak: Some((5 << 30, 40_000_000)),
+                tree_peak: Some(4 << 30),
+            })
+            .collect();
+        let facts = RunFacts {
+            command: vec!["train".into(), "--epochs".into(), "2".into()],
+            pid: 100,
+            interval: Duration::from_millis(10),
+            started_at_unix_s: 1.7e9,
+            duration_s: 0.05,
+            exit: ExitInfo {
+                code: None,
+                signal: Some(15),
+                core_dumped: false,
+                maxrss_bytes: 120 << 20,
+                cpu_s: 0.04,
+            },
+            signals: vec![SignalEvent {
+                signal: 15,
+                at_ns: 20_000_000,
+                forwarded: true,
+            }],
+            memprobe_cpu_s: 0.01,
+        };
+        add_rusage(&mut rec, &facts);
+        (rec, facts)
+    }
+
+    #[test]
+    fn every_output_handles_gpus_and_the_schema_agrees() {
+        let (rec, facts) = full();
+        let r = build(&rec, &facts);
+        assert_eq!(r.exit.status, 143);
+        let p = r.peak_process.as_ref().unwrap();
+        assert_eq!(
+            (p.pid, p.peak_rss_bytes, p.peak_source),
+            (100, 120 << 20, "rusage")
+        );
+        assert_eq!(r.cgroup.as_ref().unwrap().peak_fidelity, "exact");
+
+        let json = serde_json::to_value(&r).unwrap();
+        let errors = crate::schema_check::check(
+            &crate::schema_check::load("docs/run-output.schema.json"),
+            &json,
+        );
+        assert!(errors.is_empty(), "{errors:#?}");
+        assert_eq!(
+            json["timeline"][2]["gpu_used_bytes"][1],
+            serde_json::Value::Null
+        );
+        assert!(json["timeline"][3].get("cgroup_bytes").is_none());
+
+        let csv = crate::csv::render(&r);
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some("t_s,tree_rss_bytes,processes,cgroup_bytes,gpu0_used_bytes,gpu1_used_bytes")
+        );
+        assert_eq!(
+            lines.nth(2),
+            Some("0.020000,106954752,2,316669952,3221225472,")
+        );
+
+        let svg = crate::plot::render(&r).unwrap();
+        for needle in [
+            "GPU 0 used (Test GPU",
+            "GPU 1 used",
+            "container (cgroup v2, limit 8.00 GiB)",
+            "memory (GiB)",
+        ] {
+            assert!(svg.contains(needle), "no {needle:?} in the SVG");
+        }
+
+        let text = summary(&r);
+        assert!(text.contains("GPU 1"), "{text}");
+        assert!(text.contains("killed by SIGTERM (status 143)"), "{text}");
+        assert!(text.contains("400 MiB peak (exact)"), "{text}");
+        assert!(text.contains("forwarded to the child"), "{text}");
+    }
+
+    #[test]
+    fn quoting() {
+        let argv = vec![
+            "python".to_string(),
+            "-c".into(),
+            "print('hi there')".into(),
+        ];
+        assert_eq!(
+            command_line(&argv, 100),
+            r"python -c 'print('\''hi there'\'')'"
+        );
+        let argv = vec!["sh".to_string(), "-c".into(), "a\nb".into()];
+        assert_eq!(command_line(&argv, 100), r"sh -c a\nb");
+        assert_eq!(command_line(&argv, 6), "sh ...");
+    }
+}

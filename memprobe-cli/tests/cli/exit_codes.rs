@@ -1,0 +1,244 @@
+//! Exit statuses: passed through, signals, forwarding, and memprobe's own.
+
+use crate::support::*;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+fn sh(script: &str) -> std::process::Output {
+    memprobe()
+        .args(["run", "--", "sh", "-c", script])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    for code in [0, 3, 42] {
+        let out = sh(&format!("exit {code}"));
+        assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn signal_death_is_128_plus_n() {
+    let out = sh("kill -9 $$");
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("killed by SIGKILL"),
+        "{}",
+        stderr(&out)
+    );
+    let out = sh("kill -TERM $$");
+    assert_eq!(out.status.code(), Some(143));
+}
+
+/// Children of memprobe, from /proc.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|x| x.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn sigterm_is_forwarded_and_reported() {
+    let dir = scratch("sigterm");
+    let json = dir.join("run.json");
+    let mut c = memprobe();
+    c.arg("run")
+        .arg("--json")
+        .arg(&json)
+        .args(["--", "sleep", "30"]);
+    c.stderr(std::process::Stdio::piped());
+    let mut mp = c.spawn().unwrap();
+    let pid = mp.id();
+    let start = Instant::now();
+    let child = loop {
+        if let Some(&c) = children_of(pid).first() {
+            // Wait until it runs `sleep` itself.
+            let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
+            if comm.trim() == "sleep" {
+                break c;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "child never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // SAFETY: kill has no memory preconditions; pid is our child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let status = wait_timeout(&mut mp, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(143));
+    let mut err = String::new();
+    mp.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.contains("killed by SIGTERM"), "{err}");
+    assert!(err.contains("forwarded to the child"), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(u(&v["pid"]), u64::from(child));
+    assert_eq!(v["exit"]["signal"], 15);
+    assert_eq!(v["exit"]["signal_name"], "SIGTERM");
+    assert_eq!(v["signals"][0]["name"], "SIGTERM");
+    assert_eq!(v["signals"][0]["forwarded"], true);
+    crate::schema::assert_valid("docs/run-output.schema.json", &v);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+pub(crate) fn wait_timeout(
+    c: &mut std::process::Child,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            panic!("process {} did not end within {limit:?}", c.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn unknown_command_is_127() {
+    let out = memprobe()
+        .args(["run", "--", "memprobe-no-such-command-xyz"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr(&out).contains("command not found"),
+        "{}",
+        stderr(&out)
+    );
+    let out = memprobe()
+        .args(["run", "--", "./no/such/path"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn not_executable_is_126() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("noexec");
+    let f = dir.join("script");
+    std::fs::write(&f, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = memprobe().arg("run").arg("--").arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    // A directory cannot be executed either.
+    let out = memprobe().arg("run").arg("--").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(126));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_flags_are_2() {
+    for args in [
+        vec!["run", "--bogus", "--", "true"],
+        vec!["--nope"],
+        vec!["frobnicate"],
+        vec!["run"],
+        vec!["status", "--json=yes"],
+    ] {
+        let out = memprobe().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).to_lowercase().contains("usage"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn bad_intervals_are_2_with_a_reason() {
+    for (value, reason) in [
+        ("500us", "outside the accepted range 1ms ..= 60s"),
+        ("61s", "outside"),
+        ("10", "no unit"),
+        ("10 fortnights", "unknown unit"),
+    ] {
+        let out = memprobe()
+            .args(["run", "--interval", value, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{value}");
+        assert!(stderr(&out).contains(reason), "{value}: {}", stderr(&out));
+    }
+    let out = memprobe()
+        .args(["watch", "--interval", "0s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// An output that cannot be written stops memprobe before the command
+/// starts: the command would have created the marker.
+#[test]
+fn unwritable_output_fails_before_the_child_runs() {
+    let dir = scratch("unwritable");
+    let marker = dir.join("marker");
+    let marker_s = marker.to_str().unwrap();
+    let missing = dir.join("no-such-dir").join("out.json");
+    for opts in [
+        vec!["--json".to_string(), missing.display().to_string()],
+        vec!["--csv".to_string(), dir.display().to_string()],
+        vec![
+            "--json".to_string(),
+            dir.join("ok.json").display().to_string(),
+            "--plot".to_string(),
+            missing.with_extension("svg").display().to_string(),
+        ],
+    ] {
+        let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+        let out = run_helper(&opts, &["marker", marker_s]);
+        assert_eq!(out.status.code(), Some(2), "{opts:?}: {}", stderr(&out));
+        assert!(!marker.exists(), "the child ran: {opts:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("does not exist") || err.contains("is a directory"),
+            "{err}"
+        );
+        assert!(listing(&dir).is_empty(), "leftovers: {:?}", listing(&dir));
+    }
+    // The same setup with a writable path runs the child.
+    let ok = dir.join("ok.json");
+    let out = run_helper(&["--json", ok.to_str().unwrap()], &["marker", marker_s]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A command that cannot start leaves no output and no temporary file.
+#[test]
+fn failed_start_leaves_nothing() {
+    let dir = scratch("nostart");
+    let out = memprobe()
+        .arg("run")
+        .arg("--json")
+        .arg(dir.join("a.json"))
+        .arg("--csv")
+        .arg(dir.join("a.csv"))
+        .args(["--", "memprobe-no-such-command-xyz"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(listing(&dir).is_empty(), "{:?}", listing(&dir));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,151 @@
+//! Child programs for the tests: the test binary re-executes itself with
+//! `MEMPROBE_TEST_CHILD` set and runs only the `helper::child` test, which
+//! then behaves as asked and exits. Forked children use only raw system
+//! calls (the test harness has other threads).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const ENV: &str = "MEMPROBE_TEST_CHILD";
+
+/// The argv that runs this test binary as a helper child doing `mode`.
+pub(crate) fn argv(mode: &[&str]) -> (Vec<OsString>, (&'static str, String)) {
+    let exe: PathBuf = std::env::current_exe().expect("current_exe");
+    let argv = vec![
+        exe.into_os_string(),
+        "helper::child".into(),
+        "--exact".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+        "-q".into(),
+    ];
+    (argv, (ENV, mode.join(" ")))
+}
+
+fn touch(mib: usize) -> (*mut libc::c_void, usize) {
+    let len = mib << 20;
+    // SAFETY: an anonymous private mapping with no address hint.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert!(p != libc::MAP_FAILED);
+    for off in (0..len).step_by(4096) {
+        // SAFETY: inside the mapping.
+        unsafe { p.cast::<u8>().add(off).write_volatile(1) };
+    }
+    (p, len)
+}
+
+fn release((p, len): (*mut libc::c_void, usize)) {
+    // SAFETY: the mapping made by `touch`.
+    unsafe { libc::munmap(p, len) };
+}
+
+fn sleep_ms(ms: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+    };
+    // SAFETY: valid timespec; the remainder pointer may be null.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+/// Forks a process that runs `f` and `_exit`s.
+fn fork(f: impl FnOnce()) -> libc::pid_t {
+    // SAFETY: the child only makes raw system calls, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        f();
+        // SAFETY: ends the child without running the parent's handlers.
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork failed");
+    pid
+}
+
+fn wait_all(pids: &[libc::pid_t]) {
+    for &p in pids {
+        let mut st = 0;
+        // SAFETY: valid pointer; p is our child.
+        unsafe { libc::waitpid(p, &mut st, 0) };
+    }
+}
+
+#[test]
+fn child() {
+    let Ok(mode) = std::env::var(ENV) else {
+        return; // An ordinary test run: nothing to do.
+    };
+    let words: Vec<&str> = mode.split(' ').collect();
+    let num = |i: usize| -> u64 { words[i].parse().expect("number") };
+    match words[0] {
+        // Spike right before exiting: the whole spike lasts less than the
+        // time it takes to exit.
+        "spike-exit" => {
+            let _ = touch(num(1) as usize);
+            // SAFETY: exit at once.
+            unsafe { libc::_exit(0) };
+        }
+        // Spike, free it, keep running.
+        "spike-then-run" => {
+            let b = touch(num(1) as usize);
+            release(b);
+            sleep_ms(num(2));
+        }
+        // A worker spikes early, frees it and keeps running.
+        "worker-spike" => {
+            let (mib, run) = (num(1) as usize, num(2));
+            let w = fork(|| {
+                sleep_ms(50);
+                let b = touch(mib);
+                release(b);
+                sleep_ms(run);
+            });
+            wait_all(&[w]);
+        }
+        // N workers hold MiB each for MS.
+        "workers" => {
+            let (n, mib, hold) = (num(1), num(2) as usize, num(3));
+            let pids: Vec<_> = (0..n)
+                .map(|_| {
+                    fork(|| {
+                        let _b = touch(mib);
+                        sleep_ms(hold);
+                    })
+                })
+                .collect();
+            wait_all(&pids);
+        }
+        "exit" => std::process::exit(num(1) as i32),
+        "marker" => {
+            std::fs::write(words[1], b"ran").expect("marker");
+        }
+        "sleep" => std::thread::sleep(Duration::from_millis(num(1))),
+        // Count SIGINTs for MS milliseconds, then report.
+        "count-sigint" => {
+            static COUNT: AtomicU32 = AtomicU32::new(0);
+            extern "C" fn on_sigint(_: libc::c_int) {
+                COUNT.fetch_add(1, Ordering::SeqCst);
+            }
+            // SAFETY: the handler only touches an atomic.
+            unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
+            println!("ready");
+            let end = std::time::Instant::now() + Duration::from_millis(num(1));
+            while std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            println!("SIGINT count {}", COUNT.load(Ordering::SeqCst));
+        }
+        other => panic!("unknown helper mode {other}"),
+    }
+    std::process::exit(0);
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the `memprobe` command.
+
+mod commands;
+mod exit_codes;
+mod helper;
+mod outputs;
+mod peaks;
+mod schema;
+mod support;
+mod terminal;

@@ -1,0 +1,116 @@
+//! Exact peaks: spikes too short for any sampling interval, and worker
+//! processes.
+
+use crate::support::*;
+use serde_json::Value;
+
+const SPIKE_MIB: u64 = 256;
+
+fn process(json: &Value, pid: u64) -> &Value {
+    json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| u(&p["pid"]) == pid)
+        .unwrap_or_else(|| panic!("no process {pid} in {}", json["processes"]))
+}
+
+/// The child allocates and touches 256 MiB and exits at once: the whole
+/// spike lasts well under a millisecond at its top. With a 1 s interval no
+/// sample can see it; `wait4`'s ru_maxrss does.
+#[test]
+fn spike_right_before_exit_is_exact() {
+    let (out, json) = run_helper_json(&["--interval", "1s"], &["spike-exit", "256"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let peak = &json["peak_process"];
+    assert!(
+        u(&peak["peak_rss_bytes"]) >= SPIKE_MIB * MIB,
+        "peak {} < 256 MiB: {json}",
+        peak["peak_rss_bytes"]
+    );
+    assert_eq!(u(&peak["pid"]), u(&json["pid"]));
+    assert_eq!(peak["peak_source"], "rusage");
+    assert!(
+        u(&json["tree"]["peak_rss_bytes"]) < SPIKE_MIB * MIB,
+        "a sample caught it, so this proves nothing: {json}"
+    );
+    let err = stderr(&out);
+    assert!(err.contains("peak single process"), "{err}");
+    assert!(err.contains("exact"), "{err}");
+}
+
+/// The child spikes, frees the memory and keeps running: the kernel's
+/// high-water mark read at the next tick holds the spike.
+#[test]
+fn spike_in_the_middle_is_exact() {
+    let (out, json) = run_helper_json(&["--interval", "1s"], &["spike-then-run", "256", "1500"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let child = process(&json, u(&json["pid"]));
+    assert!(
+        u(&child["vmhwm_bytes"]) >= SPIKE_MIB * MIB,
+        "VmHWM missed the spike: {child}"
+    );
+    assert!(u(&json["peak_process"]["peak_rss_bytes"]) >= SPIKE_MIB * MIB);
+}
+
+/// A worker (a grandchild, so no rusage for it) spikes early and keeps
+/// running; its VmHWM read while it lives carries the spike. The worker is
+/// forked by a thread other than the main one (the test harness runs the
+/// helper on a thread of its own), so this also checks that children of
+/// every thread are found.
+#[test]
+fn worker_spike_is_exact() {
+    let (out, json) = run_helper_json(&["--interval", "1s"], &["worker-spike", "256", "1800"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let root = u(&json["pid"]);
+    let worker = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["ppid"].as_u64() == Some(root))
+        .unwrap_or_else(|| panic!("worker not seen: {json}"));
+    assert_eq!(worker["peak_source"], "vmhwm");
+    assert!(
+        u(&worker["peak_rss_bytes"]) >= SPIKE_MIB * MIB,
+        "worker peak {worker}"
+    );
+    assert_eq!(json["peak_process"]["pid"], worker["pid"]);
+    assert!(
+        u(&json["tree"]["peak_rss_bytes"]) < SPIKE_MIB * MIB,
+        "a sample caught the spike, so this proves nothing"
+    );
+}
+
+/// Workers forked by the child count in the tree and have their own peaks.
+#[test]
+fn tree_includes_workers() {
+    let (out, json) = run_helper_json(&["--interval", "10ms"], &["workers", "2", "64", "800"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let root = u(&json["pid"]);
+    let workers: Vec<&Value> = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ppid"].as_u64() == Some(root))
+        .collect();
+    assert_eq!(workers.len(), 2, "{}", json["processes"]);
+    for w in &workers {
+        assert!(u(&w["peak_rss_bytes"]) >= 64 * MIB, "{w}");
+        assert_eq!(w["exited"], true);
+    }
+    assert!(u(&json["tree"]["max_processes"]) >= 3);
+    assert!(
+        u(&json["tree"]["peak_rss_bytes"]) >= 2 * 64 * MIB,
+        "tree peak {}",
+        json["tree"]
+    );
+    let max_point = json["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u(&p["tree_rss_bytes"]))
+        .max()
+        .unwrap();
+    assert_eq!(max_point, u(&json["tree"]["peak_rss_bytes"]));
+    assert_eq!(u(&json["processes_seen"]), 3);
+}
