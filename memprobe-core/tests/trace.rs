@@ -1,27 +1,9 @@
 //! Trace behaviour (fastai GPUMemTrace) over pushed and process sources.
 
 mod common;
-use common::{serial, spike, MIB};
+use common::{serial, spike, Buf, MIB};
 use memprobe_core::{ErrorKind, SnapshotSink, Source, Trace, TraceOptions};
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-impl Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-impl Buf {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
+use std::sync::Arc;
 
 fn traced(ctx: Option<&str>) -> (Source, Trace, Buf) {
     let src = Source::pushed("gpu").unwrap();

@@ -1,32 +1,16 @@
 //! The training-loop tracker on scripted (pushed) sources: phases and
 //! nesting errors, sinks' exact output, release policies, OOM retry, leaks.
 
+mod common;
+use common::Buf;
 use memprobe_core::leak::LeakPolicy;
 use memprobe_core::release::{ReleaseKind, ReleasePolicy, ReleaseReason};
 use memprobe_core::sinks::{CsvSink, JsonlSink, TableSink, CSV_HEADER};
 use memprobe_core::{ErrorKind, PhaseKind, SnapshotSink, Source, StepOutcome, Tracker};
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
-
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-impl Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-impl Buf {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
 
 fn pushed(name: &str, v: u64) -> Source {
     let s = Source::pushed(name).unwrap();

@@ -199,12 +199,36 @@ pub extern "C" fn memprobe_tracker_end(
     deltas: *mut memprobe_delta,
     n_deltas: usize,
 ) -> memprobe_status {
+    let out = Outputs {
+        record,
+        deltas,
+        n_deltas,
+    };
     run("memprobe_tracker_end", || {
-        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
-        let r = self::tracker(tracker)?.lock()?.end(k, n)?;
-        write_record(&r, record, deltas, n_deltas);
-        Ok(())
+        end_with(tracker, kind, name, out, Tracker::end)
     })
+}
+
+/// Where an ended phase's record goes.
+struct Outputs {
+    record: *mut memprobe_phase_record,
+    deltas: *mut memprobe_delta,
+    n_deltas: usize,
+}
+
+/// The body of memprobe_tracker_end and _next, which differ only in `op`.
+fn end_with(
+    tracker: *mut memprobe_tracker,
+    kind: u32,
+    name: *const c_char,
+    out: Outputs,
+    op: fn(&mut Tracker, PhaseKind, Option<&str>) -> memprobe_core::Result<Record>,
+) -> FfiResult {
+    let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
+    let t = self::tracker(tracker)?;
+    let r = op(&mut *t.lock()?, k, n)?;
+    write_record(&r, out.record, out.deltas, out.n_deltas);
+    Ok(())
 }
 
 /// Ends the innermost phase and begins the next of the same kind at the
@@ -218,11 +242,13 @@ pub extern "C" fn memprobe_tracker_next(
     deltas: *mut memprobe_delta,
     n_deltas: usize,
 ) -> memprobe_status {
+    let out = Outputs {
+        record,
+        deltas,
+        n_deltas,
+    };
     run("memprobe_tracker_next", || {
-        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
-        let r = self::tracker(tracker)?.lock()?.next(k, n)?;
-        write_record(&r, record, deltas, n_deltas);
-        Ok(())
+        end_with(tracker, kind, name, out, Tracker::next)
     })
 }
 

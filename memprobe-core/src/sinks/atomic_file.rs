@@ -15,6 +15,8 @@ pub struct AtomicFile {
     path: PathBuf,
     tmp: PathBuf,
     file: Mutex<Option<File>>,
+    /// The first write error of a sink that cannot return one per record.
+    error: Mutex<Option<Error>>,
 }
 
 impl AtomicFile {
@@ -39,6 +41,7 @@ impl AtomicFile {
             path,
             tmp,
             file: Mutex::new(Some(file)),
+            error: Mutex::new(None),
         })
     }
 
@@ -60,8 +63,25 @@ impl AtomicFile {
             .map_err(|e| Error::io(format!("write {}", self.tmp.display()), &e))
     }
 
-    /// Syncs and renames the file into place. Later calls do nothing.
+    /// Like [`write_line`](Self::write_line), keeping the first error for
+    /// [`finish`](Self::finish) to report (sinks receive records without a
+    /// way to return an error).
+    pub fn write_line_or_keep_error(&self, line: &str) {
+        if let Err(e) = self.write_line(line) {
+            self.error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    }
+
+    /// Syncs and renames the file into place, or reports the first error
+    /// kept by [`write_line_or_keep_error`](Self::write_line_or_keep_error)
+    /// (the file then stays under its temporary name). Later calls do nothing.
     pub fn finish(&self) -> Result<()> {
+        if let Some(e) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         let Some(file) = f.take() else { return Ok(()) };
         file.sync_all()

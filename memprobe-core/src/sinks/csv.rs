@@ -4,7 +4,6 @@ use super::atomic_file::AtomicFile;
 use crate::error::Result;
 use crate::sink::{Record, Sink};
 use std::path::Path;
-use std::sync::Mutex;
 
 /// The header row.
 pub const CSV_HEADER: &str = "label,phase,index,depth,started_at_ns,ended_at_ns,duration_ns,source,source_kind,fidelity,used_start,used_end,peak,delta_used,delta_peaked,leak_flagged,releases\n";
@@ -13,7 +12,6 @@ pub const CSV_HEADER: &str = "label,phase,index,depth,started_at_ns,ended_at_ns,
 #[derive(Debug)]
 pub struct CsvSink {
     file: AtomicFile,
-    error: Mutex<Option<crate::Error>>,
 }
 
 impl CsvSink {
@@ -22,10 +20,7 @@ impl CsvSink {
     pub fn create(path: impl AsRef<Path>) -> Result<CsvSink> {
         let file = AtomicFile::create(path)?;
         file.write_line(CSV_HEADER)?;
-        Ok(CsvSink {
-            file,
-            error: Mutex::new(None),
-        })
+        Ok(CsvSink { file })
     }
 }
 
@@ -70,18 +65,10 @@ impl Sink for CsvSink {
                 r.releases.len()
             ));
         }
-        if let Err(e) = self.file.write_line(&rows) {
-            self.error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-        }
+        self.file.write_line_or_keep_error(&rows);
     }
 
     fn finish(&self) -> Result<()> {
-        if let Some(e) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Err(e);
-        }
         self.file.finish()
     }
 }

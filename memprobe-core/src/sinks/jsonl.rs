@@ -5,13 +5,11 @@ use super::json;
 use crate::error::Result;
 use crate::sink::{Record, Sink};
 use std::path::Path;
-use std::sync::Mutex;
 
 /// Writes each record as one JSON object per line.
 #[derive(Debug)]
 pub struct JsonlSink {
     file: AtomicFile,
-    error: Mutex<Option<crate::Error>>,
 }
 
 impl JsonlSink {
@@ -19,7 +17,6 @@ impl JsonlSink {
     pub fn create(path: impl AsRef<Path>) -> Result<JsonlSink> {
         Ok(JsonlSink {
             file: AtomicFile::create(path)?,
-            error: Mutex::new(None),
         })
     }
 }
@@ -28,18 +25,10 @@ impl Sink for JsonlSink {
     fn on_record(&self, record: &Record) {
         let mut line = json::record(record);
         line.push('\n');
-        if let Err(e) = self.file.write_line(&line) {
-            self.error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-        }
+        self.file.write_line_or_keep_error(&line);
     }
 
     fn finish(&self) -> Result<()> {
-        if let Some(e) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Err(e);
-        }
         self.file.finish()
     }
 }

@@ -46,3 +46,23 @@ pub(crate) fn spike(bytes: usize) {
         );
     }
 }
+
+/// A writer that keeps what is written, for checking printed output.
+#[derive(Clone, Default)]
+pub(crate) struct Buf(pub(crate) std::sync::Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
