@@ -235,7 +235,10 @@ class Tracker:
         if custom is not None:
             raise ValueError(f"a table sink takes a phase kind, not {kind!r}")
         if fd is None:
-            fd = sys.stdout.fileno()
+            try:
+                fd = sys.stdout.fileno()
+            except (AttributeError, OSError, ValueError):  # a replaced sys.stdout
+                fd = 1
         self._flush = True
         check(C.memprobe_tracker_add_table_sink(self._handle, k, int(fd)))
 

@@ -85,11 +85,11 @@ class MemprobeHooks:
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.phases.start("epoch")
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, *_: Any) -> None:
         self.phases.start("step")
 
     def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any
     ) -> None:
         log = self.log_steps and (self._counts["step"] % self.log_every_n_steps == 0)
         self._ended("step", pl_module, log, on_step=True)
