@@ -12,13 +12,17 @@
  * - Fallible calls return a memprobe_status (0 = MEMPROBE_STATUS_OK) and
  *   write results through out-pointers, which are left untouched on failure.
  *   Status values are explicit and never reused.
+ * - Exception: the GPU readings (memprobe_gpu_*) follow fastai's utils.mem
+ *   conventions and always write their outputs: no GPU gives zeros (an
+ *   empty list, no device) with MEMPROBE_STATUS_UNAVAILABLE, an invalid id
+ *   gives zeros with MEMPROBE_STATUS_INVALID_ID.
  * - memprobe_last_error() explains the last failure on the calling thread
  *   (like dlerror); it is cleared by every successful call.
- * - Handles (memprobe_source, memprobe_window, memprobe_trace) are opaque
- *   tokens created by *_new / *_open and released by *_free; *_free(NULL) is
- *   a no-op. They are not pointers to memory: a freed, forged or wrongly
- *   typed handle is detected and answered MEMPROBE_STATUS_INVALID_HANDLE,
- *   never dereferenced.
+ * - Handles (memprobe_source, memprobe_window, memprobe_trace,
+ *   memprobe_gpu_device) are opaque tokens created by *_new / *_open and
+ *   released by *_free; *_free(NULL) is a no-op. They are not pointers to
+ *   memory: a freed, forged or wrongly typed handle is detected and answered
+ *   MEMPROBE_STATUS_INVALID_HANDLE, never dereferenced.
  * - NULL where a pointer is required: MEMPROBE_STATUS_NULL_POINTER.
  *   Unknown enum values and flag bits: MEMPROBE_STATUS_INVALID_ARGUMENT.
  * - Thread safety: every function may be called from any thread at any time;
@@ -54,6 +58,49 @@
  * Patch version of this header.
  */
 #define MEMPROBE_VERSION_PATCH 0
+
+/**
+ * `memprobe_gpu_mem_get` id: the current device (memprobe_gpu_set_current_device;
+ * with the CUDA runtime backend, the calling thread's cudaGetDevice).
+ */
+#define MEMPROBE_GPU_CURRENT_DEVICE -1
+
+/**
+ * `memprobe_gpu_with_max_free_mem` id when no device could be read.
+ */
+#define MEMPROBE_GPU_NO_DEVICE -1
+
+/**
+ * `memprobe_gpu_memory.valid`: `total`, `free`, `used`, `taken_at_ns` and
+ * `read_ns` hold a reading (clear: the zeros of a failed reading).
+ */
+#define MEMPROBE_GPU_MEMORY_READ 1
+
+/**
+ * `memprobe_gpu_memory.valid`: `reserved` holds a value (NVML's v2 query).
+ */
+#define MEMPROBE_GPU_MEMORY_RESERVED 2
+
+/**
+ * `memprobe_gpu_info.valid`: `name` holds the product name.
+ */
+#define MEMPROBE_GPU_INFO_NAME 1
+
+/**
+ * `memprobe_gpu_info.valid`: `uuid` holds the `GPU-...` or `MIG-...` UUID.
+ */
+#define MEMPROBE_GPU_INFO_UUID 2
+
+/**
+ * `memprobe_gpu_info.valid`: `pci_bus_id` holds the PCI bus id.
+ */
+#define MEMPROBE_GPU_INFO_PCI_BUS_ID 4
+
+/**
+ * `memprobe_gpu_info.valid`: `nvml_index` holds the NVML index (a whole GPU
+ * under NVML; not a MIG instance, not the CUDA runtime backend).
+ */
+#define MEMPROBE_GPU_INFO_NVML_INDEX 8
 
 /**
  * The shortest monitor interval accepted, nanoseconds (100 µs).
@@ -332,6 +379,50 @@ typedef uint32_t memprobe_phase_kind;
 #endif // __cplusplus
 
 /**
+ * A GPU backend (`memprobe_gpu_configure`, `memprobe_gpu_get_backend`,
+ * `memprobe_gpu_info.backend`).
+ */
+enum memprobe_gpu_backend
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * NVML if it loads and initialises, else no GPU readings; the CUDA
+   * runtime is never tried automatically (it would create a context).
+   */
+  MEMPROBE_GPU_BACKEND_AUTO = 0,
+  /**
+   * NVML (libnvidia-ml): no CUDA context, fork-safe. The default.
+   */
+  MEMPROBE_GPU_BACKEND_NVML = 1,
+  /**
+   * The CUDA runtime (libcudart): creates a CUDA context (hundreds of
+   * MB) on each device it reads, and CUDA then fails in children forked
+   * afterwards. Opt-in.
+   */
+  MEMPROBE_GPU_BACKEND_CUDART = 2,
+  /**
+   * No GPU readings (configure), or no backend in use (get_backend).
+   */
+  MEMPROBE_GPU_BACKEND_NONE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum memprobe_gpu_backend memprobe_gpu_backend;
+#else
+typedef uint32_t memprobe_gpu_backend;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * A pre-resolved GPU (fastai's `gpu_handle`): reading through it does no
+ * lookup. Created by memprobe_gpu_device_open, released by
+ * memprobe_gpu_device_free.
+ */
+typedef struct memprobe_gpu_device memprobe_gpu_device;
+
+/**
  * A source of readings (this process, its tree, system RAM, the cgroup, a
  * custom or pushed source). Several handles may refer to one shared
  * source (e.g. the process source); each handle is freed separately.
@@ -354,6 +445,89 @@ typedef struct memprobe_tracker memprobe_tracker;
  * An open peak window over one or more sources.
  */
 typedef struct memprobe_window memprobe_window;
+
+/**
+ * What is known about a device. Strings are NUL-terminated and empty when
+ * unknown (their bit clear in `valid`); longer ones are cut to fit.
+ */
+typedef struct {
+  /**
+   * The device id memprobe uses: the CUDA ordinal as this process sees
+   * it (after CUDA_VISIBLE_DEVICES).
+   */
+  uint32_t id;
+  /**
+   * The memprobe_gpu_backend reading the device.
+   */
+  uint32_t backend;
+  /**
+   * The NVML index (PCI bus order); valid if `valid & MEMPROBE_GPU_INFO_NVML_INDEX`.
+   */
+  uint32_t nvml_index;
+  /**
+   * Bit set of MEMPROBE_GPU_INFO_* flags.
+   */
+  uint32_t valid;
+  /**
+   * The product name, e.g. "NVIDIA H100 80GB HBM3".
+   */
+  char name[96];
+  /**
+   * "GPU-<uuid>" or "MIG-<uuid>".
+   */
+  char uuid[96];
+  /**
+   * The PCI bus id, e.g. "00000000:3B:00.0".
+   */
+  char pci_bus_id[32];
+} memprobe_gpu_info;
+
+/**
+ * One reading of a GPU's memory, in bytes (fastai's `GPUMemory(total,
+ * free, used)` plus the driver's reservation). With NVML's v2 query,
+ * `total = used + free + reserved` and `used` matches nvidia-smi; with the
+ * v1 query (old drivers) `reserved` is not valid and `used` includes it;
+ * the CUDA runtime reports `used = total - free`. A failed reading is all
+ * zeros with `valid == 0`.
+ */
+typedef struct {
+  /**
+   * The device's memory size.
+   */
+  uint64_t total;
+  /**
+   * Bytes still available for allocation.
+   */
+  uint64_t free;
+  /**
+   * Bytes in use by every process (and their contexts).
+   */
+  uint64_t used;
+  /**
+   * Bytes the driver sets aside; valid if `valid & MEMPROBE_GPU_MEMORY_RESERVED`.
+   */
+  uint64_t reserved;
+  /**
+   * Bit set of MEMPROBE_GPU_MEMORY_* flags.
+   */
+  uint32_t valid;
+  /**
+   * When the reading was taken, CLOCK_MONOTONIC nanoseconds.
+   */
+  uint64_t taken_at_ns;
+  /**
+   * How long the driver query took, nanoseconds.
+   */
+  uint64_t read_ns;
+} memprobe_gpu_memory;
+
+/**
+ * A release callback: empties a framework's cache (e.g.
+ * `c10::cuda::CUDACachingAllocator::emptyCache()`) or runs a collector;
+ * returns 0, or non-zero on failure. Used by tracker release policies and by
+ * the GPU `_no_cache` readings (memprobe_gpu_set_cache_release).
+ */
+typedef int32_t (*memprobe_release_fn)(void *user_data);
 
 /**
  * Counters of the monitor.
@@ -548,12 +722,6 @@ typedef struct {
 typedef void (*memprobe_record_fn)(const memprobe_phase_record *record, const memprobe_delta *deltas, size_t n_deltas, void *user_data);
 
 /**
- * A release callback: frees a cache or runs a collector; returns 0, or
- * non-zero on failure (recorded, the other callbacks still run).
- */
-typedef int32_t (*memprobe_release_fn)(void *user_data);
-
-/**
  * One training step for memprobe_tracker_run_oom_retry: return
  * MEMPROBE_STEP_DONE, MEMPROBE_STEP_OUT_OF_MEMORY, or anything else to fail.
  */
@@ -608,6 +776,189 @@ memprobe_status memprobe_debug_live_handles(uint64_t *sources, uint64_t *windows
  * call succeeded. Valid until the next memprobe call on this thread. Never NULL.
  */
 const char *memprobe_last_error(void);
+
+/**
+ * Chooses the backend and libraries instead of the environment
+ * (MEMPROBE_GPU_BACKEND, MEMPROBE_NVML_LIBRARY, MEMPROBE_CUDART_LIBRARY,
+ * which are then ignored; CUDA_VISIBLE_DEVICES still applies). `backend`:
+ * a memprobe_gpu_backend; `nvml_path` / `cudart_path` (nullable): the
+ * libraries to load, NULL for the default names (libnvidia-ml.so.1; the
+ * newest libcudart.so* found). Call it before any other memprobe_gpu_* call
+ * and before a GPU source is created: afterwards MEMPROBE_STATUS_WRONG_ORDER.
+ * An explicit backend whose library cannot be loaded is
+ * MEMPROBE_STATUS_UNAVAILABLE and changes nothing (call again, or the first
+ * GPU call uses the environment).
+ */
+memprobe_status memprobe_gpu_configure(uint32_t backend, const char *nvml_path, const char *cudart_path);
+
+/**
+ * The backend in use: MEMPROBE_GPU_BACKEND_NVML or _CUDART, or _NONE when
+ * there is none (then memprobe_gpu_count says why). Opens the GPUs on first use.
+ */
+memprobe_status memprobe_gpu_get_backend(uint32_t *out);
+
+/**
+ * How many GPUs this process sees (after CUDA_VISIBLE_DEVICES); ids are
+ * 0..count. No backend (no driver, MEMPROBE_GPU_BACKEND=none, ...): 0 and
+ * MEMPROBE_STATUS_UNAVAILABLE, with the reason in memprobe_last_error. A
+ * backend that sees no device: 0 and MEMPROBE_STATUS_OK.
+ */
+memprobe_status memprobe_gpu_count(uint32_t *out);
+
+/**
+ * Name, UUID, PCI bus id, NVML index and backend of device `id`. No GPU:
+ * zeros and MEMPROBE_STATUS_UNAVAILABLE; no such id: zeros and
+ * MEMPROBE_STATUS_INVALID_ID; a device that could not be opened (lost):
+ * zeros and its error.
+ */
+memprobe_status memprobe_gpu_get_info(uint32_t id, memprobe_gpu_info *out);
+
+/**
+ * fastai's `gpu_mem_get(id)`: total, free, used and reserved memory of
+ * device `id` (MEMPROBE_GPU_CURRENT_DEVICE for the current one). Failure:
+ * `*out` is all zeros and the status says why: MEMPROBE_STATUS_UNAVAILABLE
+ * (no GPU), MEMPROBE_STATUS_INVALID_ID (no such id),
+ * MEMPROBE_STATUS_GPU_LOST, ...
+ */
+memprobe_status memprobe_gpu_mem_get(int64_t id, memprobe_gpu_memory *out);
+
+/**
+ * fastai's `gpu_mem_get_all()`: the reading of every device, in id order,
+ * into `out[0..capacity]` (entries past the last device are zeroed);
+ * `*count` receives the number of devices. A
+ * device that cannot be read is all zeros (`valid == 0`) and the status is
+ * the first such error. `capacity` smaller than the count: the first
+ * `capacity` readings and MEMPROBE_STATUS_BUFFER_TOO_SMALL (`out` may be
+ * NULL with `capacity` 0 to learn the count). No GPU: `*count` = 0 and
+ * MEMPROBE_STATUS_UNAVAILABLE.
+ */
+memprobe_status memprobe_gpu_mem_get_all(memprobe_gpu_memory *out, size_t capacity, size_t *count);
+
+/**
+ * fastai's `gpu_mem_get_free()`: free bytes on the current device, caches
+ * untouched. Failure: 0 and the status.
+ */
+memprobe_status memprobe_gpu_mem_get_free(uint64_t *out);
+
+/**
+ * fastai's `gpu_mem_get_used()`: used bytes on the current device, caches
+ * untouched. Failure: 0 and the status.
+ */
+memprobe_status memprobe_gpu_mem_get_used(uint64_t *out);
+
+/**
+ * fastai's `gpu_mem_get_free_no_cache()`: calls the cache-release callback
+ * (memprobe_gpu_set_cache_release) first, then reads free bytes on the
+ * current device. A failing callback: 0 and MEMPROBE_STATUS_UNAVAILABLE,
+ * without reading.
+ */
+memprobe_status memprobe_gpu_mem_get_free_no_cache(uint64_t *out);
+
+/**
+ * fastai's `gpu_mem_get_used_no_cache()`: calls the cache-release callback
+ * first, then reads used bytes on the current device. A failing callback:
+ * 0 and MEMPROBE_STATUS_UNAVAILABLE, without reading.
+ */
+memprobe_status memprobe_gpu_mem_get_used_no_cache(uint64_t *out);
+
+/**
+ * fastai's `gpu_with_max_free_mem()`: the first device with the most free
+ * memory (`*id`) and its free bytes (`*free`). No device readable:
+ * MEMPROBE_GPU_NO_DEVICE and 0, with the status saying why. Devices that
+ * cannot be read are skipped; the status is then the first such error
+ * while `*id` and `*free` still name the best of the others.
+ */
+memprobe_status memprobe_gpu_with_max_free_mem(int64_t *id, uint64_t *free);
+
+/**
+ * The current device: memprobe's own setting with NVML (default 0, for
+ * every thread), cudaGetDevice of the calling thread with the CUDA runtime
+ * backend. No GPU: 0 and MEMPROBE_STATUS_UNAVAILABLE.
+ */
+memprobe_status memprobe_gpu_get_current_device(uint32_t *out);
+
+/**
+ * Makes `id` the current device of the readings that take none (NVML:
+ * memprobe's setting, for every thread; NVML cannot see the framework's
+ * current device. CUDA runtime: cudaSetDevice on the calling thread).
+ * MEMPROBE_STATUS_INVALID_ID when there is no such device.
+ */
+memprobe_status memprobe_gpu_set_current_device(uint32_t id);
+
+/**
+ * fastai's `preload_pytorch()`: creates the CUDA context on the current
+ * device now (cudaFree(0) through the CUDA runtime, loaded for this even
+ * under NVML), so later readings do not jump when the framework creates
+ * it. MEMPROBE_STATUS_UNAVAILABLE when there is no GPU or no runtime.
+ */
+memprobe_status memprobe_gpu_preload(void);
+
+/**
+ * Registers `callback(user_data)` as the cache-release callback that the
+ * `*_no_cache` readings call first (one per process; it replaces the
+ * previous one). NULL removes it. It runs on the thread of the reading and
+ * may call memprobe (this function included); `user_data` must stay valid
+ * until the callback is replaced or removed.
+ */
+memprobe_status memprobe_gpu_set_cache_release(memprobe_release_fn callback, void *user_data);
+
+/**
+ * Resolves device `id` once into a handle for memprobe_gpu_mem_get_used_fast
+ * and friends (at most 4096 live handles; using one takes no lock). MEMPROBE_STATUS_UNAVAILABLE (no GPU), MEMPROBE_STATUS_INVALID_ID
+ * (no such id), or the device's error; `*out` is then untouched.
+ */
+memprobe_status memprobe_gpu_device_open(uint32_t id, memprobe_gpu_device **out);
+
+/**
+ * fastai's `gpu_mem_get_used_fast(handle)`: used bytes of a pre-resolved
+ * device — one driver query, no lookup, no timestamps. Failure (e.g.
+ * MEMPROBE_STATUS_GPU_LOST): 0 and the status.
+ */
+memprobe_status memprobe_gpu_mem_get_used_fast(const memprobe_gpu_device *device, uint64_t *out);
+
+/**
+ * The full reading of a pre-resolved device (as memprobe_gpu_mem_get).
+ * Failure: zeros and the status.
+ */
+memprobe_status memprobe_gpu_device_mem_get(const memprobe_gpu_device *device, memprobe_gpu_memory *out);
+
+/**
+ * Bytes this process uses on a device, from the driver's process lists
+ * (this process matched by its host PID inside containers); 0 when it has
+ * no context there. Failure: 0 and the status (MEMPROBE_STATUS_UNSUPPORTED
+ * with the CUDA runtime backend, which cannot list processes).
+ */
+memprobe_status memprobe_gpu_device_process_used(const memprobe_gpu_device *device, uint64_t *out);
+
+/**
+ * Releases a device handle. NULL is a no-op.
+ */
+memprobe_status memprobe_gpu_device_free(memprobe_gpu_device *device);
+
+/**
+ * Number of live memprobe_gpu_device handles, for leak checks in tests.
+ */
+memprobe_status memprobe_gpu_debug_live_devices(uint64_t *out);
+
+/**
+ * A source reading device `id`'s memory, named "gpu<id>": `used`, `total`,
+ * `free` and `reserved` (MEMPROBE_SOURCE_KIND_GPU_DEVICE). Its peak is
+ * sampled (MEMPROBE_FIDELITY_SAMPLED): while a window or trace is open over
+ * it, the monitor polls it (memprobe_monitor_set_interval_ns), and a spike
+ * shorter than the interval can be missed. A lost GPU makes its reads fail
+ * with MEMPROBE_STATUS_GPU_LOST (see memprobe_source_get_last_error); the
+ * other sources of a window go on. Errors as memprobe_gpu_device_open.
+ */
+memprobe_status memprobe_source_new_gpu_device(uint32_t id, memprobe_source **out);
+
+/**
+ * A source reading this process's memory on device `id`, named
+ * "gpu<id>.proc": `used` from the driver's process lists and the device's
+ * size as `total` (MEMPROBE_SOURCE_KIND_GPU_PROCESS, sampled as
+ * memprobe_source_new_gpu_device). MEMPROBE_STATUS_UNSUPPORTED with the
+ * CUDA runtime backend; other errors as memprobe_gpu_device_open.
+ */
+memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **out);
 
 /**
  * Sets how often the monitor polls sampled sources (default 10 ms), within
@@ -691,6 +1042,17 @@ memprobe_status memprobe_source_push(const memprobe_source *source, uint64_t use
  * Name, kind and fidelity of a source.
  */
 memprobe_status memprobe_source_get_info(const memprobe_source *source, memprobe_source_info *out);
+
+/**
+ * Why the source's last read failed — a read by memprobe_source_read, a
+ * window boundary or the monitor thread (e.g. MEMPROBE_STATUS_GPU_LOST for
+ * a GPU that fell off the bus while the monitor polled it). `*error`
+ * receives the failure's status, MEMPROBE_STATUS_OK when the last read
+ * succeeded (a good read clears it); the message goes to `buf[0..len]` as
+ * in memprobe_trace_format (`""` when there is none; `buf` may be NULL when
+ * `len` is 0; `*needed`, nullable, receives the size needed).
+ */
+memprobe_status memprobe_source_get_last_error(const memprobe_source *source, memprobe_status *error, char *buf, size_t len, size_t *needed);
 
 /**
  * A static, NUL-terminated name for a status value (`"ok"`, `"null pointer"`,
@@ -904,12 +1266,14 @@ memprobe_status memprobe_window_open(const memprobe_source *const *sources, size
 
 /**
  * The peak of source `index` (in the order given at open) since the window
- * (last) started, in bytes.
+ * (last) started, in bytes. Only that source is read: another source that
+ * fails (a lost GPU) does not affect it.
  */
 memprobe_status memprobe_window_peak(const memprobe_window *window, size_t index, uint64_t *out);
 
 /**
- * Start, now, peak and fastai's deltas of source `index`, without ending the window.
+ * Start, now, peak and fastai's deltas of source `index`, without ending
+ * the window. Only that source is read.
  */
 memprobe_status memprobe_window_measure(const memprobe_window *window, size_t index, memprobe_delta *out);
 

@@ -14,7 +14,7 @@ use crate::sample::{Sample, SourceInfo};
 use crate::sink::Sink;
 use crate::source::Shared;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Barrier, Weak};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -176,10 +176,20 @@ pub(crate) fn ensure_running() {
     if r.generation != gen {
         forget_parent_thread(&mut r);
     }
+    // Wait until the thread has started, still holding RUNNER (and so the
+    // fork gate): a fork() cannot catch the new thread half-started, inside
+    // the allocator (thread start-up allocates; see `tick`).
+    let started = Arc::new(Barrier::new(2));
+    let ready = started.clone();
     let spawned = thread::Builder::new()
         .name("memprobe-monitor".into())
-        .spawn(run);
+        .spawn(move || {
+            ready.wait();
+            drop(ready);
+            run();
+        });
     if let Ok(h) = spawned {
+        started.wait();
         r.thread = Some(h.thread().clone());
         r.handle = Some(h);
         r.generation = gen;
@@ -221,7 +231,13 @@ fn run() {
 }
 
 /// One polling round; returns how many sources were polled.
+///
+/// The whole round holds the fork gate, so `fork()` waits until it ends:
+/// a child never inherits an allocator lock (or a library's lock) that this
+/// thread held mid-round. glibc's malloc protects itself around fork, but
+/// other allocators (AddressSanitizer's among them) do not.
 fn tick() -> usize {
+    let _gate = fork::GateGuard::enter();
     let sources: Vec<Arc<Shared>> = match WATCHED.lock() {
         Ok(w) => w.iter().filter_map(Weak::upgrade).collect(),
         Err(_) => return 0,

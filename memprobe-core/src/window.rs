@@ -2,7 +2,7 @@
 //! over which each source's peak is kept.
 
 use crate::delta::SourceDelta;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sample::{monotonic_ns, Sample};
 use crate::source::{SlotId, Source};
 
@@ -10,6 +10,21 @@ struct Part {
     source: Source,
     slot: SlotId,
     start: Sample,
+}
+
+impl Part {
+    fn measure(&self) -> Result<SourceDelta> {
+        let (peak, now) = self.source.peek_slot(self.slot)?;
+        let info = self.source.info();
+        Ok(SourceDelta::new(
+            &info.name,
+            info.kind,
+            info.fidelity,
+            self.start.used,
+            now.used,
+            peak,
+        ))
+    }
 }
 
 /// An open peak window over a set of sources.
@@ -73,21 +88,39 @@ impl Window {
     /// Start, now, peak and fastai's deltas for each source, without ending
     /// the window.
     pub fn measure(&self) -> Result<Vec<SourceDelta>> {
-        self.parts
-            .iter()
-            .map(|p| {
-                let (peak, now) = p.source.peek_slot(p.slot)?;
-                let info = p.source.info();
-                Ok(SourceDelta::new(
-                    &info.name,
-                    info.kind,
-                    info.fidelity,
-                    p.start.used,
-                    now.used,
-                    peak,
-                ))
-            })
-            .collect()
+        self.parts.iter().map(Part::measure).collect()
+    }
+
+    /// The peak of source `index` (in the order given at open) alone: only
+    /// that source is read, so a failing source (a lost GPU) does not hide
+    /// the others.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidId`](crate::ErrorKind::InvalidId) when `index` is
+    /// out of range; the source's read error.
+    pub fn peak_of(&self, index: usize) -> Result<u64> {
+        let p = self.part(index)?;
+        p.source.peek_peak(p.slot)
+    }
+
+    /// [`measure`](Self::measure) of source `index` alone (see [`peak_of`](Self::peak_of)).
+    ///
+    /// # Errors
+    /// As [`peak_of`](Self::peak_of).
+    pub fn measure_of(&self, index: usize) -> Result<SourceDelta> {
+        self.part(index)?.measure()
+    }
+
+    fn part(&self, index: usize) -> Result<&Part> {
+        self.parts.get(index).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidId,
+                format!(
+                    "source index {index} out of range (0..{})",
+                    self.parts.len()
+                ),
+            )
+        })
     }
 
     /// Ends the current interval and starts the next at the same instant

@@ -134,3 +134,38 @@ fn invalid_inputs_are_errors() {
         "sampled sources refuse pushes"
     );
 }
+
+#[test]
+fn one_failing_source_does_not_hide_the_others() {
+    use memprobe_core::{Error, ErrorKind};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let pushed = Source::pushed("host").unwrap();
+    let broken = Arc::new(AtomicBool::new(false));
+    let flag = broken.clone();
+    let gpu = Source::callback(
+        "gpu",
+        Box::new(move || {
+            if flag.load(Ordering::Relaxed) {
+                Err(Error::new(ErrorKind::GpuLost, "fell off the bus"))
+            } else {
+                Ok(7)
+            }
+        }),
+    )
+    .unwrap();
+    pushed.push(100).unwrap();
+    let w = Window::open(&[pushed.clone(), gpu.clone()]).unwrap();
+    pushed.push(500).unwrap();
+    broken.store(true, Ordering::Relaxed);
+    assert_eq!(w.peaks().unwrap_err().kind(), ErrorKind::GpuLost);
+    assert_eq!(w.peak_of(0).unwrap(), 500);
+    assert_eq!(w.measure_of(0).unwrap().delta_used, 400);
+    assert_eq!(w.peak_of(1).unwrap_err().kind(), ErrorKind::GpuLost);
+    assert_eq!(w.measure_of(1).unwrap_err().kind(), ErrorKind::GpuLost);
+    assert_eq!(w.peak_of(2).unwrap_err().kind(), ErrorKind::InvalidId);
+    assert_eq!(w.measure_of(2).unwrap_err().kind(), ErrorKind::InvalidId);
+    broken.store(false, Ordering::Relaxed);
+    assert_eq!(w.peak_of(1).unwrap(), 7);
+}

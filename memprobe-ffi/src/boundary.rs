@@ -9,6 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
 /// An error on its way out through the C ABI.
+#[derive(Debug)]
 pub(crate) struct FfiError {
     pub(crate) status: memprobe_status,
     pub(crate) message: String,
@@ -125,6 +126,20 @@ pub(crate) fn out<'a, T>(p: *mut T, what: &str) -> FfiResult<&'a mut T> {
     // SAFETY: the caller promises a non-NULL pointer is valid for writes of T
     // (the documented contract of every entry point); NULL is rejected.
     unsafe { p.as_mut() }.ok_or_else(|| null(what))
+}
+
+/// A required output array of `len` elements (`len == 0`: an empty slice,
+/// and `p` may be NULL).
+pub(crate) fn out_slice<'a, T>(p: *mut T, len: usize, what: &str) -> FfiResult<&'a mut [T]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: non-NULL, and the caller promises `p` holds `len` writable
+    // elements (the documented contract of every entry point taking an array).
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
 pub(crate) fn null(what: &str) -> FfiError {

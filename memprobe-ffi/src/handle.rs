@@ -8,6 +8,7 @@
 use crate::boundary::{FfiError, FfiResult};
 use crate::status::memprobe_status;
 use memprobe_core::lock::Lock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const _: () = assert!(
@@ -128,5 +129,157 @@ impl<T> Table<T> {
     /// Number of live handles (for leak checks in tests).
     pub(crate) fn live(&self) -> usize {
         self.inner.lock().map(|s| s.live).unwrap_or(0)
+    }
+}
+
+/// A table of small ids (below 2^31) whose lookups take no lock: for
+/// handles on a hot path that name something immutable and `'static` (a
+/// GPU of the process-wide instance), so a lookup is one atomic load.
+/// Tokens are encoded and checked as in [`Table`]: a stale, forged or wrongly
+/// typed token is rejected.
+pub(crate) struct IdTable<const N: usize> {
+    tag: u8,
+    what: &'static str,
+    /// Per slot: the generation in the high half, then [`LIVE`] and the id;
+    /// 0 for a slot never used.
+    words: [AtomicU64; N],
+    alloc: Lock<IdAlloc>,
+}
+
+struct IdAlloc {
+    free: Vec<usize>,
+    next: usize,
+    live: usize,
+}
+
+const LIVE: u64 = 1 << 31;
+const ID_MASK: u64 = LIVE - 1;
+
+impl<const N: usize> IdTable<N> {
+    pub(crate) const fn new(tag: u8, what: &'static str) -> Self {
+        assert!(N <= MAX_SLOTS);
+        IdTable {
+            tag,
+            what,
+            words: [const { AtomicU64::new(0) }; N],
+            alloc: Lock::new(IdAlloc {
+                free: Vec::new(),
+                next: 0,
+                live: 0,
+            }),
+        }
+    }
+
+    fn encode(&self, index: usize, generation: u32) -> usize {
+        (usize::from(self.tag) << 56) | (index << 32) | generation as usize
+    }
+
+    fn decode(&self, token: usize) -> Option<(usize, u32)> {
+        let index = (token >> 32) & (MAX_SLOTS - 1);
+        (token >> 56 == usize::from(self.tag) && index < N).then_some((index, token as u32))
+    }
+
+    fn invalid(&self) -> FfiError {
+        FfiError::new(
+            memprobe_status::InvalidHandle,
+            format!(
+                "not a live {} handle (freed, never created, or of another type)",
+                self.what
+            ),
+        )
+    }
+
+    /// Stores `id` and returns its token.
+    pub(crate) fn insert(&self, id: u32) -> FfiResult<usize> {
+        debug_assert!(u64::from(id) <= ID_MASK);
+        let mut a = self.alloc.lock()?;
+        let index = match a.free.pop() {
+            Some(i) => i,
+            None if a.next < N => {
+                a.next += 1;
+                a.next - 1
+            }
+            None => {
+                return Err(FfiError::new(
+                    memprobe_status::InvalidArgument,
+                    format!("more than {N} live {} handles", self.what),
+                ))
+            }
+        };
+        // Freeing already advanced the generation; a slot never used starts at 1.
+        let generation = ((self.words[index].load(Ordering::Relaxed) >> 32) as u32).max(1);
+        self.words[index].store(
+            (u64::from(generation) << 32) | LIVE | (u64::from(id) & ID_MASK),
+            Ordering::Release,
+        );
+        a.live += 1;
+        Ok(self.encode(index, generation))
+    }
+
+    /// The id behind `token`, without taking a lock.
+    #[inline]
+    pub(crate) fn get(&self, token: usize) -> FfiResult<u32> {
+        if let Some((index, generation)) = self.decode(token) {
+            let w = self.words[index].load(Ordering::Acquire);
+            if (w >> 32) as u32 == generation && w & LIVE != 0 {
+                return Ok((w & ID_MASK) as u32);
+            }
+        }
+        Err(self.invalid())
+    }
+
+    /// Frees `token`; a stale token is rejected.
+    pub(crate) fn remove(&self, token: usize) -> FfiResult<u32> {
+        let (index, generation) = self.decode(token).ok_or_else(|| self.invalid())?;
+        let mut a = self.alloc.lock()?;
+        let w = self.words[index].load(Ordering::Relaxed);
+        if (w >> 32) as u32 != generation || w & LIVE == 0 {
+            return Err(self.invalid());
+        }
+        // Skip 0 so a token is never NULL.
+        let next = generation.checked_add(1).unwrap_or(1);
+        self.words[index].store(u64::from(next) << 32, Ordering::Release);
+        a.free.push(index);
+        a.live -= 1;
+        Ok((w & ID_MASK) as u32)
+    }
+
+    /// Number of live handles (for leak checks in tests).
+    pub(crate) fn live(&self) -> usize {
+        self.alloc.lock().map(|a| a.live).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_table_checks_tokens() {
+        static T: IdTable<2> = IdTable::new(0x33, "thing");
+        let a = T.insert(7).unwrap();
+        let b = T.insert(9).unwrap();
+        assert_eq!((T.get(a).ok(), T.get(b).ok()), (Some(7), Some(9)));
+        assert_eq!(
+            T.insert(1).err().map(|e| e.status),
+            Some(memprobe_status::InvalidArgument)
+        );
+        assert_eq!(T.remove(a).ok(), Some(7));
+        let invalid = Some(memprobe_status::InvalidHandle);
+        assert_eq!(T.get(a).err().map(|e| e.status), invalid);
+        assert_eq!(T.remove(a).err().map(|e| e.status), invalid);
+        // The slot is reused under a new generation: the old token stays dead.
+        let c = T.insert(3).unwrap();
+        assert_ne!(c, a);
+        assert_eq!(T.get(a).err().map(|e| e.status), invalid);
+        assert_eq!(T.get(c).ok(), Some(3));
+        // Forged, wrongly tagged, out of range.
+        for token in [0usize, 0x1234, a ^ (1 << 57), (0x33 << 56) | (5 << 32) | 1] {
+            assert_eq!(T.get(token).err().map(|e| e.status), invalid, "{token:#x}");
+        }
+        assert_eq!(T.live(), 2);
+        T.remove(b).unwrap();
+        T.remove(c).unwrap();
+        assert_eq!(T.live(), 0);
     }
 }

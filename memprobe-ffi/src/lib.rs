@@ -9,6 +9,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod boundary;
+pub mod gpu;
 pub mod handle;
 pub mod monitor;
 pub mod source;

@@ -1,6 +1,6 @@
 //! Sources through the C ABI.
 
-use crate::boundary::{check_flags, out, run, text, FfiError, FfiResult};
+use crate::boundary::{check_flags, copy_out, out, run, text, FfiError, FfiResult};
 use crate::handle::Table;
 use crate::status::memprobe_status;
 use memprobe_core::smaps::SmapsMetric;
@@ -156,7 +156,8 @@ pub(crate) fn sources(list: *const *const memprobe_source, n: usize) -> FfiResul
     handles.iter().map(|&h| source(h)).collect()
 }
 
-fn publish(src: Source, out_ptr: *mut *mut memprobe_source) -> FfiResult {
+/// Stores `src` in the source table and writes its handle to `out_ptr`.
+pub(crate) fn publish(src: Source, out_ptr: *mut *mut memprobe_source) -> FfiResult {
     let slot = out(out_ptr, "out")?;
     let token = SOURCES.insert(src)?;
     *slot = token as *mut memprobe_source;
@@ -355,5 +356,32 @@ pub extern "C" fn memprobe_source_get_info(
             name,
         };
         Ok(())
+    })
+}
+
+/// Why the source's last read failed — a read by memprobe_source_read, a
+/// window boundary or the monitor thread (e.g. MEMPROBE_STATUS_GPU_LOST for
+/// a GPU that fell off the bus while the monitor polled it). `*error`
+/// receives the failure's status, MEMPROBE_STATUS_OK when the last read
+/// succeeded (a good read clears it); the message goes to `buf[0..len]` as
+/// in memprobe_trace_format (`""` when there is none; `buf` may be NULL when
+/// `len` is 0; `*needed`, nullable, receives the size needed).
+#[no_mangle]
+pub extern "C" fn memprobe_source_get_last_error(
+    source: *const memprobe_source,
+    error: *mut memprobe_status,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> memprobe_status {
+    run("memprobe_source_get_last_error", || {
+        let slot = out(error, "error")?;
+        let last = self::source(source)?.last_error()?;
+        let (status, message) = match &last {
+            None => (memprobe_status::Ok, ""),
+            Some(e) => (memprobe_status::from_kind(e.kind()), e.message()),
+        };
+        *slot = status;
+        copy_out(message, buf, len, needed)
     })
 }

@@ -367,8 +367,10 @@ pub extern "C" fn memprobe_tracker_finish_sinks(tracker: *mut memprobe_tracker) 
     })
 }
 
-/// A release callback: frees a cache or runs a collector; returns 0, or
-/// non-zero on failure (recorded, the other callbacks still run).
+/// A release callback: empties a framework's cache (e.g.
+/// `c10::cuda::CUDACachingAllocator::emptyCache()`) or runs a collector;
+/// returns 0, or non-zero on failure. Used by tracker release policies and by
+/// the GPU `_no_cache` readings (memprobe_gpu_set_cache_release).
 #[allow(non_camel_case_types)]
 pub type memprobe_release_fn = Option<unsafe extern "C" fn(user_data: *mut c_void) -> i32>;
 

@@ -85,7 +85,8 @@ pub extern "C" fn memprobe_window_open(
 }
 
 /// The peak of source `index` (in the order given at open) since the window
-/// (last) started, in bytes.
+/// (last) started, in bytes. Only that source is read: another source that
+/// fails (a lost GPU) does not affect it.
 #[no_mangle]
 pub extern "C" fn memprobe_window_peak(
     window: *const memprobe_window,
@@ -94,19 +95,13 @@ pub extern "C" fn memprobe_window_peak(
 ) -> memprobe_status {
     run("memprobe_window_peak", || {
         let slot = crate::boundary::out(out, "out")?;
-        let w = self::window(window)?;
-        let peaks = w.lock()?.peaks()?;
-        *slot = *peaks.get(index).ok_or_else(|| {
-            FfiError::new(
-                memprobe_status::InvalidId,
-                format!("source index {index} out of range (0..{})", peaks.len()),
-            )
-        })?;
+        *slot = self::window(window)?.lock()?.peak_of(index)?;
         Ok(())
     })
 }
 
-/// Start, now, peak and fastai's deltas of source `index`, without ending the window.
+/// Start, now, peak and fastai's deltas of source `index`, without ending
+/// the window. Only that source is read.
 #[no_mangle]
 pub extern "C" fn memprobe_window_measure(
     window: *const memprobe_window,
@@ -115,9 +110,7 @@ pub extern "C" fn memprobe_window_measure(
 ) -> memprobe_status {
     run("memprobe_window_measure", || {
         let slot = self::out(out, "out")?;
-        let w = self::window(window)?;
-        let deltas = w.lock()?.measure()?;
-        *slot = pick(&deltas, index)?.into();
+        *slot = (&self::window(window)?.lock()?.measure_of(index)?).into();
         Ok(())
     })
 }

@@ -11,7 +11,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let reads: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let reads: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
     let gpus = match memprobe_gpu::Gpus::from_env() {
         Ok(g) => g,
         Err(e) => {

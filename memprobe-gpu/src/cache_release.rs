@@ -5,32 +5,42 @@
 //! One process-wide hook; [`release_caches`] is the single place that calls
 //! it, so it can later be pointed at memprobe-core's cache-release registry.
 
+use memprobe_core::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 type Hook = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
-static HOOK: RwLock<Option<Hook>> = RwLock::new(None);
+/// A fork-gated [`Lock`], held only to swap or clone the hook (never while it runs).
+static HOOK: Lock<Option<Hook>> = Lock::new(None);
+
+/// Replaces the hook. The lock is never held across a call into the hook,
+/// so it cannot be re-entered and locking cannot fail.
+fn replace(hook: Option<Hook>) {
+    if let Ok(mut h) = HOOK.lock() {
+        *h = hook;
+    }
+}
 
 /// Registers `hook` as the cache-release callback, replacing any previous one.
 pub fn set_cache_release(hook: impl Fn() -> Result<()> + Send + Sync + 'static) {
-    *HOOK.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
+    replace(Some(Arc::new(hook)));
 }
 
 /// Removes the cache-release callback.
 pub fn clear_cache_release() {
-    *HOOK.write().unwrap_or_else(|e| e.into_inner()) = None;
+    replace(None);
 }
 
 /// Calls the registered cache-release callback; `Ok(())` when none is
 /// registered. The lock is not held during the call, so the callback may
-/// itself read memory through memprobe.
+/// itself read memory through memprobe (or replace the hook).
 ///
 /// # Errors
 /// The callback's error; [`ErrorKind::Internal`] if it panicked.
 pub fn release_caches() -> Result<()> {
-    let hook = HOOK.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let hook = HOOK.lock()?.clone();
     match hook {
         None => Ok(()),
         Some(hook) => catch_unwind(AssertUnwindSafe(|| hook())).unwrap_or_else(|_| {

@@ -7,11 +7,11 @@
 //! for [`preload`](crate::Gpus::preload), whose purpose is to create the
 //! context. The library is never unloaded.
 
+use memprobe_core::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
-use std::sync::Mutex;
 
 /// Library names tried in order when no path is given: the development
 /// symlink, then the sonames of CUDA 13 down to 10.
@@ -34,6 +34,9 @@ type ErrorNameFn = unsafe extern "C" fn(c_int) -> *const c_char;
 
 /// A loaded CUDA runtime. Lives for the rest of the process.
 pub(crate) struct CudartLibrary {
+    /// Keeps the library loaded (and reachable from the registry, so leak
+    /// checkers see no lost block); never dropped.
+    _library: libloading::Library,
     path: String,
     get_device_count: CountFn,
     set_device: SetDeviceFn,
@@ -45,7 +48,9 @@ pub(crate) struct CudartLibrary {
     error_string: Option<ErrorNameFn>,
 }
 
-static LOADED: Mutex<Vec<&'static CudartLibrary>> = Mutex::new(Vec::new());
+/// Every runtime loaded so far. A fork-gated [`Lock`]: it is held while the
+/// runtime loads (its initialisers run), and `fork()` waits for that.
+static LOADED: Lock<Vec<&'static CudartLibrary>> = Lock::new(Vec::new());
 
 /// Loads the CUDA runtime from `path`, or the newest soname found, or
 /// returns the library already loaded from there.
@@ -54,7 +59,7 @@ pub(crate) fn load(path: Option<&Path>) -> Result<&'static CudartLibrary> {
         Some(p) => vec![p.display().to_string()],
         None => CUDART_CANDIDATES.iter().map(|s| s.to_string()).collect(),
     };
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut loaded = LOADED.lock()?;
     if let Some(lib) = loaded.iter().find(|l| candidates.contains(&l.path)) {
         return Ok(lib);
     }
@@ -64,7 +69,6 @@ pub(crate) fn load(path: Option<&Path>) -> Result<&'static CudartLibrary> {
         // preconditions; the library is never unloaded (leaked below).
         match unsafe { libloading::Library::new(name) } {
             Ok(lib) => {
-                let lib: &'static libloading::Library = Box::leak(Box::new(lib));
                 let library: &'static CudartLibrary = Box::leak(Box::new(resolve(lib, name)?));
                 loaded.push(library);
                 return Ok(library);
@@ -78,23 +82,43 @@ pub(crate) fn load(path: Option<&Path>) -> Result<&'static CudartLibrary> {
     )))
 }
 
-fn resolve(lib: &'static libloading::Library, name: &str) -> Result<CudartLibrary> {
+/// The runtime's functions in `lib`. A runtime without a required function
+/// stays loaded (its initialisers ran; unloading could run them backwards
+/// mid-flight) but unused.
+fn resolve(lib: libloading::Library, name: &str) -> Result<CudartLibrary> {
     fn sym<T: Copy>(lib: &libloading::Library, name: &str, symbol: &str) -> Result<T> {
         // SAFETY: T is the documented C signature of `symbol` in the CUDA runtime.
         unsafe { lib.get::<T>(symbol.as_bytes()) }
             .map(|s| *s)
             .map_err(|e| Error::unavailable(format!("{name} lacks {symbol}: {e}")))
     }
+    let required = (|| {
+        Ok((
+            sym(&lib, name, "cudaGetDeviceCount")?,
+            sym(&lib, name, "cudaSetDevice")?,
+            sym(&lib, name, "cudaGetDevice")?,
+            sym(&lib, name, "cudaMemGetInfo")?,
+            sym(&lib, name, "cudaFree")?,
+        ))
+    })();
+    let (get_device_count, set_device, get_device, mem_get_info, free) = match required {
+        Ok(f) => f,
+        Err(e) => {
+            std::mem::forget(lib);
+            return Err(e);
+        }
+    };
     Ok(CudartLibrary {
         path: name.to_string(),
-        get_device_count: sym(lib, name, "cudaGetDeviceCount")?,
-        set_device: sym(lib, name, "cudaSetDevice")?,
-        get_device: sym(lib, name, "cudaGetDevice")?,
-        mem_get_info: sym(lib, name, "cudaMemGetInfo")?,
-        free: sym(lib, name, "cudaFree")?,
-        pci_bus_id: sym(lib, name, "cudaDeviceGetPCIBusId").ok(),
-        error_name: sym(lib, name, "cudaGetErrorName").ok(),
-        error_string: sym(lib, name, "cudaGetErrorString").ok(),
+        get_device_count,
+        set_device,
+        get_device,
+        mem_get_info,
+        free,
+        pci_bus_id: sym(&lib, name, "cudaDeviceGetPCIBusId").ok(),
+        error_name: sym(&lib, name, "cudaGetErrorName").ok(),
+        error_string: sym(&lib, name, "cudaGetErrorString").ok(),
+        _library: lib,
     })
 }
 

@@ -5,12 +5,12 @@ use crate::cudart::{self, CudartLibrary};
 use crate::device::{DeviceHandle, DeviceInfo, Reader};
 use crate::nvml::{self, NvmlLibrary};
 use crate::visible_devices::{map_visible_devices, VisibleDevice};
+use memprobe_core::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 /// The GPUs of this process, numbered as CUDA numbers them, read through
 /// one backend (NVML or the CUDA runtime), or none with the reason why.
@@ -56,7 +56,13 @@ impl fmt::Debug for Gpus {
     }
 }
 
-static SHARED: OnceLock<Gpus> = OnceLock::new();
+/// The process-wide instance once opened: leaked, never freed, so a
+/// reference to it is `'static`. Read lock-free on every call.
+static SHARED: AtomicPtr<Gpus> = AtomicPtr::new(std::ptr::null_mut());
+/// Serialises opening the process-wide instance. A fork-gated [`Lock`]
+/// (not a `OnceLock`): NVML initialises while it is held, and `fork()` waits
+/// for that instead of leaving the child an initialisation that never ends.
+static SHARED_INIT: Lock<()> = Lock::new(());
 
 impl Gpus {
     /// Opens the GPUs as `config` says.
@@ -73,7 +79,9 @@ impl Gpus {
     /// GPU (CUDA runtime); other kinds as the library says.
     pub fn open(config: GpuConfig) -> Result<Gpus> {
         let state = match config.backend {
-            GpuBackend::None => State::Off(Error::unavailable("GPU readings are disabled (GPU backend \"none\")")),
+            GpuBackend::None => State::Off(Error::unavailable(
+                "GPU readings are disabled (GPU backend \"none\")",
+            )),
             GpuBackend::Nvml => open_nvml(&config)?,
             GpuBackend::Cudart => open_cudart(&config)?,
             GpuBackend::Auto => open_nvml(&config).unwrap_or_else(|e| {
@@ -103,17 +111,64 @@ impl Gpus {
         Gpus::open(GpuConfig::from_env()?)
     }
 
-    /// The process-wide instance, opened from the environment on first use.
+    /// The process-wide instance, opened from the environment on first use
+    /// (unless [`configure_shared`](Self::configure_shared) opened it first).
     /// If that fails, it has no devices and [`unavailable_reason`](Self::unavailable_reason)
     /// holds the error.
+    #[inline]
     pub fn shared() -> &'static Gpus {
-        SHARED.get_or_init(|| {
-            Gpus::from_env().unwrap_or_else(|e| Gpus {
-                state: State::Off(e),
-                current: AtomicU32::new(0),
-                cudart_path: None,
-            })
-        })
+        let p = SHARED.load(Ordering::Acquire);
+        if p.is_null() {
+            return Gpus::open_shared(None).unwrap_or_else(|e| Box::leak(Box::new(Gpus::off(e))));
+        }
+        // SAFETY: a non-null SHARED comes from Box::leak in open_shared and is never freed.
+        unsafe { &*p }
+    }
+
+    /// Opens the process-wide instance ([`shared`](Self::shared)) with
+    /// `config` instead of the environment. Call it before anything uses the
+    /// shared instance (the free functions of this crate, the GPU samplers
+    /// of [`device_sampler`](crate::device_sampler), the C ABI).
+    ///
+    /// # Errors
+    /// [`ErrorKind::WrongOrder`] when the shared instance is already open;
+    /// else as [`open`](Self::open), and then nothing is set: the call may be
+    /// repeated (e.g. with another library path), and if it is not, the
+    /// first use opens the instance from the environment.
+    pub fn configure_shared(config: GpuConfig) -> Result<&'static Gpus> {
+        Gpus::open_shared(Some(config))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn open_shared(config: Option<GpuConfig>) -> Result<&'static Gpus> {
+        let _guard = SHARED_INIT.lock()?;
+        let p = SHARED.load(Ordering::Acquire);
+        if !p.is_null() {
+            return match config {
+                // SAFETY: as in `shared`.
+                None => Ok(unsafe { &*p }),
+                Some(_) => Err(Error::wrong_order(
+                    "the GPUs are already open: configure them before the first GPU call",
+                )),
+            };
+        }
+        let gpus = match config {
+            None => Gpus::from_env().unwrap_or_else(Gpus::off),
+            Some(config) => Gpus::open(config)?,
+        };
+        let gpus: &'static Gpus = Box::leak(Box::new(gpus));
+        SHARED.store(std::ptr::from_ref(gpus).cast_mut(), Ordering::Release);
+        Ok(gpus)
+    }
+
+    /// No backend, because of `reason`.
+    fn off(reason: Error) -> Gpus {
+        Gpus {
+            state: State::Off(reason),
+            current: AtomicU32::new(0),
+            cudart_path: None,
+        }
     }
 
     /// The backend in use: `Nvml`, `Cudart`, or `None` when there is none.
@@ -170,8 +225,11 @@ impl Gpus {
     }
 
     /// As [`device`](Self::device), borrowed (no reference count traffic).
+    ///
+    /// # Errors
+    /// As [`device`](Self::device).
     #[inline]
-    pub(crate) fn device_ref(&self, id: u32) -> Result<&DeviceHandle> {
+    pub fn device_ref(&self, id: u32) -> Result<&DeviceHandle> {
         match &self.state {
             State::Nvml { devices, .. } => match devices.get(id as usize) {
                 Some(Ok(h)) => Ok(h),

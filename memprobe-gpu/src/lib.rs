@@ -27,7 +27,8 @@
 //! # Choosing
 //!
 //! [`Gpus::open`] takes a [`GpuConfig`]; [`Gpus::from_env`] and the
-//! process-wide [`Gpus::shared`] read the environment:
+//! process-wide [`Gpus::shared`] read the environment, unless
+//! [`Gpus::configure_shared`] opened the shared instance first:
 //!
 //! | variable | meaning |
 //! |---|---|

@@ -17,6 +17,7 @@
 use crate::nvml_error::{from_code, from_wrapper, Subject};
 use crate::panic_guard::guarded;
 use crate::process::{GpuProcess, GpuProcessKind};
+use memprobe_core::lock::Lock;
 use memprobe_core::{Error, Result};
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{
@@ -27,7 +28,6 @@ use std::ffi::OsStr;
 use std::os::raw::c_uint;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 /// The library name looked up when no path is given.
 pub(crate) const DEFAULT_NVML_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -88,7 +88,10 @@ pub(crate) struct NvmlLibrary {
     graphics: ProcessQuery,
 }
 
-static LOADED: Mutex<Vec<&'static NvmlLibrary>> = Mutex::new(Vec::new());
+/// Every library loaded so far. A fork-gated [`Lock`]: it is held while NVML
+/// initialises, and `fork()` waits for that instead of leaving a child a lock
+/// that is held forever.
+static LOADED: Lock<Vec<&'static NvmlLibrary>> = Lock::new(Vec::new());
 
 /// Loads and initialises NVML from `path` (default: `libnvidia-ml.so.1`
 /// through the dynamic loader's search), or returns the library already
@@ -98,7 +101,7 @@ pub(crate) fn load(path: Option<&Path>) -> Result<&'static NvmlLibrary> {
         || DEFAULT_NVML_LIBRARY.to_string(),
         |p| p.display().to_string(),
     );
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut loaded = LOADED.lock()?;
     if let Some(lib) = loaded.iter().find(|l| l.path == path_str) {
         return Ok(lib);
     }

@@ -69,6 +69,22 @@ fn environment_cases() {
         ),
         // The default library name: no NVIDIA driver on a test machine, or a real one.
         ("default_name", &[]),
+        // configure_shared overrides the environment (here: invalid) ...
+        (
+            "configure",
+            &[
+                ("MEMPROBE_GPU_BACKEND", "rocm"),
+                ("MEMPROBE_TEST_NVML", nvml_lib),
+            ],
+        ),
+        // ... and only before the shared instance is open.
+        (
+            "configure_late",
+            &[
+                ("MEMPROBE_GPU_BACKEND", "none"),
+                ("MEMPROBE_TEST_NVML", nvml_lib),
+            ],
+        ),
     ];
     for (case, env) in cases {
         let mut env = env.to_vec();
@@ -149,6 +165,34 @@ fn environment_child() {
                 }
                 None => assert_eq!(gpus.backend(), GpuBackend::Nvml),
             }
+        }
+        "configure" => {
+            let lib = std::env::var("MEMPROBE_TEST_NVML").unwrap();
+            let config = |path: &str| GpuConfig {
+                backend: GpuBackend::Nvml,
+                nvml_path: Some(path.into()),
+                ..GpuConfig::default()
+            };
+            // A failed configuration sets nothing: it can be repeated.
+            let e = Gpus::configure_shared(config("/nonexistent/libnvidia-ml.so.1")).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Unavailable);
+            let gpus = Gpus::configure_shared(config(&lib)).unwrap();
+            assert!(std::ptr::eq(gpus, Gpus::shared()));
+            assert_eq!(gpus.backend(), GpuBackend::Nvml);
+            assert_eq!(gpus.device_count().unwrap(), 2);
+            let e = Gpus::configure_shared(config(&lib)).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WrongOrder);
+        }
+        "configure_late" => {
+            assert_eq!(Gpus::shared().backend(), GpuBackend::None);
+            let lib = std::env::var("MEMPROBE_TEST_NVML").unwrap();
+            let e = Gpus::configure_shared(GpuConfig {
+                nvml_path: Some(lib.into()),
+                ..GpuConfig::default()
+            })
+            .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::WrongOrder);
+            assert_eq!(Gpus::shared().backend(), GpuBackend::None);
         }
         other => panic!("unknown case {other}"),
     }

@@ -160,6 +160,7 @@ static int init_count;
 #define INITED() __atomic_load_n(&init_count, __ATOMIC_ACQUIRE)
 static char driver_version[80] = "555.42.06";
 static long long spin_ns;
+static long long init_delay_ms;
 static long long start_ns;
 static long long calls_memory_v1, calls_memory_v2;
 static long long calls_procs_v1, calls_procs_v2, calls_procs_v3;
@@ -422,6 +423,14 @@ static int script_line(char *line) {
         snprintf(driver_version, sizeof driver_version, "%s", tok);
         return 0;
     }
+    if (strcmp(key, "init_delay_ms") == 0) {
+        unsigned long long v;
+        if (!(tok = strtok_r(NULL, " \t\n", &save)) || parse_u64(tok, &v)) {
+            return -1;
+        }
+        init_delay_ms = (long long)v;
+        return 0;
+    }
     if (strcmp(key, "spin_ns") == 0) {
         unsigned long long v;
         if (!(tok = strtok_r(NULL, " \t\n", &save)) || parse_u64(tok, &v)) {
@@ -449,6 +458,7 @@ static int load_script(void) {
     set_defaults(0);
     devices[0].declared = 1;
     init_error = NVML_SUCCESS;
+    init_delay_ms = 0;
 
     if (env && *env) {
         snprintf(path, sizeof path, "%s", env);
@@ -490,6 +500,14 @@ MAYBE_UNUSED static nvmlReturn_t do_init(void) {
         if (load_script()) {
             pthread_mutex_unlock(&lock);
             return NVML_ERROR_UNKNOWN;
+        }
+        if (init_delay_ms > 0) {
+            /* A slow driver initialisation (script: `init_delay_ms N`). */
+            struct timespec ts;
+            ts.tv_sec = (time_t)(init_delay_ms / 1000);
+            ts.tv_nsec = (long)(init_delay_ms % 1000) * 1000000L;
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+            }
         }
         start_ns = now_ns();
     }

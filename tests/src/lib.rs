@@ -1,10 +1,14 @@
 //! Harness for memprobe's cross-language tests: builds `libmemprobe.so`,
 //! stages it with its SONAME, compiles C and C++ programs against
-//! `include/`, and runs them (plainly, under AddressSanitizer, under valgrind).
+//! `include/`, builds the fake GPU libraries of `tests/fake-gpu/`, and runs
+//! programs (plainly, under AddressSanitizer, under valgrind).
 
+pub mod fake_gpu;
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -122,13 +126,34 @@ pub fn compile(sources: &[PathBuf], out: &Path, build: Build, extra: &[&str]) ->
     o
 }
 
-/// Runs a program and returns its output; `env` is added to the environment.
-pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(program);
-    cmd.args(args);
+/// Variables that choose GPUs and fake GPU scripts. Programs run by this
+/// harness never inherit them, so the developer's environment (a real GPU,
+/// `CUDA_VISIBLE_DEVICES`) cannot change a test; tests pass them explicitly.
+pub const GPU_ENV: &[&str] = &[
+    "MEMPROBE_GPU_BACKEND",
+    "MEMPROBE_NVML_LIBRARY",
+    "MEMPROBE_CUDART_LIBRARY",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "FAKE_NVML_SCRIPT",
+    "FAKE_CUDART_SCRIPT",
+];
+
+fn set_env(cmd: &mut Command, env: &[(&str, &str)]) {
+    for v in GPU_ENV {
+        cmd.env_remove(v);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
+}
+
+/// Runs a program and returns its output; `env` is added to the environment
+/// (from which [`GPU_ENV`] is removed first).
+pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    set_env(&mut cmd, env);
     cmd.output()
         .unwrap_or_else(|e| panic!("run {}: {e}", program.display()))
 }
@@ -156,9 +181,7 @@ pub fn run_valgrind(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Outp
     // full, and children's memory errors are caught by the ASan runs.
     cmd.arg("--child-silent-after-fork=yes");
     cmd.arg(program).args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+    set_env(&mut cmd, env);
     cmd.output().expect("run valgrind")
 }
 
@@ -171,4 +194,77 @@ pub fn assert_ok(what: &str, o: &Output) {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// A fake GPU library of `tests/fake-gpu/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FakeGpu {
+    /// `fake_nvml.c`, standing in for `libnvidia-ml.so.1`.
+    Nvml,
+    /// `fake_cudart.c`, standing in for `libcudart.so`.
+    Cudart,
+}
+
+impl FakeGpu {
+    fn source(self) -> &'static str {
+        match self {
+            FakeGpu::Nvml => "fake_nvml.c",
+            FakeGpu::Cudart => "fake_cudart.c",
+        }
+    }
+
+    /// The name the real library has, which a copy of the fake takes.
+    pub fn lib_name(self) -> &'static str {
+        match self {
+            FakeGpu::Nvml => "libnvidia-ml.so.1",
+            FakeGpu::Cudart => "libcudart.so",
+        }
+    }
+
+    /// The script file the fake reads from its own directory.
+    pub fn script_name(self) -> &'static str {
+        match self {
+            FakeGpu::Nvml => "fake_nvml.script",
+            FakeGpu::Cudart => "fake_cudart.script",
+        }
+    }
+}
+
+/// Compiles a fake GPU library (once per variant and test process) and
+/// returns its path. `omit` lists NVML symbols to leave out (`nvmlShutdown`,
+/// ...; see tests/fake-gpu/README.md); it must be empty for the CUDA runtime.
+pub fn fake_gpu_lib(kind: FakeGpu, omit: &[&str]) -> PathBuf {
+    type Built = HashMap<(FakeGpu, Vec<String>), PathBuf>;
+    static BUILT: Mutex<Option<Built>> = Mutex::new(None);
+    assert!(
+        kind == FakeGpu::Nvml || omit.is_empty(),
+        "only the fake NVML can leave symbols out"
+    );
+    let defines: Vec<String> = omit.iter().map(|s| fake_gpu::omit_define(s)).collect();
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let built = built.get_or_insert_with(HashMap::new);
+    let key = (kind, defines.clone());
+    if let Some(p) = built.get(&key) {
+        return p.clone();
+    }
+    let out = scratch("fake-gpu").join(format!("variant{}.so", built.len()));
+    fake_gpu::compile_fake(
+        &root().join("tests/fake-gpu"),
+        kind.source(),
+        &defines,
+        &out,
+    );
+    built.insert(key, out.clone());
+    out
+}
+
+/// A private copy of a fake GPU library in `dir` (created), under the real
+/// library's name, with `script` beside it; returns the library's path.
+/// Each copy is a separate library instance with its own script.
+pub fn stage_fake_gpu(kind: FakeGpu, omit: &[&str], script: &str, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("create the fake GPU directory");
+    let lib = dir.join(kind.lib_name());
+    std::fs::copy(fake_gpu_lib(kind, omit), &lib).expect("copy the fake GPU library");
+    std::fs::write(dir.join(kind.script_name()), script).expect("write the fake GPU script");
+    lib
 }

@@ -36,6 +36,9 @@ fn build_dir() -> &'static Path {
     })
 }
 
+#[path = "../../../tests/src/fake_gpu.rs"]
+mod fake_gpu;
+
 /// Compiles `source` (in tests/fake-gpu) with `defines`, once per binary.
 pub fn compile(source: &str, defines: &[&str]) -> PathBuf {
     static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
@@ -46,20 +49,8 @@ pub fn compile(source: &str, defines: &[&str]) -> PathBuf {
         return p.clone();
     }
     let out = build_dir().join(format!("variant{}.so", built.len()));
-    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cmd.args([
-        "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-O2", "-o",
-    ])
-    .arg(&out)
-    .arg(fake_src_dir().join(source));
-    for d in defines {
-        cmd.arg(format!("-D{d}"));
-    }
-    cmd.arg("-lpthread");
-    let status = cmd
-        .status()
-        .expect("running cc (a C compiler is needed for the GPU tests)");
-    assert!(status.success(), "compiling {source} {defines:?} failed");
+    let defines: Vec<String> = defines.iter().map(|d| d.to_string()).collect();
+    fake_gpu::compile_fake(&fake_src_dir(), source, &defines, &out);
     built.insert(key, out.clone());
     out
 }
@@ -90,7 +81,7 @@ impl Fake {
 
     /// A fake NVML built without the symbols in `omit`.
     pub fn nvml_omitting(omit: &[&str], script: &str) -> Fake {
-        let defines: Vec<String> = omit.iter().map(|s| format!("FAKE_OMIT_{s}")).collect();
+        let defines: Vec<String> = omit.iter().map(|s| fake_gpu::omit_define(s)).collect();
         let defines: Vec<&str> = defines.iter().map(String::as_str).collect();
         Fake::new(
             compile("fake_nvml.c", &defines),
@@ -197,6 +188,7 @@ pub fn run_child_with(wrapper: Option<&[&str]>, name: &str, env: &[(&str, &str)]
         "CUDA_VISIBLE_DEVICES",
         "FAKE_NVML_SCRIPT",
         "FAKE_CUDART_SCRIPT",
+        "MEMPROBE_TEST_NVML",
     ] {
         cmd.env_remove(var);
     }
