@@ -43,3 +43,7 @@ memprobe_status mpgo_tracker_run_oom_retry(memprobe_tracker *tracker, uintptr_t 
                                            memprobe_oom_report *out, uint64_t *freed, size_t n_freed) {
     return memprobe_tracker_run_oom_retry(tracker, step_trampoline, (void *)id, max_retries, out, freed, n_freed);
 }
+
+memprobe_status mpgo_gpu_set_cache_release(uintptr_t id) {
+    return memprobe_gpu_set_cache_release(release_trampoline, (void *)id);
+}

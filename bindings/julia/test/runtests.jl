@@ -153,3 +153,22 @@ end
     GC.gc()
     @test live_handles()[3] == 0
 end
+
+# GPUs: whatever this machine has, the fastai names never throw for "no GPU".
+@testset "gpu" begin
+    n = MemProbe.gpu_count()
+    m = gpu_mem_get()
+    if n == 0
+        @test m == (total=0, free=0, used=0)
+        @test gpu_mem_get_all() == []
+        @test gpu_with_max_free_mem() == (nothing, 0)
+    else
+        @test m.total > 0
+        d = GpuDevice(0)
+        @test gpu_mem_get_used_fast(d) >= 0
+        close(d)
+        s = gpu_source(0)
+        @test read_sample(s).total !== nothing
+        close(s)
+    end
+end

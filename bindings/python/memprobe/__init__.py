@@ -20,7 +20,7 @@ MiB. Failures raise :class:`MemprobeError` subclasses carrying the status.
 
 from __future__ import annotations
 
-from . import monitor
+from . import gpu, monitor
 from ._ffi import FOUND_BY as _FOUND_BY
 from ._ffi import LIBRARY_PATH as _LIBRARY_PATH
 from ._ffi import C as _C
@@ -116,6 +116,7 @@ __all__ = [
     "WrongOrderError",
     "__version__",
     "b2mb",
+    "gpu",
     "library_found_by",
     "library_path",
     "library_version",

@@ -48,6 +48,14 @@ MEMPROBE_RELEASE_CACHE = 0
 MEMPROBE_RELEASE_GC = 1
 MEMPROBE_STEP_DONE = 0
 MEMPROBE_STEP_OUT_OF_MEMORY = 1
+MEMPROBE_GPU_CURRENT_DEVICE = -1
+MEMPROBE_GPU_NO_DEVICE = -1
+MEMPROBE_GPU_MEMORY_READ = 1
+MEMPROBE_GPU_MEMORY_RESERVED = 2
+MEMPROBE_GPU_INFO_NAME = 1
+MEMPROBE_GPU_INFO_UUID = 2
+MEMPROBE_GPU_INFO_PCI_BUS_ID = 4
+MEMPROBE_GPU_INFO_NVML_INDEX = 8
 
 # --- types --------------------------------------------------------------------
 
@@ -92,6 +100,30 @@ class memprobe_delta(Structure):
         ("delta_peaked", c_uint64),
         ("kind", c_uint32),
         ("fidelity", c_uint32),
+    ]
+
+
+class memprobe_gpu_info(Structure):
+    _fields_ = [
+        ("id", c_uint32),
+        ("backend", c_uint32),
+        ("nvml_index", c_uint32),
+        ("valid", c_uint32),
+        ("name", c_char * 96),
+        ("uuid", c_char * 96),
+        ("pci_bus_id", c_char * 32),
+    ]
+
+
+class memprobe_gpu_memory(Structure):
+    _fields_ = [
+        ("total", c_uint64),
+        ("free", c_uint64),
+        ("used", c_uint64),
+        ("reserved", c_uint64),
+        ("valid", c_uint32),
+        ("taken_at_ns", c_uint64),
+        ("read_ns", c_uint64),
     ]
 
 
@@ -159,6 +191,34 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_source_read": (status_t, [handle_t, P(memprobe_sample)]),
     "memprobe_source_push": (status_t, [handle_t, c_uint64]),
     "memprobe_source_get_info": (status_t, [handle_t, P(memprobe_source_info)]),
+    "memprobe_source_get_last_error": (
+        status_t,
+        [handle_t, P(status_t), c_char_p, c_size_t, P(c_size_t)],
+    ),
+    "memprobe_source_new_gpu_device": (status_t, [c_uint32, P(handle_t)]),
+    "memprobe_source_new_gpu_process": (status_t, [c_uint32, P(handle_t)]),
+    # GPUs
+    "memprobe_gpu_configure": (status_t, [c_uint32, c_char_p, c_char_p]),
+    "memprobe_gpu_get_backend": (status_t, [P(c_uint32)]),
+    "memprobe_gpu_count": (status_t, [P(c_uint32)]),
+    "memprobe_gpu_get_info": (status_t, [c_uint32, P(memprobe_gpu_info)]),
+    "memprobe_gpu_mem_get": (status_t, [c_int64, P(memprobe_gpu_memory)]),
+    "memprobe_gpu_mem_get_all": (status_t, [P(memprobe_gpu_memory), c_size_t, P(c_size_t)]),
+    "memprobe_gpu_mem_get_free": (status_t, [P(c_uint64)]),
+    "memprobe_gpu_mem_get_used": (status_t, [P(c_uint64)]),
+    "memprobe_gpu_mem_get_free_no_cache": (status_t, [P(c_uint64)]),
+    "memprobe_gpu_mem_get_used_no_cache": (status_t, [P(c_uint64)]),
+    "memprobe_gpu_with_max_free_mem": (status_t, [P(c_int64), P(c_uint64)]),
+    "memprobe_gpu_get_current_device": (status_t, [P(c_uint32)]),
+    "memprobe_gpu_set_current_device": (status_t, [c_uint32]),
+    "memprobe_gpu_preload": (status_t, []),
+    "memprobe_gpu_set_cache_release": (status_t, [memprobe_release_fn, c_void_p]),
+    "memprobe_gpu_device_open": (status_t, [c_uint32, P(handle_t)]),
+    "memprobe_gpu_mem_get_used_fast": (status_t, [handle_t, P(c_uint64)]),
+    "memprobe_gpu_device_mem_get": (status_t, [handle_t, P(memprobe_gpu_memory)]),
+    "memprobe_gpu_device_process_used": (status_t, [handle_t, P(c_uint64)]),
+    "memprobe_gpu_device_free": (status_t, [handle_t]),
+    "memprobe_gpu_debug_live_devices": (status_t, [P(c_uint64)]),
     # traces
     "memprobe_trace_new": (
         status_t,

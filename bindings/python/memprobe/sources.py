@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import atexit
 import enum
-from ctypes import byref
+from ctypes import byref, c_size_t, c_uint32, create_string_buffer
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from . import _ffi
 from ._ffi import C, check
-from .errors import MemprobeError
+from .errors import MemprobeError, Status, error_for
 from .units import b2mb
 
 
@@ -199,6 +199,35 @@ class Source:
         src = cls._new(C.memprobe_source_new_callback, name.encode(), fn, None, keep=fn)
         src._callback_error = errors
         return src
+
+    @classmethod
+    def gpu_device(cls, id: int = 0) -> "Source":
+        """Device ``id``'s memory ("gpu<id>"): used, total, free, reserved.
+        Sampled: the monitor polls it while a window is open over it."""
+        return cls._new(C.memprobe_source_new_gpu_device, int(id))
+
+    @classmethod
+    def gpu_process(cls, id: int = 0) -> "Source":
+        """This process's memory on device ``id`` ("gpu<id>.proc"), from
+        the driver's process list; sampled."""
+        return cls._new(C.memprobe_source_new_gpu_process, int(id))
+
+    def last_error(self) -> Optional[MemprobeError]:
+        """Why the source's last read failed — by :meth:`read`, a window
+        boundary or the monitor thread (e.g. :class:`~memprobe.GpuLostError`
+        for a GPU lost while polled) — or ``None`` when it succeeded."""
+        size = 256
+        while True:
+            buf = create_string_buffer(size)
+            err, needed = c_uint32(), c_size_t()
+            status = C.memprobe_source_get_last_error(self._handle, byref(err), buf, size, byref(needed))
+            if status == Status.BUFFER_TOO_SMALL and needed.value > size:
+                size = int(needed.value)
+                continue
+            check(status)
+            if err.value == Status.OK:
+                return None
+            return error_for(err.value, buf.value.decode("utf-8", "replace"))
 
     def read(self) -> Sample:
         """Takes one reading now (a pushed source returns its last value)."""

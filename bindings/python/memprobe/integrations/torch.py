@@ -26,3 +26,14 @@ def empty_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
     release.__name__ = "empty_cache_release"
     release.__qualname__ = "empty_cache_release"
     return release
+
+
+def install_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
+    """Registers :func:`empty_cache_release` as memprobe's GPU cache-release
+    callback, so that fastai's ``gpu_mem_get_*_no_cache`` readings empty
+    PyTorch's caching allocator first (as fastai's do). Returns the callback."""
+    from ..gpu import set_cache_release
+
+    release = empty_cache_release(gc_collect=gc_collect)
+    set_cache_release(release)
+    return release
