@@ -246,3 +246,35 @@ func TestGPULost(t *testing.T) {
 	lib := stageNVML(t, fmt.Sprintf("device 0 total %d\ndevice 0 used %d\ndevice 0 lost_at 3\n", 16*gib, gib))
 	runScenario(t, "lost", "MEMPROBE_GPU_BACKEND=nvml", "MEMPROBE_NVML_LIBRARY="+lib)
 }
+
+// In this test process the machine decides: a real GPU, or none. Either
+// way the calls answer without crashing, and a real GPU reads sensibly.
+func TestGPUThisMachine(t *testing.T) {
+	n, err := GPUCount()
+	if n == 0 {
+		if err != nil && !errors.Is(err, ErrUnavailable) {
+			t.Fatal(err)
+		}
+		if m, err := GPUMemGet(CurrentDevice); m != (GPUMemory{}) || err == nil {
+			t.Fatalf("no GPU but %+v %v", m, err)
+		}
+		t.Log("no GPU here:", err)
+		return
+	}
+	m := must(GPUMemGet(0))(t)
+	if m.Total == 0 || m.Used > m.Total || !m.Read {
+		t.Fatalf("%+v", m)
+	}
+	d := must(OpenGPUDevice(0))(t)
+	defer d.Close()
+	if u := must(d.UsedFast())(t); u == 0 || u > m.Total {
+		t.Fatal(u)
+	}
+	src := must(NewGPUDevice(0))(t)
+	defer src.Close()
+	if s := must(src.Read())(t); !s.HasTotal || s.Total != m.Total {
+		t.Fatalf("%+v", s)
+	}
+	info := must(GPUInfoOf(0))(t)
+	t.Logf("GPU 0: %+v, %d MiB used of %d", info, m.Used>>20, m.Total>>20)
+}
