@@ -53,8 +53,11 @@ test:
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
+	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench spike_catch
+	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench monitor_cpu
 	$(CARGO) bench -j$(JOBS) -p memprobe-gpu --bench gpu_read
 	$(CARGO) bench -j$(JOBS) -p memprobe-cli --bench overhead
+	$(CARGO) bench -j$(JOBS) -p memprobe-metrics --bench scrape
 
 # Regenerates include/memprobe.h from memprobe-ffi (then commit it).
 header:

@@ -416,6 +416,13 @@ typedef uint32_t memprobe_gpu_backend;
 #endif // __cplusplus
 
 /**
+ * An HTTP endpoint serving `GET /metrics` in the Prometheus text format
+ * (see docs/metrics.md): its sources' readings, the last ended phases of
+ * the trackers it watches, and optionally the GPUs as DCGM gauges.
+ */
+typedef struct memprobe_exporter memprobe_exporter;
+
+/**
  * A pre-resolved GPU (fastai's `gpu_handle`): reading through it does no
  * lookup. Created by memprobe_gpu_device_open, released by
  * memprobe_gpu_device_free.
@@ -959,6 +966,63 @@ memprobe_status memprobe_source_new_gpu_device(uint32_t id, memprobe_source **ou
  * CUDA runtime backend; other errors as memprobe_gpu_device_open.
  */
 memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **out);
+
+/**
+ * Starts an exporter listening on `listen_addr` (`"IP:PORT"`, e.g.
+ * `"0.0.0.0:9464"` to be scraped from other machines; NULL: `127.0.0.1`
+ * on a free port, see memprobe_exporter_port). Rank labels come from
+ * `RANK`, `LOCAL_RANK` and `WORLD_SIZE` when set. Scrapes are answered by
+ * the exporter's own threads; a malformed address is INVALID_ARGUMENT, a
+ * port in use IO ("cannot listen on ...: Address already in use").
+ */
+memprobe_status memprobe_exporter_start(const char *listen_addr, memprobe_exporter **out);
+
+/**
+ * The port the exporter listens on, to `*port` (also after it stopped).
+ */
+memprobe_status memprobe_exporter_port(const memprobe_exporter *exporter, uint16_t *port);
+
+/**
+ * Exports `source`'s readings (`memprobe_source_used_bytes`, ...), read at
+ * each scrape; the exporter keeps its own reference, so the source handle
+ * may be freed afterwards. Adding a source twice exports it once.
+ */
+memprobe_status memprobe_exporter_add_source(memprobe_exporter *exporter, const memprobe_source *source);
+
+/**
+ * Exports `tracker`'s sources and, from then on, the records of its ended
+ * steps, epochs, experiences and streams (`memprobe_phase_*`), its cache
+ * releases and leak flags. The tracker only stores each record into a
+ * snapshot (no I/O, no waiting on a scrape). Either may be freed first.
+ */
+memprobe_status memprobe_exporter_watch_tracker(memprobe_exporter *exporter, memprobe_tracker *tracker);
+
+/**
+ * Sets the rank labels (`rank`, `local_rank`, `world_size`); a negative
+ * value leaves that label out. Replaces what the environment gave.
+ */
+memprobe_status memprobe_exporter_set_rank(memprobe_exporter *exporter, int64_t rank, int64_t local_rank, int64_t world_size);
+
+/**
+ * Exports the GPUs this process sees (the process-wide GPU instance, see
+ * memprobe_gpu_configure) as `DCGM_FI_DEV_FB_USED` / `_FREE` / `_TOTAL`
+ * (MiB), and with `with_processes` non-zero each process's memory on them
+ * (`memprobe_gpu_process_used_bytes`). Without a GPU the families are
+ * simply absent.
+ */
+memprobe_status memprobe_exporter_add_gpus(memprobe_exporter *exporter, int32_t with_processes);
+
+/**
+ * Stops serving and frees the port; requests in progress finish (each is
+ * bounded to a few seconds). WRONG_ORDER when already stopped. The handle
+ * stays valid until memprobe_exporter_free.
+ */
+memprobe_status memprobe_exporter_stop(memprobe_exporter *exporter);
+
+/**
+ * Stops the exporter if it is running and releases it. NULL is a no-op.
+ */
+memprobe_status memprobe_exporter_free(memprobe_exporter *exporter);
 
 /**
  * Sets how often the monitor polls sampled sources (default 10 ms), within

@@ -3,6 +3,7 @@
 use crate::interval::parse_interval;
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -35,6 +36,19 @@ pub(crate) enum Command {
     Watch(WatchArgs),
     /// The GPUs with their memory and processes.
     Gpus(GpusArgs),
+    /// A per-node Prometheus exporter: serves GET /metrics with the host's
+    /// RAM, the container's cgroup, every GPU (DCGM-compatible gauges) and
+    /// the processes on them, until SIGINT or SIGTERM. See docs/metrics.md.
+    Serve(ServeArgs),
+}
+
+/// Options of `memprobe serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on, IP:PORT. Loopback by default; give
+    /// 0.0.0.0:PORT to be scraped from other machines.
+    #[arg(long, default_value = "127.0.0.1:9477", value_name = "ADDR")]
+    pub(crate) listen: SocketAddr,
 }
 
 /// Options of `memprobe run`.
@@ -63,6 +77,10 @@ pub(crate) struct RunArgs {
     /// terminal, on its last row).
     #[arg(long)]
     pub(crate) no_live: bool,
+    /// While the command runs, serve GET /metrics on ADDR (IP:PORT) in the
+    /// Prometheus text format: its process tree, the container and the GPUs.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) serve: Option<SocketAddr>,
     /// The command to run and its arguments; put them after `--` when an
     /// argument could be taken for one of memprobe's options.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]

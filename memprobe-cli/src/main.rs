@@ -1,6 +1,7 @@
 //! The `memprobe` command: `run` a program and record the memory of its
 //! process tree (exact per-process peaks), the container and the GPUs;
-//! `status`, `watch` and `gpus` read the machine. See docs/cli.md.
+//! `status`, `watch` and `gpus` read the machine; `serve` exports it to
+//! Prometheus. See docs/cli.md.
 
 mod args;
 mod child;
@@ -42,6 +43,7 @@ fn main() {
         args::Command::Status(a) => commands::status::main(a),
         args::Command::Watch(a) => commands::watch::main(a),
         args::Command::Gpus(a) => commands::gpus::main(a),
+        args::Command::Serve(a) => commands::serve::main(a),
     };
     std::process::exit(status);
 }

@@ -24,6 +24,7 @@ const SLACK_KB: u64 = 512;
 
 pub(crate) struct KernelHwm {
     clear_refs: File,
+    path: std::path::PathBuf,
     status: Option<ProcFile>,
     /// `signal->maxrss` in KiB, once pinned exactly.
     floor_kb: Option<u64>,
@@ -34,10 +35,11 @@ pub(crate) struct KernelHwm {
 
 impl KernelHwm {
     /// Opens `/proc/self/clear_refs` for writing and checks that a reset works.
-    pub(crate) fn open() -> Result<Self> {
-        let clear_refs = open_clear_refs()?;
+    pub(crate) fn open(path: &std::path::Path) -> Result<Self> {
+        let clear_refs = open_clear_refs(path)?;
         let mut hwm = KernelHwm {
             clear_refs,
+            path: path.to_path_buf(),
             status: None,
             floor_kb: None,
             floor_bound_kb: u64::MAX,
@@ -50,7 +52,7 @@ impl KernelHwm {
 
     fn check_fork(&mut self) -> Result<()> {
         if self.generation != fork::generation() {
-            self.clear_refs = open_clear_refs()?;
+            self.clear_refs = open_clear_refs(&self.path)?;
             self.status = None;
             // A forked child has its own signal struct: learn its floor anew.
             self.floor_kb = None;
@@ -114,11 +116,13 @@ impl KernelHwm {
     }
 }
 
-fn open_clear_refs() -> Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .open("/proc/self/clear_refs")
-        .map_err(|e| Error::io("open /proc/self/clear_refs for writing", &e))
+fn open_clear_refs(path: &std::path::Path) -> Result<File> {
+    OpenOptions::new().write(true).open(path).map_err(|e| {
+        Error::io(
+            format!("open {} for writing (clear_refs)", path.display()),
+            &e,
+        )
+    })
 }
 
 fn maxrss_kb() -> u64 {

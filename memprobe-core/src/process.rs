@@ -33,10 +33,17 @@ impl ProcessSampler {
     /// read-only), the sampler still works with sampled peaks and
     /// [`hwm_error`](Self::hwm_error) says why.
     pub fn new(mode: HwmMode) -> Result<Self> {
+        Self::with_clear_refs(mode, "/proc/self/clear_refs")
+    }
+
+    /// Like [`new`](Self::new), resetting the mark through `clear_refs`
+    /// instead of `/proc/self/clear_refs` (to test how the sampler degrades
+    /// when the reset is refused).
+    pub fn with_clear_refs(mode: HwmMode, clear_refs: impl AsRef<std::path::Path>) -> Result<Self> {
         let statm = ProcFile::open("/proc/self/statm")?;
         let (hwm, hwm_error) = match mode {
             HwmMode::Preserve => (None, None),
-            HwmMode::Reset => match KernelHwm::open() {
+            HwmMode::Reset => match KernelHwm::open(clear_refs.as_ref()) {
                 Ok(h) => (Some(h), None),
                 Err(e) => (None, Some(e)),
             },

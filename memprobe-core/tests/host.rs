@@ -173,3 +173,28 @@ fn process_tree_includes_children() {
     }
     assert!(memprobe_core::sources::PRESERVE_VMHWM_ENV.starts_with("MEMPROBE"));
 }
+
+#[test]
+fn clear_refs_not_permitted_degrades_to_sampled() {
+    use memprobe_core::process::{HwmMode, ProcessSampler};
+    // A path that cannot be opened for writing stands for a /proc mounted
+    // read-only or a kernel without clear_refs.
+    let s = ProcessSampler::with_clear_refs(HwmMode::Reset, "/proc/self").expect("RSS still reads");
+    let why = s.hwm_error().expect("the reset cannot work");
+    assert!(why.message().contains("clear_refs"), "{why}");
+    assert_eq!(
+        s.info().fidelity,
+        memprobe_core::PeakFidelity::Sampled,
+        "degrades, never claims exact"
+    );
+    let src = Source::from_sampler(Box::new(s));
+    assert_eq!(src.info().fidelity, memprobe_core::PeakFidelity::Sampled);
+    let w = memprobe_core::Window::open(&[src.clone()]).unwrap();
+    let now = src.read().unwrap().used;
+    assert!(
+        w.peaks().unwrap()[0] >= now,
+        "sampled peaks still cover readings"
+    );
+    let d = w.measure().unwrap();
+    assert_eq!(d[0].fidelity, memprobe_core::PeakFidelity::Sampled);
+}

@@ -21,6 +21,10 @@ const THREADS: usize = 16;
 const SLACK: u64 = THREADS as u64 * 256 * 1024 + 2 * MIB;
 const SPIKE: usize = 32 << 20;
 
+/// The process source is shared: these tests count its windows, so they run
+/// one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Makes a spike and returns the process's RSS read while it was held.
 fn spike(bytes: usize, rss: &Source) -> u64 {
     // SAFETY: anonymous private mapping, touched within bounds, then unmapped.
@@ -45,6 +49,7 @@ fn spike(bytes: usize, rss: &Source) -> u64 {
 
 #[test]
 fn sixteen_threads_nested_windows_with_monitor() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     monitor::set_interval(Duration::from_millis(1)).unwrap();
     let rss = Source::process().unwrap();
     let value = Arc::new(AtomicU64::new(1));
@@ -115,5 +120,62 @@ fn sixteen_threads_nested_windows_with_monitor() {
     );
     assert_eq!(rss.open_windows().unwrap(), 0);
     assert_eq!(sampled.open_windows().unwrap(), 0);
+    monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
+}
+
+#[test]
+fn sixty_four_threads_window_churn_with_monitor() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    monitor::set_interval(Duration::from_millis(1)).unwrap();
+    let rss = Source::process().unwrap();
+    let pushed = Source::pushed("p").unwrap();
+    let value = Arc::new(AtomicU64::new(1));
+    let v2 = value.clone();
+    let sampled = Source::callback("c", Box::new(move || Ok(v2.load(Ordering::Relaxed)))).unwrap();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..64u64)
+        .map(|i| {
+            let (rss, pushed, sampled, value) =
+                (rss.clone(), pushed.clone(), sampled.clone(), value.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                for round in 0..100u64 {
+                    let outer = Window::open(&[rss.clone(), pushed.clone(), sampled.clone()])
+                        .map_err(|e| e.to_string())?;
+                    let mut inner =
+                        Window::open(&[pushed.clone(), rss.clone()]).map_err(|e| e.to_string())?;
+                    let v = i * 1000 + round;
+                    pushed.push(v).map_err(|e| e.to_string())?;
+                    value.fetch_max(v, Ordering::Relaxed);
+                    let ip = inner.peaks().map_err(|e| e.to_string())?;
+                    if ip[0] < v {
+                        return Err(format!("thread {i}: pushed peak {} < own push {v}", ip[0]));
+                    }
+                    inner.reset().map_err(|e| e.to_string())?;
+                    let op = outer.peaks().map_err(|e| e.to_string())?;
+                    if op[1] < v {
+                        return Err(format!("thread {i}: outer pushed peak {} < {v}", op[1]));
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("no panic").expect("consistent peaks");
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        (
+            rss.open_windows().unwrap(),
+            pushed.open_windows().unwrap(),
+            sampled.open_windows().unwrap()
+        ),
+        (0, 0, 0)
+    );
+    eprintln!("64 threads x 100 rounds: {:?}", start.elapsed());
     monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
 }

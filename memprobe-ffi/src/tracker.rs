@@ -111,7 +111,7 @@ fn record_to_c(r: &Record) -> memprobe_phase_record {
     }
 }
 
-fn tracker(h: *const memprobe_tracker) -> FfiResult<Arc<Lock<Tracker>>> {
+pub(crate) fn tracker(h: *const memprobe_tracker) -> FfiResult<Arc<Lock<Tracker>>> {
     if h.is_null() {
         return Err(crate::boundary::null("tracker"));
     }

@@ -63,6 +63,11 @@ fn cpp_raii_layer() {
 }
 
 #[test]
+fn fork_inside_callbacks() {
+    check_all_ways("test_fork_callback.c", &[]);
+}
+
+#[test]
 fn fork_with_monitor_running() {
     check_all_ways("test_fork.c", &[]);
 }
@@ -115,4 +120,9 @@ fn soname_and_exported_symbols() {
         let declared = header.contains(&format!(" {sym}(")) || header.contains(&format!("*{sym}("));
         assert!(declared, "{sym} is exported but not declared in the header");
     }
+}
+
+#[test]
+fn metrics_exporter() {
+    check_all_ways("test_metrics.c", &[("MEMPROBE_GPU_BACKEND", "none")]);
 }

@@ -2,5 +2,6 @@
 
 pub(crate) mod gpus;
 pub(crate) mod run;
+pub(crate) mod serve;
 pub(crate) mod status;
 pub(crate) mod watch;

@@ -129,10 +129,16 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         live: live_state.clone(),
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
+    let exporter = args.serve.and_then(|addr| {
+        crate::commands::serve::start_for_tree(addr, pid)
+            .map_err(|e| eprintln!("memprobe: warning: --serve: {e}"))
+            .ok()
+    });
 
     let waited = child::wait_terminated(pid);
     let duration_s = t0.elapsed().as_secs_f64();
     let recording = recorder.map(Recorder::finish);
+    drop(exporter);
     if let Some(l) = live {
         l.stop();
     }

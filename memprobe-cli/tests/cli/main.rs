@@ -6,5 +6,6 @@ mod helper;
 mod outputs;
 mod peaks;
 mod schema;
+mod serve;
 mod support;
 mod terminal;

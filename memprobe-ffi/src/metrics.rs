@@ -1,0 +1,179 @@
+//! The Prometheus exporter through the C ABI.
+
+use crate::boundary::{opt_text, out, run, FfiError, FfiResult};
+use crate::handle::Table;
+use crate::source::{memprobe_source, source};
+use crate::status::memprobe_status;
+use crate::tracker::{memprobe_tracker, tracker};
+use memprobe_core::lock::Lock;
+use memprobe_metrics::{Exporter, ExporterOptions, Rank};
+use std::ffi::c_char;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// An HTTP endpoint serving `GET /metrics` in the Prometheus text format
+/// (see docs/metrics.md): its sources' readings, the last ended phases of
+/// the trackers it watches, and optionally the GPUs as DCGM gauges.
+#[allow(non_camel_case_types)]
+pub struct memprobe_exporter {
+    _private: [u8; 0],
+}
+
+static EXPORTERS: Table<Lock<Exporter>> = Table::new(0x45, "memprobe_exporter");
+
+fn exporter(h: *const memprobe_exporter) -> FfiResult<Arc<Lock<Exporter>>> {
+    if h.is_null() {
+        return Err(crate::boundary::null("exporter"));
+    }
+    EXPORTERS.get(h as usize)
+}
+
+/// Starts an exporter listening on `listen_addr` (`"IP:PORT"`, e.g.
+/// `"0.0.0.0:9464"` to be scraped from other machines; NULL: `127.0.0.1`
+/// on a free port, see memprobe_exporter_port). Rank labels come from
+/// `RANK`, `LOCAL_RANK` and `WORLD_SIZE` when set. Scrapes are answered by
+/// the exporter's own threads; a malformed address is INVALID_ARGUMENT, a
+/// port in use IO ("cannot listen on ...: Address already in use").
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_start(
+    listen_addr: *const c_char,
+    out: *mut *mut memprobe_exporter,
+) -> memprobe_status {
+    run("memprobe_exporter_start", || {
+        let slot = self::out(out, "out")?;
+        let listen = opt_text(listen_addr, "listen_addr")?
+            .map(|a| {
+                a.parse::<SocketAddr>().map_err(|_| {
+                    FfiError::new(
+                        memprobe_status::InvalidArgument,
+                        format!("listen_addr {a:?} is not IP:PORT (e.g. 127.0.0.1:9464)"),
+                    )
+                })
+            })
+            .transpose()?;
+        let e = Exporter::start(ExporterOptions {
+            listen,
+            ..ExporterOptions::default()
+        })?;
+        *slot = EXPORTERS.insert(Lock::new(e))? as *mut memprobe_exporter;
+        Ok(())
+    })
+}
+
+/// The port the exporter listens on, to `*port` (also after it stopped).
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_port(
+    exporter: *const memprobe_exporter,
+    port: *mut u16,
+) -> memprobe_status {
+    run("memprobe_exporter_port", || {
+        let slot = out(port, "port")?;
+        *slot = self::exporter(exporter)?.lock()?.port();
+        Ok(())
+    })
+}
+
+/// Exports `source`'s readings (`memprobe_source_used_bytes`, ...), read at
+/// each scrape; the exporter keeps its own reference, so the source handle
+/// may be freed afterwards. Adding a source twice exports it once.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_add_source(
+    exporter: *mut memprobe_exporter,
+    source: *const memprobe_source,
+) -> memprobe_status {
+    run("memprobe_exporter_add_source", || {
+        let s = self::source(source)?;
+        Ok(self::exporter(exporter)?.lock()?.add_source(&s)?)
+    })
+}
+
+/// Exports `tracker`'s sources and, from then on, the records of its ended
+/// steps, epochs, experiences and streams (`memprobe_phase_*`), its cache
+/// releases and leak flags. The tracker only stores each record into a
+/// snapshot (no I/O, no waiting on a scrape). Either may be freed first.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_watch_tracker(
+    exporter: *mut memprobe_exporter,
+    tracker: *mut memprobe_tracker,
+) -> memprobe_status {
+    run("memprobe_exporter_watch_tracker", || {
+        let e = self::exporter(exporter)?;
+        let t = self::tracker(tracker)?;
+        let e = e.lock()?;
+        let mut t = t.lock()?;
+        Ok(e.watch(&mut t)?)
+    })
+}
+
+/// Sets the rank labels (`rank`, `local_rank`, `world_size`); a negative
+/// value leaves that label out. Replaces what the environment gave.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_set_rank(
+    exporter: *mut memprobe_exporter,
+    rank: i64,
+    local_rank: i64,
+    world_size: i64,
+) -> memprobe_status {
+    run("memprobe_exporter_set_rank", || {
+        let v = |x: i64, what: &str| -> FfiResult<Option<u32>> {
+            if x < 0 {
+                return Ok(None);
+            }
+            u32::try_from(x).map(Some).map_err(|_| {
+                FfiError::new(
+                    memprobe_status::InvalidArgument,
+                    format!("{what} {x} is out of range"),
+                )
+            })
+        };
+        let r = Rank {
+            rank: v(rank, "rank")?,
+            local_rank: v(local_rank, "local_rank")?,
+            world_size: v(world_size, "world_size")?,
+        };
+        Ok(self::exporter(exporter)?.lock()?.set_rank(r)?)
+    })
+}
+
+/// Exports the GPUs this process sees (the process-wide GPU instance, see
+/// memprobe_gpu_configure) as `DCGM_FI_DEV_FB_USED` / `_FREE` / `_TOTAL`
+/// (MiB), and with `with_processes` non-zero each process's memory on them
+/// (`memprobe_gpu_process_used_bytes`). Without a GPU the families are
+/// simply absent.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_add_gpus(
+    exporter: *mut memprobe_exporter,
+    with_processes: i32,
+) -> memprobe_status {
+    run("memprobe_exporter_add_gpus", || {
+        let gpus = memprobe_gpu::Gpus::shared();
+        Ok(self::exporter(exporter)?
+            .lock()?
+            .set_gpus(Some(gpus), with_processes != 0)?)
+    })
+}
+
+/// Stops serving and frees the port; requests in progress finish (each is
+/// bounded to a few seconds). WRONG_ORDER when already stopped. The handle
+/// stays valid until memprobe_exporter_free.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_stop(exporter: *mut memprobe_exporter) -> memprobe_status {
+    run("memprobe_exporter_stop", || {
+        Ok(self::exporter(exporter)?.lock()?.stop()?)
+    })
+}
+
+/// Stops the exporter if it is running and releases it. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_free(exporter: *mut memprobe_exporter) -> memprobe_status {
+    run("memprobe_exporter_free", || {
+        if !exporter.is_null() {
+            let e = EXPORTERS.remove(exporter as usize)?;
+            let mut e = e.lock()?;
+            if e.is_running() {
+                e.stop()?;
+            }
+        }
+        Ok(())
+    })
+}

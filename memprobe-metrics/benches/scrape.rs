@@ -1,0 +1,171 @@
+//! Scrape latency with 8 fake GPUs after a long run, and what the exporter
+//! adds to a training step (`Tracker::next`) while scraped in a loop.
+//! `cargo bench -p memprobe-metrics --bench scrape`
+
+#[path = "../../tests/src/fake_gpu.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod fake_gpu;
+
+use memprobe_core::{PhaseKind, Source, Tracker};
+use memprobe_gpu::{GpuBackend, GpuConfig, Gpus};
+use memprobe_metrics::{Exporter, ExporterOptions};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn fake_gpus() -> &'static Gpus {
+    let dir = std::env::temp_dir().join(format!("memprobe-scrape-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libnvidia-ml.so.1");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-gpu");
+    fake_gpu::compile_fake(&root, "fake_nvml.c", &[], &lib);
+    let mut script = String::from("devices 8\n");
+    for i in 0..8 {
+        script += &format!(
+            "device {i} procs 1000:{} 2000:{}\n",
+            (i + 1) << 20,
+            (i + 2) << 20
+        );
+    }
+    std::fs::write(dir.join("fake_nvml.script"), script).unwrap();
+    let gpus = Gpus::open(GpuConfig {
+        backend: GpuBackend::Nvml,
+        nvml_path: Some(lib),
+        ..GpuConfig::default()
+    })
+    .unwrap();
+    Box::leak(Box::new(gpus))
+}
+
+fn scrape(addr: SocketAddr) -> usize {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).unwrap();
+    v.len()
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p) as usize]
+}
+
+/// Mean ns per `Tracker::next` over `n` steps.
+fn steps(t: &mut Tracker, act: &Source, n: u64) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..n {
+        act.push(i & 0xffff).unwrap();
+        t.next(PhaseKind::Step, None).unwrap();
+    }
+    t0.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn main() {
+    let gpus = fake_gpus();
+    let e = Exporter::start(ExporterOptions::default()).unwrap();
+    e.set_gpus(Some(gpus), true).unwrap();
+    let sources: Vec<Source> = (0..4)
+        .map(|i| Source::pushed(&format!("s{i}")).unwrap())
+        .collect();
+    let mut t = Tracker::new(&sources).unwrap();
+    e.watch(&mut t).unwrap();
+    e.add_source(&Source::process().unwrap()).unwrap();
+    e.add_source(&Source::system_ram().unwrap()).unwrap();
+    // A long run: 100 epochs of 1000 steps.
+    for _ in 0..100 {
+        t.begin(PhaseKind::Epoch, None).unwrap();
+        t.begin(PhaseKind::Step, None).unwrap();
+        steps(&mut t, &sources[0], 1000);
+        t.end(PhaseKind::Step, None).unwrap();
+        t.end(PhaseKind::Epoch, None).unwrap();
+    }
+    let addr = e.local_addr();
+    let bytes = scrape(addr);
+    let mut lat: Vec<f64> = (0..300)
+        .map(|_| {
+            let t0 = Instant::now();
+            scrape(addr);
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let render: Vec<f64> = (0..300)
+        .map(|_| {
+            let t0 = Instant::now();
+            std::hint::black_box(e.render());
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let mut render = render;
+    println!(
+        "scrape over HTTP, 8 GPUs + processes, 4 tracked + 2 read sources, after 100k steps: \
+         {bytes} bytes, p50 {:.0} us, p99 {:.0} us (render alone p50 {:.0} us)",
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99),
+        pct(&mut render, 0.5)
+    );
+
+    // Tracker::next: no exporter / exporter not scraped / scraped in a loop.
+    let act = Source::pushed("act").unwrap();
+    let mut bare = Tracker::new(&[act.clone()]).unwrap();
+    bare.begin(PhaseKind::Step, None).unwrap();
+    let mut watched = Tracker::new(&[act.clone()]).unwrap();
+    e.watch(&mut watched).unwrap();
+    watched.begin(PhaseKind::Step, None).unwrap();
+    const N: u64 = 200_000;
+    let rounds = 7;
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut c = Vec::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let scrapes = Arc::new(AtomicU64::new(0));
+    for _ in 0..rounds {
+        a.push(steps(&mut bare, &act, N));
+        b.push(steps(&mut watched, &act, N));
+    }
+    let (s, n) = (Arc::clone(&stop), Arc::clone(&scrapes));
+    let scraper = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            scrape(addr);
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        c.push(steps(&mut watched, &act, N));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    scraper.join().unwrap();
+    let mut bare_scraped = Vec::new();
+    let (s2, n2) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (s, n) = (Arc::clone(&s2), Arc::clone(&n2));
+    let scraper = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            scrape(addr);
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    for _ in 0..rounds {
+        bare_scraped.push(steps(&mut bare, &act, N));
+    }
+    s2.store(true, Ordering::Relaxed);
+    scraper.join().unwrap();
+    println!(
+        "Tracker::next (1 pushed source, median of {rounds} x {N} steps): \
+         no exporter {:.0} ns; watched, not scraped {:.0} ns; \
+         watched, scraped in a loop ({:.0} scrapes/s) {:.0} ns; \
+         no exporter while the same loop scrapes {:.0} ns",
+        pct(&mut a, 0.5),
+        pct(&mut b, 0.5),
+        scrapes.load(Ordering::Relaxed) as f64 / secs,
+        pct(&mut c, 0.5),
+        pct(&mut bare_scraped, 0.5),
+    );
+}

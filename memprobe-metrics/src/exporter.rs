@@ -1,0 +1,196 @@
+//! The exporter: what it serves, and its HTTP endpoint's life.
+
+use crate::http::{Limits, Render, Server};
+use crate::labels::{hostname, Rank};
+use crate::render::{render, Inputs};
+use crate::snapshot::{MetricsSink, Shared};
+use memprobe_core::lock::Lock;
+use memprobe_core::{Error, Result, Source, Tracker};
+use memprobe_gpu::Gpus;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+/// How an exporter starts.
+#[derive(Debug, Clone, Default)]
+pub struct ExporterOptions {
+    /// Where to listen; `None`: `127.0.0.1`, a free port (see
+    /// [`Exporter::port`]). Give `0.0.0.0:PORT` to be scraped from other
+    /// machines.
+    pub listen: Option<SocketAddr>,
+    /// The rank labels; `None`: from `RANK`, `LOCAL_RANK`, `WORLD_SIZE`.
+    pub rank: Option<Rank>,
+    /// The `hostname` label; `None`: this machine's host name.
+    pub hostname: Option<String>,
+    /// Connection bounds.
+    pub limits: Limits,
+}
+
+#[derive(Clone, Default)]
+struct Config {
+    sources: Vec<Source>,
+    rank: Rank,
+    gpus: Option<&'static Gpus>,
+    gpu_processes: bool,
+}
+
+struct Inner {
+    config: Lock<Config>,
+    hostname: String,
+    shared: Arc<Shared>,
+}
+
+impl Inner {
+    fn render(&self) -> String {
+        let config = self.config.lock().map(|c| c.clone()).unwrap_or_default();
+        let snapshot = self.shared.snapshot();
+        render(&Inputs {
+            sources: &config.sources,
+            gpus: config.gpus,
+            gpu_processes: config.gpu_processes,
+            hostname: &self.hostname,
+            rank: &config.rank,
+            snapshot: &snapshot,
+        })
+    }
+}
+
+/// An HTTP endpoint serving `/metrics` in the Prometheus text format: the
+/// current readings of its sources and GPUs, and the last ended phases of
+/// the trackers it watches. Scrapes are answered by the exporter's own
+/// threads, from a snapshot: a training thread never waits on a scrape.
+/// Stopped on drop.
+pub struct Exporter {
+    inner: Arc<Inner>,
+    server: Option<Server>,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter")
+            .field("addr", &self.addr)
+            .field("running", &self.server.is_some())
+            .finish()
+    }
+}
+
+impl Exporter {
+    /// Binds and starts serving.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`](memprobe_core::ErrorKind::Io) with "cannot listen
+    /// on ADDR: Address already in use" when the port is taken, and
+    /// similar messages for other bind failures.
+    pub fn start(options: ExporterOptions) -> Result<Exporter> {
+        let hostname = match options.hostname {
+            Some(h) => h,
+            None => hostname()?,
+        };
+        let inner = Arc::new(Inner {
+            config: Lock::new(Config {
+                rank: options.rank.unwrap_or_else(Rank::from_env),
+                ..Config::default()
+            }),
+            hostname,
+            shared: Arc::new(Shared::new()),
+        });
+        let listen = options
+            .listen
+            .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+        let weak = Arc::downgrade(&inner);
+        let render: Render =
+            Arc::new(move || weak.upgrade().map_or_else(String::new, |i| i.render()));
+        let server = Server::start(listen, options.limits, render)?;
+        let addr = server.local_addr();
+        Ok(Exporter {
+            inner,
+            server: Some(server),
+            addr,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The port it listens on (the one chosen when port 0 was asked for).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Exports `source`'s readings (read at each scrape). A source already
+    /// exported is not added twice.
+    pub fn add_source(&self, source: &Source) -> Result<()> {
+        let mut c = self.inner.config.lock()?;
+        if !c.sources.iter().any(|s| s.id() == source.id()) {
+            c.sources.push(source.clone());
+        }
+        Ok(())
+    }
+
+    /// Exports the GPUs of `gpus` as DCGM-compatible gauges, with the
+    /// memory of each process on them when `processes`; `None` stops.
+    pub fn set_gpus(&self, gpus: Option<&'static Gpus>, processes: bool) -> Result<()> {
+        let mut c = self.inner.config.lock()?;
+        c.gpus = gpus;
+        c.gpu_processes = processes;
+        Ok(())
+    }
+
+    /// Replaces the rank labels.
+    pub fn set_rank(&self, rank: Rank) -> Result<()> {
+        self.inner.config.lock()?.rank = rank;
+        Ok(())
+    }
+
+    /// A sink that publishes a tracker's ended phases to this exporter.
+    pub fn sink(&self) -> Arc<MetricsSink> {
+        Arc::new(MetricsSink {
+            shared: Arc::clone(&self.inner.shared),
+        })
+    }
+
+    /// Exports `tracker`'s sources and the records of its ended phases.
+    pub fn watch(&self, tracker: &mut Tracker) -> Result<()> {
+        for s in tracker.sources() {
+            self.add_source(s)?;
+        }
+        tracker.add_sink(self.sink());
+        Ok(())
+    }
+
+    /// The exposition a scrape would get now.
+    pub fn render(&self) -> String {
+        self.inner.render()
+    }
+
+    /// Stops serving (requests in progress finish, within the limits) and
+    /// frees the port.
+    ///
+    /// # Errors
+    /// [`ErrorKind::WrongOrder`](memprobe_core::ErrorKind::WrongOrder) when
+    /// already stopped.
+    pub fn stop(&mut self) -> Result<()> {
+        match self.server.take() {
+            Some(s) => {
+                s.stop();
+                Ok(())
+            }
+            None => Err(Error::wrong_order("the exporter is already stopped")),
+        }
+    }
+
+    /// Whether it is serving.
+    pub fn is_running(&self) -> bool {
+        self.server.is_some()
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}

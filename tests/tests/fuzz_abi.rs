@@ -1,0 +1,710 @@
+//! A property-based fuzzer over sequences of C ABI calls with arbitrary
+//! arguments: handles that are live, freed, of another type or forged;
+//! unknown enum values and flag bits; random strings, sizes and NULLs. It
+//! drives the real `extern "C"` entry points (the same code as
+//! libmemprobe.so) in this process.
+//!
+//! Properties: no call crashes or returns MEMPROBE_STATUS_PANIC; every status
+//! is a known value with a message when not OK; after the sequence, freeing
+//! every handle leaves none alive.
+//!
+//! CI runs the seeds in tests/fuzz/corpus.txt plus new random seeds for
+//! MEMPROBE_FUZZ_SECONDS (default 10). A longer run:
+//! `MEMPROBE_FUZZ_SECONDS=600 cargo test --release -p memprobe-tests --test fuzz_abi -- --nocapture`.
+//! A failing seed is printed; add it to the corpus once fixed.
+
+use memprobe::source::{memprobe_sample, memprobe_source, memprobe_source_info};
+use memprobe::status::memprobe_status;
+use memprobe::trace::memprobe_trace;
+use memprobe::tracker::{memprobe_phase_record, memprobe_tracker};
+use memprobe::window::{memprobe_delta, memprobe_window};
+use std::ffi::{c_char, c_void, CString};
+use std::time::{Duration, Instant};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+unsafe extern "C" fn read_cb(data: *mut c_void, out: *mut u64) -> i32 {
+    // SAFETY: the fuzzer passes a pointer to a live u64 counter, and memprobe
+    // a valid out-pointer.
+    let v = unsafe { *(data as *const u64) };
+    // SAFETY: as above.
+    unsafe { *out = v };
+    if v % 7 == 3 {
+        5
+    } else {
+        0
+    }
+}
+unsafe extern "C" fn release_cb(_data: *mut c_void) -> i32 {
+    0
+}
+unsafe extern "C" fn line_cb(_line: *const c_char, _data: *mut c_void) {}
+unsafe extern "C" fn record_cb(
+    _r: *const memprobe_phase_record,
+    _d: *const memprobe_delta,
+    _n: usize,
+    _u: *mut c_void,
+) {
+}
+unsafe extern "C" fn step_cb(data: *mut c_void) -> i32 {
+    // SAFETY: a live u64 counter.
+    let n = unsafe { &mut *(data as *mut u64) };
+    *n += 1;
+    (*n % 3) as i32
+}
+
+#[derive(Default)]
+struct Pool {
+    sources: Vec<usize>,
+    windows: Vec<usize>,
+    traces: Vec<usize>,
+    trackers: Vec<usize>,
+}
+
+fn pick(rng: &mut Rng, live: &[usize], others: &Pool) -> usize {
+    match rng.below(10) {
+        0 => 0,                   // NULL
+        1 => rng.next() as usize, // forged
+        2 => {
+            // a handle of another type
+            let all: Vec<usize> = others
+                .sources
+                .iter()
+                .chain(&others.windows)
+                .chain(&others.traces)
+                .chain(&others.trackers)
+                .copied()
+                .collect();
+            if all.is_empty() {
+                0x1234
+            } else {
+                all[rng.below(all.len() as u64) as usize]
+            }
+        }
+        _ if live.is_empty() => rng.next() as usize,
+        _ => live[rng.below(live.len() as u64) as usize],
+    }
+}
+
+fn text(rng: &mut Rng) -> Option<CString> {
+    match rng.below(6) {
+        0 => None,
+        1 => Some(CString::new("").unwrap()),
+        2 => Some(CString::new(vec![0xff, 0xfe]).unwrap()),
+        3 => Some(CString::new("x".repeat(rng.below(200) as usize + 1)).unwrap()),
+        _ => Some(CString::new(format!("n{}", rng.below(1000))).unwrap()),
+    }
+}
+
+fn cptr(s: &Option<CString>) -> *const c_char {
+    s.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
+}
+
+const KNOWN: u32 = 14;
+
+fn check(seed: u64, step: usize, what: &str, st: memprobe_status) {
+    let v = st as u32;
+    assert!(
+        v <= KNOWN,
+        "seed {seed} step {step}: {what} returned unknown status {v}"
+    );
+    assert_ne!(
+        st,
+        memprobe_status::Panic,
+        "seed {seed} step {step}: {what} panicked: {}",
+        last_error()
+    );
+    if st != memprobe_status::Ok {
+        assert!(
+            !last_error().is_empty(),
+            "seed {seed} step {step}: {what} failed without a message"
+        );
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: memprobe_last_error never returns NULL.
+    unsafe { std::ffi::CStr::from_ptr(memprobe::boundary::memprobe_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Runs one sequence; returns the number of calls made.
+fn run_seed(seed: u64, steps: usize) -> usize {
+    use memprobe::*;
+    let mut rng = Rng(seed | 1);
+    let mut p = Pool::default();
+    let counter = Box::new(0u64);
+    let counter_ptr = &*counter as *const u64 as *mut c_void;
+    let mut step_counter = Box::new(0u64);
+    for step in 0..steps {
+        let op = rng.below(34);
+        macro_rules! call {
+            ($name:expr, $e:expr) => {{
+                let st = $e;
+                check(seed, step, $name, st);
+                st
+            }};
+        }
+        // SAFETY (for every arm): out-pointers are valid or NULL, strings
+        // are NUL-terminated or NULL, arrays hold the lengths passed;
+        // handles are arbitrary values, which is the point.
+        unsafe {
+            match op {
+                0 => {
+                    let mut h = std::ptr::null_mut::<memprobe_source>();
+                    let flags = if rng.chance(80) { 0 } else { rng.next() as u32 };
+                    if call!(
+                        "new_process",
+                        source::memprobe_source_new_process(flags, &mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.sources.push(h as usize);
+                    }
+                }
+                1 => {
+                    let name = text(&mut rng);
+                    let mut h = std::ptr::null_mut::<memprobe_source>();
+                    if call!(
+                        "new_pushed",
+                        source::memprobe_source_new_pushed(cptr(&name), &mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.sources.push(h as usize);
+                    }
+                }
+                2 => {
+                    let mut h = std::ptr::null_mut::<memprobe_source>();
+                    let f = if rng.chance(90) {
+                        Some(read_cb as _)
+                    } else {
+                        None
+                    };
+                    let name = text(&mut rng);
+                    if call!(
+                        "new_callback",
+                        source::memprobe_source_new_callback(cptr(&name), f, counter_ptr, &mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.sources.push(h as usize);
+                    }
+                }
+                3 => {
+                    let mut h = std::ptr::null_mut::<memprobe_source>();
+                    if call!(
+                        "new_system_ram",
+                        source::memprobe_source_new_system_ram(&mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.sources.push(h as usize);
+                    }
+                }
+                4 => {
+                    let h = pick(&mut rng, &p.sources, &p);
+                    let mut s = memprobe_sample::default();
+                    let out = if rng.chance(90) {
+                        &mut s as *mut _
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    call!(
+                        "source_read",
+                        source::memprobe_source_read(h as *const memprobe_source, out)
+                    );
+                }
+                5 => {
+                    let h = pick(&mut rng, &p.sources, &p);
+                    call!(
+                        "source_push",
+                        source::memprobe_source_push(h as *const memprobe_source, rng.next())
+                    );
+                }
+                6 => {
+                    let h = pick(&mut rng, &p.sources, &p);
+                    let mut i = std::mem::zeroed::<memprobe_source_info>();
+                    call!(
+                        "source_info",
+                        source::memprobe_source_get_info(h as *const memprobe_source, &mut i)
+                    );
+                }
+                7 => {
+                    let h = pick(&mut rng, &p.sources, &p);
+                    if call!(
+                        "source_free",
+                        source::memprobe_source_free(h as *mut memprobe_source)
+                    ) == memprobe_status::Ok
+                    {
+                        p.sources.retain(|&x| x != h);
+                    }
+                }
+                8 | 9 => {
+                    let n = rng.below(4) as usize;
+                    let list: Vec<*const memprobe_source> = (0..n)
+                        .map(|_| pick(&mut rng, &p.sources, &p) as *const memprobe_source)
+                        .collect();
+                    let count = if rng.chance(90) {
+                        n
+                    } else {
+                        rng.below(10_000) as usize % (n + 1)
+                    };
+                    let lp = if rng.chance(95) {
+                        list.as_ptr()
+                    } else {
+                        std::ptr::null()
+                    };
+                    let mut h = std::ptr::null_mut::<memprobe_window>();
+                    if call!(
+                        "window_open",
+                        window::memprobe_window_open(lp, count, &mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.windows.push(h as usize);
+                    }
+                }
+                10 => {
+                    let h = pick(&mut rng, &p.windows, &p);
+                    let mut v = 0u64;
+                    call!(
+                        "window_peak",
+                        window::memprobe_window_peak(
+                            h as *const memprobe_window,
+                            rng.below(5) as usize,
+                            &mut v
+                        )
+                    );
+                }
+                11 => {
+                    let h = pick(&mut rng, &p.windows, &p);
+                    let mut d = memprobe_delta::default();
+                    call!(
+                        "window_measure",
+                        window::memprobe_window_measure(
+                            h as *const memprobe_window,
+                            rng.below(5) as usize,
+                            &mut d
+                        )
+                    );
+                }
+                12 => {
+                    let h = pick(&mut rng, &p.windows, &p);
+                    let mut ended = vec![memprobe_delta::default(); 4];
+                    let (ptr, n) = if rng.chance(50) {
+                        (ended.as_mut_ptr(), rng.below(5) as usize)
+                    } else {
+                        (std::ptr::null_mut(), rng.next() as usize)
+                    };
+                    call!(
+                        "window_reset",
+                        window::memprobe_window_reset(h as *mut memprobe_window, ptr, n)
+                    );
+                }
+                13 => {
+                    let h = pick(&mut rng, &p.windows, &p);
+                    if call!(
+                        "window_free",
+                        window::memprobe_window_free(h as *mut memprobe_window)
+                    ) == memprobe_status::Ok
+                    {
+                        p.windows.retain(|&x| x != h);
+                    }
+                }
+                14 | 15 => {
+                    let n = rng.below(3) as usize;
+                    let list: Vec<*const memprobe_source> = (0..n)
+                        .map(|_| pick(&mut rng, &p.sources, &p) as *const memprobe_source)
+                        .collect();
+                    let ctx = text(&mut rng);
+                    // Reports stay silent or go to a no-op callback: nothing printed.
+                    let flags = if rng.chance(85) {
+                        trace::MEMPROBE_TRACE_SILENT | (rng.below(2) as u32 * 2)
+                    } else {
+                        rng.next() as u32 | 1
+                    };
+                    let mut h = std::ptr::null_mut::<memprobe_trace>();
+                    if call!(
+                        "trace_new",
+                        trace::memprobe_trace_new(list.as_ptr(), n, cptr(&ctx), flags, &mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.traces.push(h as usize);
+                    }
+                }
+                16 => {
+                    let h = pick(&mut rng, &p.traces, &p) as *mut memprobe_trace;
+                    match rng.below(4) {
+                        0 => call!("trace_start", trace::memprobe_trace_start(h)),
+                        1 => call!("trace_stop", trace::memprobe_trace_stop(h)),
+                        2 => call!("trace_reset", trace::memprobe_trace_reset(h)),
+                        _ => call!(
+                            "trace_set_silent",
+                            trace::memprobe_trace_set_silent(h, true)
+                        ),
+                    };
+                }
+                17 => {
+                    let h = pick(&mut rng, &p.traces, &p) as *mut memprobe_trace;
+                    let note = text(&mut rng);
+                    if rng.chance(50) {
+                        call!("trace_report", trace::memprobe_trace_report(h, cptr(&note)));
+                    } else {
+                        call!(
+                            "trace_report_n_reset",
+                            trace::memprobe_trace_report_n_reset(h, cptr(&note))
+                        );
+                    }
+                }
+                18 => {
+                    let h = pick(&mut rng, &p.traces, &p) as *const memprobe_trace;
+                    let (mut u, mut pk) = (0i64, 0u64);
+                    call!(
+                        "trace_data",
+                        trace::memprobe_trace_data(h, rng.below(3) as usize, &mut u, &mut pk)
+                    );
+                    let mut buf = vec![0 as c_char; rng.below(80) as usize];
+                    let mut need = 0usize;
+                    let bp = if buf.is_empty() {
+                        std::ptr::null_mut()
+                    } else {
+                        buf.as_mut_ptr()
+                    };
+                    call!(
+                        "trace_format",
+                        trace::memprobe_trace_format(h, std::ptr::null(), bp, buf.len(), &mut need)
+                    );
+                }
+                19 => {
+                    let h = pick(&mut rng, &p.traces, &p) as *mut memprobe_trace;
+                    let cb = if rng.chance(90) {
+                        Some(line_cb as _)
+                    } else {
+                        None
+                    };
+                    call!(
+                        "trace_set_output_callback",
+                        trace::memprobe_trace_set_output_callback(h, cb, std::ptr::null_mut())
+                    );
+                }
+                20 => {
+                    let h = pick(&mut rng, &p.traces, &p);
+                    if call!(
+                        "trace_free",
+                        trace::memprobe_trace_free(h as *mut memprobe_trace)
+                    ) == memprobe_status::Ok
+                    {
+                        p.traces.retain(|&x| x != h);
+                    }
+                }
+                21 => {
+                    let n = rng.below(3) as usize;
+                    let list: Vec<*const memprobe_source> = (0..n)
+                        .map(|_| pick(&mut rng, &p.sources, &p) as *const memprobe_source)
+                        .collect();
+                    let mut h = std::ptr::null_mut::<memprobe_tracker>();
+                    if call!(
+                        "tracker_new",
+                        tracker::memprobe_tracker_new(list.as_ptr(), n, &mut h)
+                    ) == memprobe_status::Ok
+                    {
+                        p.trackers.push(h as usize);
+                    }
+                }
+                22 | 23 | 24 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let kind = if rng.chance(90) {
+                        rng.below(5) as u32
+                    } else {
+                        rng.next() as u32
+                    };
+                    let name = if kind == 4 || rng.chance(10) {
+                        text(&mut rng)
+                    } else {
+                        None
+                    };
+                    let mut rec = std::mem::zeroed::<memprobe_phase_record>();
+                    let mut deltas = vec![memprobe_delta::default(); 3];
+                    let n = rng.below(4) as usize;
+                    match op {
+                        22 => call!(
+                            "tracker_begin",
+                            tracker::memprobe_tracker_begin(h, kind, cptr(&name))
+                        ),
+                        23 => call!(
+                            "tracker_end",
+                            tracker::memprobe_tracker_end(
+                                h,
+                                kind,
+                                cptr(&name),
+                                &mut rec,
+                                deltas.as_mut_ptr(),
+                                n
+                            )
+                        ),
+                        _ => call!(
+                            "tracker_next",
+                            tracker::memprobe_tracker_next(
+                                h,
+                                kind,
+                                cptr(&name),
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                                0
+                            )
+                        ),
+                    };
+                }
+                25 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let name = text(&mut rng);
+                    let kind = if rng.chance(90) {
+                        rng.below(2) as u32
+                    } else {
+                        rng.next() as u32
+                    };
+                    let cb = if rng.chance(90) {
+                        Some(release_cb as _)
+                    } else {
+                        None
+                    };
+                    call!(
+                        "tracker_add_release",
+                        tracker::memprobe_tracker_add_release(
+                            h,
+                            cptr(&name),
+                            kind,
+                            cb,
+                            std::ptr::null_mut()
+                        )
+                    );
+                    call!(
+                        "tracker_release_every",
+                        tracker::memprobe_tracker_release_every(
+                            h,
+                            rng.below(6) as u32,
+                            rng.below(4),
+                            rng.chance(50)
+                        )
+                    );
+                }
+                26 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    call!(
+                        "tracker_set_leak_policy",
+                        tracker::memprobe_tracker_set_leak_policy(
+                            h,
+                            rng.below(1 << 20),
+                            rng.below(4) as u32
+                        )
+                    );
+                    let (mut f, mut s, mut g) = (false, 0u32, 0i64);
+                    call!(
+                        "tracker_leak_status",
+                        tracker::memprobe_tracker_leak_status(
+                            h,
+                            rng.below(4) as usize,
+                            &mut f,
+                            &mut s,
+                            &mut g
+                        )
+                    );
+                    call!(
+                        "tracker_release_below_free",
+                        tracker::memprobe_tracker_release_below_free(
+                            h,
+                            rng.below(4) as usize,
+                            rng.next(),
+                            rng.chance(50)
+                        )
+                    );
+                }
+                27 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let cb = if rng.chance(90) {
+                        Some(record_cb as _)
+                    } else {
+                        None
+                    };
+                    call!(
+                        "tracker_add_callback_sink",
+                        tracker::memprobe_tracker_add_callback_sink(h, cb, std::ptr::null_mut())
+                    );
+                    let mut freed = [0u64; 4];
+                    call!(
+                        "tracker_release_now",
+                        tracker::memprobe_tracker_release_now(
+                            h,
+                            rng.chance(50),
+                            freed.as_mut_ptr(),
+                            rng.below(5) as usize
+                        )
+                    );
+                }
+                28 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let mut r = tracker::memprobe_oom_report::default();
+                    let sc = &mut *step_counter as *mut u64 as *mut c_void;
+                    call!(
+                        "tracker_run_oom_retry",
+                        tracker::memprobe_tracker_run_oom_retry(
+                            h,
+                            Some(step_cb),
+                            sc,
+                            rng.below(4) as u32,
+                            &mut r,
+                            std::ptr::null_mut(),
+                            0
+                        )
+                    );
+                }
+                29 => {
+                    let h = pick(&mut rng, &p.trackers, &p);
+                    if call!(
+                        "tracker_free",
+                        tracker::memprobe_tracker_free(h as *mut memprobe_tracker)
+                    ) == memprobe_status::Ok
+                    {
+                        p.trackers.retain(|&x| x != h);
+                    }
+                }
+                30 => {
+                    let v = match rng.below(3) {
+                        0 => rng.next(),
+                        1 => 100_000 + rng.below(10_000_000),
+                        _ => rng.below(200_000),
+                    };
+                    call!(
+                        "monitor_set_interval_ns",
+                        monitor::memprobe_monitor_set_interval_ns(v)
+                    );
+                }
+                31 => {
+                    let mut s = monitor::memprobe_monitor_stats::default();
+                    call!(
+                        "monitor_get_stats",
+                        monitor::memprobe_monitor_get_stats(&mut s)
+                    );
+                }
+                32 => {
+                    let name = status::memprobe_status_name(rng.next() as u32);
+                    assert!(!name.is_null());
+                    let _ = memprobe_b2mb(rng.next());
+                }
+                _ => {
+                    let h = pick(&mut rng, &p.sources, &p);
+                    let mut err = memprobe_status::Ok;
+                    let mut buf = [0 as c_char; 16];
+                    call!(
+                        "source_get_last_error",
+                        source::memprobe_source_get_last_error(
+                            h as *const memprobe_source,
+                            &mut err,
+                            buf.as_mut_ptr(),
+                            buf.len(),
+                            std::ptr::null_mut()
+                        )
+                    );
+                }
+            }
+        }
+    }
+    // Clean up: every live handle frees; nothing leaks.
+    {
+        for h in p.trackers.drain(..) {
+            check(
+                seed,
+                steps,
+                "final tracker_free",
+                tracker::memprobe_tracker_free(h as *mut memprobe_tracker),
+            );
+        }
+        for h in p.traces.drain(..) {
+            check(
+                seed,
+                steps,
+                "final trace_free",
+                trace::memprobe_trace_free(h as *mut memprobe_trace),
+            );
+        }
+        for h in p.windows.drain(..) {
+            check(
+                seed,
+                steps,
+                "final window_free",
+                window::memprobe_window_free(h as *mut memprobe_window),
+            );
+        }
+        for h in p.sources.drain(..) {
+            check(
+                seed,
+                steps,
+                "final source_free",
+                source::memprobe_source_free(h as *mut memprobe_source),
+            );
+        }
+    }
+    drop(counter);
+    drop(step_counter);
+    steps
+}
+
+fn live_handles() -> (u64, u64, u64, u64) {
+    let (mut s, mut w, mut t, mut k) = (0, 0, 0, 0);
+    assert_eq!(
+        memprobe::memprobe_debug_live_handles(&mut s, &mut w, &mut t, &mut k),
+        memprobe_status::Ok
+    );
+    (s, w, t, k)
+}
+
+#[test]
+fn fuzz_c_abi_call_sequences() {
+    let corpus =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus.txt")).unwrap();
+    let seeds: Vec<u64> = corpus
+        .lines()
+        .filter_map(|l| l.split('#').next()?.trim().parse().ok())
+        .collect();
+    assert!(!seeds.is_empty(), "the corpus has seeds");
+    let budget = Duration::from_secs(
+        std::env::var("MEMPROBE_FUZZ_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10),
+    );
+    let start = Instant::now();
+    let mut calls = 0;
+    for &seed in &seeds {
+        calls += run_seed(seed, 300);
+    }
+    let mut seed =
+        0x9E37_79B9_7F4A_7C15u64 ^ std::process::id() as u64 ^ start.elapsed().as_nanos() as u64;
+    let mut extra = 0;
+    while start.elapsed() < budget {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        calls += run_seed(seed, 300);
+        extra += 1;
+    }
+    memprobe::monitor::memprobe_monitor_stop();
+    assert_eq!(live_handles(), (0, 0, 0, 0), "handles leaked");
+    eprintln!(
+        "fuzz: {} corpus seeds + {extra} random seeds, {calls} calls, {:?}, 0 crashes",
+        seeds.len(),
+        start.elapsed()
+    );
+}
