@@ -172,3 +172,16 @@ end
         close(s)
     end
 end
+
+@testset "exporter" begin
+    e = Exporter()
+    @test MemProbe.port(e) > 0
+    p = Source(:pushed, "alloc")
+    push!(p, 5 << 20)
+    MemProbe.add_source!(e, p)
+    MemProbe.set_rank!(e, 0, 0, 1)
+    MemProbe.stop!(e)
+    @test_throws MemprobeError MemProbe.stop!(e)
+    close(e)
+    close(p)
+end

@@ -29,6 +29,7 @@ from ._ffi import status_name
 from ._ffi import version as library_version
 from ._loader import LibraryNotFoundError
 from ._version import ABI, __version__
+from .exporter import Exporter
 from .errors import (
     BufferTooSmallError,
     GpuLostError,
@@ -84,6 +85,7 @@ __all__ = [
     "ABI",
     "BufferTooSmallError",
     "Delta",
+    "Exporter",
     "Fidelity",
     "GpuLostError",
     "InternalError",

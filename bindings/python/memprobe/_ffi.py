@@ -19,6 +19,7 @@ from ctypes import (
     c_int32,
     c_int64,
     c_size_t,
+    c_uint16,
     c_uint32,
     c_uint64,
     c_void_p,
@@ -240,6 +241,15 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_trace_set_output_fd": (status_t, [handle_t, c_int32]),
     "memprobe_trace_set_output_callback": (status_t, [handle_t, memprobe_line_fn, c_void_p]),
     "memprobe_trace_free": (status_t, [handle_t]),
+    # the Prometheus exporter
+    "memprobe_exporter_start": (status_t, [c_char_p, P(handle_t)]),
+    "memprobe_exporter_port": (status_t, [handle_t, P(c_uint16)]),
+    "memprobe_exporter_add_source": (status_t, [handle_t, handle_t]),
+    "memprobe_exporter_watch_tracker": (status_t, [handle_t, handle_t]),
+    "memprobe_exporter_set_rank": (status_t, [handle_t, c_int64, c_int64, c_int64]),
+    "memprobe_exporter_add_gpus": (status_t, [handle_t, c_int32]),
+    "memprobe_exporter_stop": (status_t, [handle_t]),
+    "memprobe_exporter_free": (status_t, [handle_t]),
     # windows
     "memprobe_window_open": (status_t, [P(handle_t), c_size_t, P(handle_t)]),
     "memprobe_window_peak": (status_t, [handle_t, c_size_t, P(c_uint64)]),
