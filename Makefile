@@ -45,6 +45,11 @@ demo-c: $(BUILD)/trainer
 test:
 	$(CARGO) build -j$(JOBS) -p memprobe-ffi
 	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
+	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
+	@$(PYTHON) -c 'import pytest' 2>/dev/null || { echo "make test: pytest is missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest" >&2; exit 1; }
+	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
+	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
+	cd bindings/go && CGO_ENABLED=1 CGO_LDFLAGS="-L$(TEST_PREFIX)/lib" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
@@ -61,3 +66,47 @@ header:
 clean:
 	$(CARGO) clean
 	rm -rf $(BUILD) memprobe-run.svg memprobe-run.json
+
+# The bindings' tests (in `make test`) run against an installed prefix.
+PYTHON ?= python3
+GO ?= go
+TEST_PREFIX := $(abspath $(BUILD))/test-prefix
+
+# Installs the library, headers, pkg-config file and CMake package under
+# PREFIX (default /usr/local; DESTDIR stages for packagers):
+#   make install PREFIX=$HOME/.local
+# lib/libmemprobe.so.X.Y.Z, its SONAME link, libmemprobe.so, libmemprobe.a,
+# include/memprobe.h (and memprobe.hpp), lib/pkgconfig/memprobe.pc,
+# lib/cmake/memprobe/memprobeConfig.cmake + memprobeConfigVersion.cmake.
+# The version comes from Cargo.toml (cargo pkgid), the SONAME from the library.
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+
+install: lib
+	@set -e; \
+	version=$$($(CARGO) pkgid --offline -p memprobe-ffi | sed 's/.*[#@]//'); \
+	soname=$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}'); \
+	case "$$version" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "install: cannot read the version from Cargo.toml" >&2; exit 1;; esac; \
+	test -n "$$soname" || { echo "install: $(RELEASE)/libmemprobe.so has no SONAME" >&2; exit 1; }; \
+	major=$${version%%.*}; minor=$${version#*.}; minor=$${minor%%.*}; \
+	lib='$(DESTDIR)$(LIBDIR)'; inc='$(DESTDIR)$(INCLUDEDIR)'; \
+	pc_libdir=$$(echo '$(LIBDIR)' | sed 's|^$(PREFIX)/|$${prefix}/|'); \
+	pc_incdir=$$(echo '$(INCLUDEDIR)' | sed 's|^$(PREFIX)/|$${prefix}/|'); \
+	inc_rel=$$(realpath -m --relative-to='$(LIBDIR)' '$(INCLUDEDIR)'); \
+	subst="s|@PREFIX@|$(PREFIX)|g; s|@PC_LIBDIR@|$$pc_libdir|g; s|@PC_INCLUDEDIR@|$$pc_incdir|g; \
+	       s|@VERSION@|$$version|g; s|@VERSION_MAJOR@|$$major|g; s|@VERSION_MINOR@|$$minor|g; \
+	       s|@SONAME@|$$soname|g; s|@INCLUDEDIR_FROM_LIBDIR@|$$inc_rel|g; \
+	       s|@STATIC_LIBS@|$(STATIC_LIBS)|g; s|@STATIC_LIBS_CMAKE@|$(subst $() ,;,$(patsubst -l%,%,$(STATIC_LIBS)))|g"; \
+	install -d "$$lib" "$$lib/pkgconfig" "$$lib/cmake/memprobe" "$$inc"; \
+	install -m 755 $(RELEASE)/libmemprobe.so "$$lib/libmemprobe.so.$$version"; \
+	ln -sfn "libmemprobe.so.$$version" "$$lib/$$soname"; \
+	ln -sfn "$$soname" "$$lib/libmemprobe.so"; \
+	install -m 644 $(RELEASE)/libmemprobe.a "$$lib/libmemprobe.a"; \
+	install -m 644 include/memprobe.h "$$inc/memprobe.h"; \
+	if [ -f include/memprobe.hpp ]; then install -m 644 include/memprobe.hpp "$$inc/memprobe.hpp"; fi; \
+	sed "$$subst" packaging/memprobe.pc.in > "$$lib/pkgconfig/memprobe.pc"; \
+	sed "$$subst" packaging/memprobeConfig.cmake.in > "$$lib/cmake/memprobe/memprobeConfig.cmake"; \
+	sed "$$subst" packaging/memprobeConfigVersion.cmake.in > "$$lib/cmake/memprobe/memprobeConfigVersion.cmake"; \
+	echo "installed memprobe $$version ($$soname) under $(DESTDIR)$(PREFIX)"

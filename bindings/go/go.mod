@@ -1,0 +1,3 @@
+module memprobe.dev/memprobe
+
+go 1.21

@@ -1,0 +1,166 @@
+"""Finds and loads libmemprobe.so.
+
+Lookup order:
+
+1. ``MEMPROBE_LIBRARY``: the path of the library to load. When it is set,
+   it is the only candidate, so a wrong path is an error rather than a
+   silent fallback to another copy.
+2. A copy bundled in the package: ``memprobe/_lib/libmemprobe.so*``.
+3. The installed library: its SONAME through the dynamic loader's search
+   path (``LD_LIBRARY_PATH``, ``ld.so.cache``), then
+   ``ctypes.util.find_library("memprobe")``, then common prefixes
+   (``sys.prefix``, ``~/.local``, ``/usr/local``, ``/usr``, ``/opt/memprobe``).
+
+A library whose ABI (major.minor before 1.0, major after) differs from the
+one this package speaks is skipped with the reason recorded. When nothing
+loads, :class:`LibraryNotFoundError` (an ``ImportError``) lists every
+candidate and why it failed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
+
+from ._version import ABI
+
+ENV = "MEMPROBE_LIBRARY"
+BUNDLED_DIR = Path(__file__).resolve().parent / "_lib"
+
+
+def abi_soname(abi: Tuple[int, int] = ABI) -> str:
+    """The SONAME of a library speaking ``abi``: libmemprobe.so.0.<minor> before 1.0."""
+    major, minor = abi
+    return f"libmemprobe.so.{major}.{minor}" if major == 0 else f"libmemprobe.so.{major}"
+
+
+class LibraryNotFoundError(ImportError):
+    """No usable libmemprobe.so was found; ``tried`` lists (candidate, reason)."""
+
+    def __init__(self, tried: List[Tuple[str, str]]):
+        self.tried = tried
+        lines = "\n".join(f"  - {cand}: {why}" for cand, why in tried)
+        super().__init__(
+            f"memprobe: cannot load libmemprobe (ABI {ABI[0]}.{ABI[1]}, "
+            f"{abi_soname()}). Tried, in order:\n{lines}\n"
+            f"Set {ENV}=/path/to/libmemprobe.so, bundle a copy in memprobe/_lib/, "
+            "or install the library (make install PREFIX=...) where the loader finds it."
+        )
+
+
+def _prefix_dirs() -> List[Path]:
+    dirs = [Path(sys.prefix) / "lib", Path.home() / ".local" / "lib"]
+    for prefix in ("/usr/local", "/usr", "/opt/memprobe"):
+        dirs += [Path(prefix) / "lib", Path(prefix) / "lib64"]
+    dirs.append(Path("/usr/lib/x86_64-linux-gnu"))
+    dirs.append(Path("/usr/lib/aarch64-linux-gnu"))
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def candidates() -> Iterator[Tuple[str, str]]:
+    """Yields (where it came from, what to dlopen) in lookup order."""
+    env = os.environ.get(ENV)
+    if env:
+        yield (ENV, env)
+        return
+    if BUNDLED_DIR.is_dir():
+        for name in ["libmemprobe.so", abi_soname()] + sorted(
+            p.name for p in BUNDLED_DIR.glob("libmemprobe.so.*")
+        ):
+            p = BUNDLED_DIR / name
+            if p.exists():
+                yield ("bundled", str(p))
+                break
+    yield ("loader search path", abi_soname())
+    found = ctypes.util.find_library("memprobe")
+    if found and found != abi_soname():
+        yield ("find_library", found)
+    for d in _prefix_dirs():
+        for name in (abi_soname(), "libmemprobe.so"):
+            p = d / name
+            if p.exists():
+                yield ("prefix", str(p))
+
+
+def _version_of(lib: ctypes.CDLL) -> str:
+    f = lib.memprobe_version
+    f.restype = ctypes.c_char_p
+    f.argtypes = []
+    return f().decode()
+
+
+def _abi_of(version: str) -> Tuple[int, int]:
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor)
+
+
+def _path_of(lib: ctypes.CDLL, fallback: str) -> str:
+    """The file the dynamic loader actually opened (via dladdr)."""
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [
+            ("dli_fname", ctypes.c_char_p),
+            ("dli_fbase", ctypes.c_void_p),
+            ("dli_sname", ctypes.c_char_p),
+            ("dli_saddr", ctypes.c_void_p),
+        ]
+
+    try:
+        for libname in (None, "libdl.so.2"):
+            try:
+                dladdr = ctypes.CDLL(libname).dladdr
+                break
+            except (OSError, AttributeError):
+                continue
+        else:
+            return fallback
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+        dladdr.restype = ctypes.c_int
+        info = DlInfo()
+        addr = ctypes.cast(lib.memprobe_version, ctypes.c_void_p).value
+        if dladdr(addr, ctypes.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode())
+    except Exception:  # noqa: BLE001 - best effort; the fallback is still right
+        pass
+    return fallback
+
+
+def load() -> Tuple[ctypes.CDLL, str, str]:
+    """Loads the library: returns (library, path, how it was found)."""
+    tried: List[Tuple[str, str]] = []
+    for how, cand in candidates():
+        try:
+            lib = ctypes.CDLL(cand)
+        except OSError as e:
+            tried.append((f"{cand} ({how})", str(e) or "cannot be loaded"))
+            continue
+        try:
+            version = _version_of(lib)
+        except AttributeError:
+            tried.append((f"{cand} ({how})", "not libmemprobe (no memprobe_version)"))
+            continue
+        if _abi_of(version) != ABI:
+            tried.append(
+                (f"{cand} ({how})", f"version {version}, this package needs {ABI[0]}.{ABI[1]}.x")
+            )
+            continue
+        return lib, _path_of(lib, cand), how
+    if not tried:
+        tried.append(("(none)", "no candidate"))
+    raise LibraryNotFoundError(tried)
+
+
+def bundled_library() -> Optional[Path]:
+    """The bundled copy, if the package carries one."""
+    for p in sorted(BUNDLED_DIR.glob("libmemprobe.so*")) if BUNDLED_DIR.is_dir() else []:
+        return p
+    return None

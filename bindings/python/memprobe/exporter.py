@@ -1,0 +1,101 @@
+"""The Prometheus exporter: an HTTP endpoint serving ``GET /metrics`` in the
+Prometheus text format from the training process itself — its sources'
+readings, the last ended phases of the trackers it watches, and optionally
+the GPUs as DCGM exporter's gauges (``docs/metrics.md``)::
+
+    with memprobe.Exporter("0.0.0.0:9464") as exporter:   # None: 127.0.0.1, a free port
+        exporter.watch(tracker)                            # its sources + ended phases
+        exporter.add_gpus()
+        train()
+
+Rank labels come from ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` (torchrun
+sets them) or :meth:`Exporter.set_rank`. Scrapes are answered by the
+exporter's own threads; the training thread never waits on them.
+"""
+
+from __future__ import annotations
+
+from ctypes import byref, c_uint16
+from typing import Optional
+
+from . import _ffi
+from ._ffi import C, check
+from .sources import Source
+from .tracker import Tracker
+
+
+class Exporter:
+    """Serves ``/metrics`` on ``listen`` (``"IP:PORT"``; None: 127.0.0.1 on
+    a free port). Close it (or ``with``) to stop serving and release it."""
+
+    def __init__(self, listen: Optional[str] = None):
+        self._closed = True
+        h = _ffi.out_handle()
+        check(C.memprobe_exporter_start(None if listen is None else str(listen).encode(), byref(h)))
+        self._handle = h.value
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (also after :meth:`stop`)."""
+        out = c_uint16()
+        check(C.memprobe_exporter_port(self._handle, byref(out)))
+        return int(out.value)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>/metrics`` (for a local scrape)."""
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def add_source(self, source: Source) -> None:
+        """Exports the source's readings, read at each scrape (the exporter
+        keeps its own reference)."""
+        check(C.memprobe_exporter_add_source(self._handle, source._handle))
+
+    def watch(self, tracker: Tracker) -> None:
+        """Exports the tracker's sources and the records of its ended steps,
+        epochs, experiences and streams, its releases and leak flags."""
+        check(C.memprobe_exporter_watch_tracker(self._handle, tracker._handle))
+
+    def set_rank(self, rank: int = -1, local_rank: int = -1, world_size: int = -1) -> None:
+        """Sets the rank labels; a negative value leaves that label out."""
+        check(C.memprobe_exporter_set_rank(self._handle, int(rank), int(local_rank), int(world_size)))
+
+    def add_gpus(self, with_processes: bool = False) -> None:
+        """Exports the GPUs as ``DCGM_FI_DEV_FB_USED`` / ``_FREE`` / ``_TOTAL``
+        (MiB), and each process's memory on them when ``with_processes``."""
+        check(C.memprobe_exporter_add_gpus(self._handle, 1 if with_processes else 0))
+
+    def stop(self) -> None:
+        """Stops serving and frees the port (:class:`~memprobe.WrongOrderError`
+        when already stopped)."""
+        check(C.memprobe_exporter_stop(self._handle))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stops serving if needed and releases the exporter (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            check(C.memprobe_exporter_free(self._handle))
+
+    def __enter__(self) -> "Exporter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, "_closed", True):
+                self._closed = True
+                C.memprobe_exporter_free(self._handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return "<memprobe.Exporter (closed)>"
+        return f"<memprobe.Exporter {self.url}>"

@@ -1,0 +1,146 @@
+"""PyTorch Lightning: ``MemprobeCallback`` logs exact per-step and per-epoch
+peaks (and fastai's deltas) of any memprobe sources::
+
+    from memprobe.integrations.lightning import MemprobeCallback
+    trainer = lightning.Trainer(callbacks=[MemprobeCallback()])
+
+Metrics (``unit="MiB"`` by default), per source (``rss``, ``tree``, ...):
+``memprobe/<source>/step_peak``, ``..._delta_used``, ``..._delta_peaked``
+(every ``log_every_n_steps`` training steps), ``memprobe/<source>/epoch_*``
+(each training epoch) and ``memprobe/<source>/validation_*`` (each
+validation loop). ``callback.history`` keeps every ended phase as
+``(phase, index, [Delta, ...])``.
+
+Lightning (``lightning.pytorch``, else ``pytorch_lightning``) is imported
+when ``MemprobeCallback`` is first used, never at ``import memprobe``.
+:class:`MemprobeHooks` holds the hooks without the framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Tuple, Union
+
+from ..sources import Source
+from ..windows import Delta
+from .phases import PhasePeaks, check_unit
+
+
+class MemprobeHooks:
+    """The callback's hooks, free of Lightning (mixed into its ``Callback``)."""
+
+    def __init__(
+        self,
+        sources: Union[Source, Iterable[Source], None] = None,
+        *,
+        log_steps: bool = True,
+        log_epochs: bool = True,
+        log_validation: bool = True,
+        log_every_n_steps: int = 1,
+        prefix: str = "memprobe/",
+        unit: str = "MiB",
+        prog_bar: bool = False,
+        keep_history: bool = True,
+    ):
+        super().__init__()
+        if log_every_n_steps < 1:
+            raise ValueError("log_every_n_steps must be >= 1")
+        self._sources = sources
+        self._phases: Optional[PhasePeaks] = None
+        self.log_steps = log_steps
+        self.log_epochs = log_epochs
+        self.log_validation = log_validation
+        self.log_every_n_steps = log_every_n_steps
+        self.prefix = prefix
+        self.unit = check_unit(unit)
+        self.prog_bar = prog_bar
+        self.keep_history = keep_history
+        self.history: List[Tuple[str, int, List[Delta]]] = []
+        self._counts = {"step": 0, "epoch": 0, "validation": 0}
+
+    @property
+    def phases(self) -> PhasePeaks:
+        if self._phases is None:
+            self._phases = PhasePeaks(self._sources)
+        return self._phases
+
+    def _ended(self, phase: str, pl_module: Any, log: bool, on_step: bool) -> List[Delta]:
+        deltas = self.phases.end(phase)
+        index = self._counts[phase]
+        self._counts[phase] = index + 1
+        if self.keep_history:
+            self.history.append((phase, index, deltas))
+        if log and pl_module is not None:
+            metrics = self.phases.metrics(phase, deltas, prefix=self.prefix, unit=self.unit)
+            pl_module.log_dict(
+                metrics,
+                on_step=on_step,
+                on_epoch=not on_step,
+                prog_bar=self.prog_bar,
+                logger=True,
+            )
+        return deltas
+
+    # --- Lightning hooks -------------------------------------------------------
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.phases.start("epoch")
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, *_: Any) -> None:
+        self.phases.start("step")
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any
+    ) -> None:
+        log = self.log_steps and (self._counts["step"] % self.log_every_n_steps == 0)
+        self._ended("step", pl_module, log, on_step=True)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._ended("epoch", pl_module, self.log_epochs, on_step=False)
+
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.phases.start("validation")
+
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if getattr(trainer, "sanity_checking", False):
+            self.phases.end("validation")
+            return
+        self._ended("validation", pl_module, self.log_validation, on_step=False)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: Optional[str] = None) -> None:
+        if self._phases is not None:
+            self._phases.close()
+            self._phases = None
+
+
+def _lightning_callback_base() -> type:
+    try:
+        import lightning.pytorch as pl  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            import pytorch_lightning as pl  # type: ignore[import-not-found,no-redef]
+        except ImportError as e:
+            raise ImportError(
+                "memprobe.integrations.lightning.MemprobeCallback needs PyTorch "
+                "Lightning: pip install lightning"
+            ) from e
+    return pl.Callback
+
+
+_CLASS = None
+
+
+def __getattr__(name: str) -> Any:
+    global _CLASS
+    if name == "MemprobeCallback":
+        if _CLASS is None:
+            _CLASS = type(
+                "MemprobeCallback",
+                (MemprobeHooks, _lightning_callback_base()),
+                {
+                    "__doc__": "PyTorch Lightning callback logging exact memory peaks per step, "
+                    "epoch and validation loop (see the module's documentation).",
+                    "__module__": __name__,
+                },
+            )
+        return _CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

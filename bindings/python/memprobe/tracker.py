@@ -1,0 +1,421 @@
+"""The training-loop tracker: nested phases (step, epoch, experience,
+stream, custom) over a set of sources, one record per ended phase, sinks
+(fastai's PeakMemMetric table, JSON Lines, CSV, a Python callback),
+cache-release policies (ClearCacheHook), out-of-memory retry
+(gpu_mem_restore) and leak trends::
+
+    tracker = memprobe.Tracker([rss, tree])
+    tracker.add_table_sink("epoch")               # one row per epoch, like PeakMemMetric
+    tracker.add_release(torch_release)            # e.g. integrations.torch.empty_cache_release()
+    tracker.release_every("step", 100)
+    for epoch in range(3):
+        with tracker.epoch():
+            for batch in loader:
+                with tracker.step() as step:
+                    train(batch)
+                print(step.record.deltas[0].peak)
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from ctypes import byref, c_bool, c_int64, c_uint32, c_uint64
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+
+from . import _ffi
+from ._ffi import C, check
+from .sources import Source, _enum, as_sources
+from .windows import Delta
+
+
+class PhaseKind(enum.IntEnum):
+    """``memprobe_phase_kind``: a training-loop phase."""
+
+    STEP = 0
+    EPOCH = 1
+    EXPERIENCE = 2
+    STREAM = 3
+    CUSTOM = 4
+
+
+Kind = Union[PhaseKind, int, str]
+
+
+def _kind(kind: Kind, name: Optional[str]) -> Tuple[int, Optional[bytes]]:
+    """(kind code, name) from a PhaseKind, or a string: a kind's name
+    ("step", "epoch", ...) or any other name for a custom phase."""
+    if isinstance(kind, str):
+        try:
+            k = PhaseKind[kind.upper()]
+        except KeyError:
+            if name is not None:
+                raise ValueError(f"unknown phase kind {kind!r}") from None
+            return PhaseKind.CUSTOM, kind.encode()
+        if k is PhaseKind.CUSTOM:
+            if name is None:
+                raise ValueError("a custom phase needs a name")
+        return int(k), (name.encode() if name is not None else None)
+    return int(kind), (name.encode() if name is not None else None)
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """The record of an ended phase: timing, releases, leaks and one
+    :class:`Delta` per source (start, end, peak, fastai's deltas)."""
+
+    kind: PhaseKind
+    name: str
+    #: Enclosing phases still open (0 = outermost).
+    depth: int
+    #: 0-based count of phases of this kind (and name) ended before it.
+    index: int
+    started_at_ns: int
+    ended_at_ns: int
+    duration_ns: int
+    #: Cache releases fired at the end of this phase.
+    n_releases: int
+    #: Bit i set: source i is flagged as leaking.
+    leak_flags: int
+    #: Bytes freed by this phase's releases, summed over sources.
+    released_bytes: int
+    deltas: Tuple[Delta, ...] = field(default=())
+
+    @property
+    def leaking(self) -> List[int]:
+        """Indices of the sources flagged as leaking."""
+        return [i for i in range(min(len(self.deltas), 64)) if self.leak_flags >> i & 1]
+
+    @property
+    def duration(self) -> float:
+        """Seconds."""
+        return self.duration_ns / 1e9
+
+    @classmethod
+    def _from_c(cls, r: _ffi.memprobe_phase_record, deltas) -> "PhaseRecord":
+        return cls(
+            kind=_enum(PhaseKind, r.kind),
+            name=r.name.decode("utf-8", "replace"),
+            depth=int(r.depth),
+            index=int(r.index),
+            started_at_ns=int(r.started_at_ns),
+            ended_at_ns=int(r.ended_at_ns),
+            duration_ns=int(r.duration_ns),
+            n_releases=int(r.n_releases),
+            leak_flags=int(r.leak_flags),
+            released_bytes=int(r.released_bytes),
+            deltas=tuple(Delta._from_c(d) for d in deltas),
+        )
+
+
+@dataclass(frozen=True)
+class LeakStatus:
+    """A source's leak trend: flagged, current streak of growing epochs,
+    last epoch-over-epoch growth (bytes)."""
+
+    flagged: bool
+    streak: int
+    last_growth: int
+
+
+@dataclass(frozen=True)
+class OomReport:
+    """What :meth:`Tracker.run_oom_retry` did."""
+
+    succeeded: bool
+    retries: int
+    freed_bytes: int
+    #: Bytes freed per source.
+    freed: Tuple[int, ...]
+    #: The step's return value (None if it never succeeded).
+    result: Any = None
+
+
+class _Phase:
+    """The context manager of :meth:`Tracker.phase`; ``.record`` after exit."""
+
+    def __init__(self, tracker: "Tracker", kind: Kind, name: Optional[str]):
+        self._tracker, self._kind, self._name = tracker, kind, name
+        self.record: Optional[PhaseRecord] = None
+
+    def __enter__(self) -> "_Phase":
+        self._tracker.begin(self._kind, self._name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.record = self._tracker.end(self._kind, self._name)
+
+
+def default_is_oom(exc: BaseException) -> bool:
+    """fastai's test: MemoryError, torch's OutOfMemoryError, or a
+    RuntimeError saying "out of memory"."""
+    if isinstance(exc, MemoryError):
+        return True
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class Tracker:
+    """Tracks a training loop's phases over ``sources`` (default: this
+    process's RSS). Close it (or use ``with``) to finish its sinks."""
+
+    def __init__(self, sources: Union[Source, Iterable[Source], None] = None):
+        self._sources: Tuple[Source, ...] = tuple(as_sources(sources))
+        self._keep: List[Any] = []  # ctypes callbacks that must outlive the tracker
+        self._errors: List[BaseException] = []
+        self._flush = False
+        self._closed = True
+        arr, n = _ffi.handles(self._sources)
+        h = _ffi.out_handle()
+        check(C.memprobe_tracker_new(arr, n, byref(h)))
+        self._handle = h.value
+        self._closed = False
+
+    @property
+    def sources(self) -> Tuple[Source, ...]:
+        return self._sources
+
+    # --- phases ----------------------------------------------------------------
+
+    def begin(self, kind: Kind, name: Optional[str] = None) -> None:
+        """Begins a phase: ``"step"``, ``"epoch"``, ``"experience"``,
+        ``"stream"``, a :class:`PhaseKind`, or any other string for a custom
+        phase. Steps nest in epochs, epochs in experiences, experiences in
+        streams (else :class:`~memprobe.WrongOrderError`); custom phases
+        nest anywhere."""
+        k, n = _kind(kind, name)
+        check(C.memprobe_tracker_begin(self._handle, k, n))
+
+    def _ending(self, fn, kind: Kind, name: Optional[str]) -> PhaseRecord:
+        k, n = _kind(kind, name)
+        rec = _ffi.memprobe_phase_record()
+        count = len(self._sources)
+        deltas = (_ffi.memprobe_delta * count)()
+        if self._flush:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        check(fn(self._handle, k, n, byref(rec), deltas, count))
+        return PhaseRecord._from_c(rec, deltas)
+
+    def end(self, kind: Kind, name: Optional[str] = None) -> PhaseRecord:
+        """Ends the innermost phase, which must be ``kind`` (and ``name``)."""
+        return self._ending(C.memprobe_tracker_end, kind, name)
+
+    def next(self, kind: Kind, name: Optional[str] = None) -> PhaseRecord:
+        """Ends the innermost phase and begins the next of the same kind at
+        the same instant (the cheapest step boundary)."""
+        return self._ending(C.memprobe_tracker_next, kind, name)
+
+    def phase(self, kind: Kind, name: Optional[str] = None) -> _Phase:
+        """``with tracker.phase("eval") as p: ...``; ``p.record`` afterwards."""
+        return _Phase(self, kind, name)
+
+    def step(self) -> _Phase:
+        return _Phase(self, PhaseKind.STEP, None)
+
+    def epoch(self) -> _Phase:
+        return _Phase(self, PhaseKind.EPOCH, None)
+
+    def experience(self) -> _Phase:
+        return _Phase(self, PhaseKind.EXPERIENCE, None)
+
+    def stream(self) -> _Phase:
+        return _Phase(self, PhaseKind.STREAM, None)
+
+    # --- sinks -------------------------------------------------------------------
+
+    def add_table_sink(self, kind: Kind = PhaseKind.EPOCH, fd: Optional[int] = None) -> None:
+        """fastai's PeakMemMetric table: one row per ended phase of ``kind``,
+        each source's delta used and delta peaked in MiB, written by the
+        library to file descriptor ``fd`` (default: standard output; Python's
+        buffers are flushed before each phase ends)."""
+        k, custom = _kind(kind, None)
+        if custom is not None:
+            raise ValueError(f"a table sink takes a phase kind, not {kind!r}")
+        if fd is None:
+            try:
+                fd = sys.stdout.fileno()
+            except (AttributeError, OSError, ValueError):  # a replaced sys.stdout
+                fd = 1
+        self._flush = True
+        check(C.memprobe_tracker_add_table_sink(self._handle, k, int(fd)))
+
+    def add_jsonl_sink(self, path: str) -> None:
+        """One JSON object per record, written to a temporary file beside
+        ``path`` and renamed into place when the sinks finish."""
+        check(C.memprobe_tracker_add_jsonl_sink(self._handle, str(path).encode()))
+
+    def add_csv_sink(self, path: str) -> None:
+        """One CSV row per record and source (header first), written like
+        the JSON Lines sink."""
+        check(C.memprobe_tracker_add_csv_sink(self._handle, str(path).encode()))
+
+    def add_callback_sink(self, fn: Callable[[PhaseRecord], None]) -> None:
+        """Calls ``fn(record)`` for each ended phase, on the thread that ended
+        it. Exceptions are kept in :attr:`callback_errors` (they cannot
+        propagate through the library)."""
+
+        def on_record(rec_p, deltas_p, n, _ud) -> None:
+            try:
+                fn(PhaseRecord._from_c(rec_p.contents, [deltas_p[i] for i in range(n)]))
+            except BaseException as e:  # noqa: BLE001
+                self._errors.append(e)
+
+        cb = _ffi.memprobe_record_fn(on_record)
+        check(C.memprobe_tracker_add_callback_sink(self._handle, cb, None))
+        self._keep.append(cb)
+
+    def finish_sinks(self) -> None:
+        """Finishes every sink now (files renamed into place) and detaches them."""
+        check(C.memprobe_tracker_finish_sinks(self._handle))
+
+    @property
+    def callback_errors(self) -> List[BaseException]:
+        """Exceptions raised by callback sinks and release callbacks."""
+        return self._errors
+
+    # --- cache release -------------------------------------------------------
+
+    def add_release(self, fn: Callable[[], Any], name: Optional[str] = None, *, gc: bool = False) -> None:
+        """Registers a release callback (``gc=True``: a garbage collector, run
+        only when a policy asks for GC and on out-of-memory recovery). An
+        exception fails that release (recorded; other callbacks still run)."""
+        label = name or getattr(fn, "__name__", "release")
+
+        def c_release(_ud) -> int:
+            try:
+                fn()
+                return 0
+            except BaseException as e:  # noqa: BLE001
+                self._errors.append(e)
+                return 1
+
+        cb = _ffi.memprobe_release_fn(c_release)
+        kind = _ffi.MEMPROBE_RELEASE_GC if gc else _ffi.MEMPROBE_RELEASE_CACHE
+        check(C.memprobe_tracker_add_release(self._handle, label.encode(), kind, cb, None))
+        self._keep.append(cb)
+
+    def add_gc_release(self) -> None:
+        """Registers Python's ``gc.collect`` as the garbage-collector release."""
+        import gc as _gc
+
+        self.add_release(_gc.collect, "gc.collect", gc=True)
+
+    def release_every(self, kind: Kind, n: int, *, gc: bool = False) -> None:
+        """Runs the release callbacks at the end of every ``n``-th step or
+        epoch, like ClearCacheHook (``gc``: the GC ones too)."""
+        k, _ = _kind(kind, None)
+        check(C.memprobe_tracker_release_every(self._handle, k, int(n), bool(gc)))
+
+    def release_below_free(self, source_index: int, nbytes: int, *, gc: bool = False) -> None:
+        """Runs the release callbacks at the end of any step or epoch where
+        source ``source_index``'s free bytes are below ``nbytes``."""
+        check(C.memprobe_tracker_release_below_free(self._handle, int(source_index), int(nbytes), bool(gc)))
+
+    def release_now(self, *, gc: bool = False) -> List[int]:
+        """Runs the release callbacks now; returns the bytes freed per source."""
+        n = len(self._sources)
+        freed = (c_uint64 * n)()
+        check(C.memprobe_tracker_release_now(self._handle, bool(gc), freed, n))
+        return [int(x) for x in freed]
+
+    @property
+    def releases_fired(self) -> int:
+        """Releases fired so far (every reason)."""
+        out = c_uint64()
+        check(C.memprobe_tracker_releases_fired(self._handle, byref(out)))
+        return int(out.value)
+
+    # --- leaks and out-of-memory ---------------------------------------------
+
+    def set_leak_policy(self, threshold_bytes: int, epochs: int) -> None:
+        """Flags a source whose end-of-epoch used grows by more than
+        ``threshold_bytes`` for ``epochs`` epochs in a row (0 turns it off)."""
+        check(C.memprobe_tracker_set_leak_policy(self._handle, int(threshold_bytes), int(epochs)))
+
+    def leak_status(self, index: int = 0) -> LeakStatus:
+        flagged, streak, growth = c_bool(), c_uint32(), c_int64()
+        check(
+            C.memprobe_tracker_leak_status(
+                self._handle, int(index), byref(flagged), byref(streak), byref(growth)
+            )
+        )
+        return LeakStatus(bool(flagged.value), int(streak.value), int(growth.value))
+
+    def run_oom_retry(
+        self,
+        step: Callable[[], Any],
+        max_retries: int = 3,
+        *,
+        is_oom: Callable[[BaseException], bool] = default_is_oom,
+    ) -> OomReport:
+        """fastai's gpu_mem_restore, outside IPython: runs ``step()``; when it
+        raises an out-of-memory error (``is_oom``), runs every release
+        callback (GC included) and retries, at most ``max_retries`` times.
+        Another exception propagates. The step must not use this tracker
+        (it runs inside the library's call)."""
+        state: dict = {}
+
+        def c_step(_ud) -> int:
+            try:
+                state["result"] = step()
+                return _ffi.MEMPROBE_STEP_DONE
+            except BaseException as e:  # noqa: BLE001
+                if is_oom(e):
+                    state["oom"] = e
+                    return _ffi.MEMPROBE_STEP_OUT_OF_MEMORY
+                state["error"] = e
+                return 2
+
+        cb = _ffi.memprobe_step_fn(c_step)
+        report = _ffi.memprobe_oom_report()
+        n = len(self._sources)
+        freed = (c_uint64 * n)()
+        status = C.memprobe_tracker_run_oom_retry(
+            self._handle, cb, None, int(max_retries), byref(report), freed, n
+        )
+        if "error" in state:
+            raise state["error"]
+        check(status)
+        return OomReport(
+            succeeded=bool(report.succeeded),
+            retries=int(report.retries),
+            freed_bytes=int(report.freed_bytes),
+            freed=tuple(int(x) for x in freed),
+            result=state.get("result"),
+        )
+
+    # --- lifetime ------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Finishes the sinks and releases the tracker (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            check(C.memprobe_tracker_free(self._handle))
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, "_closed", True):
+                self._closed = True
+                C.memprobe_tracker_free(self._handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<memprobe.Tracker {state} over {len(self._sources)} source(s)>"
+
+
+__all__ = ["LeakStatus", "OomReport", "PhaseKind", "PhaseRecord", "Tracker", "default_is_oom"]

@@ -1,0 +1,150 @@
+"""Peak windows: the peak of each source over an interval, exact for exact
+sources. Windows are concurrent, nestable and independent."""
+
+from __future__ import annotations
+
+from ctypes import byref, c_size_t, c_uint64
+from dataclasses import dataclass
+from typing import Iterable, List, Tuple, Union
+
+from . import _ffi
+from ._ffi import C, check
+from .sources import Fidelity, Source, SourceKind, _enum, as_sources
+from .units import b2mb
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one source did over an interval (a window, a trace), in bytes."""
+
+    #: Used when the interval (last) started.
+    used_start: int
+    #: Used at the end, or now for an interval still open.
+    used_end: int
+    #: Highest used over the interval (Avalanche's MaxRAM).
+    peak: int
+    #: used_end - used_start (negative when memory was released).
+    delta_used: int
+    #: fastai's delta peaked: max(0, peak - used_start), minus delta_used
+    #: when delta_used > 0 (the blip above the net growth).
+    delta_peaked: int
+    kind: SourceKind
+    #: How exact ``peak`` is.
+    fidelity: Fidelity
+
+    @property
+    def delta_used_mb(self) -> int:
+        return b2mb(self.delta_used)
+
+    @property
+    def delta_peaked_mb(self) -> int:
+        return b2mb(self.delta_peaked)
+
+    @property
+    def peak_mb(self) -> int:
+        return b2mb(self.peak)
+
+    @classmethod
+    def _from_c(cls, d: _ffi.memprobe_delta) -> "Delta":
+        return cls(
+            used_start=int(d.used_start),
+            used_end=int(d.used_end),
+            peak=int(d.peak),
+            delta_used=int(d.delta_used),
+            delta_peaked=int(d.delta_peaked),
+            kind=_enum(SourceKind, d.kind),
+            fidelity=_enum(Fidelity, d.fidelity),
+        )
+
+
+class Window:
+    """An open peak window over one or more sources (default: this
+    process's RSS)::
+
+        with memprobe.Window([rss]) as step:
+            for batch in loader:
+                train(batch)
+                ended = step.reset()          # ends this step, starts the next
+                print(ended[0].peak)
+
+    Opening, resetting or closing one window never changes another's peak.
+    """
+
+    def __init__(self, sources: Union[Source, Iterable[Source], None] = None):
+        self._sources: Tuple[Source, ...] = tuple(as_sources(sources))
+        arr, n = _ffi.handles(self._sources)
+        h = _ffi.out_handle()
+        check(C.memprobe_window_open(arr, n, byref(h)))
+        self._handle = h.value
+        self._closed = False
+
+    @classmethod
+    def open(cls, sources: Union[Source, Iterable[Source], None] = None) -> "Window":
+        """Same as ``Window(sources)``."""
+        return cls(sources)
+
+    @property
+    def sources(self) -> Tuple[Source, ...]:
+        return self._sources
+
+    def __len__(self) -> int:
+        n = c_size_t()
+        check(C.memprobe_window_source_count(self._handle, byref(n)))
+        return int(n.value)
+
+    def peak(self, index: int = 0) -> int:
+        """The peak of source ``index`` since the window (last) started, bytes."""
+        out = c_uint64()
+        check(C.memprobe_window_peak(self._handle, index, byref(out)))
+        return int(out.value)
+
+    def peaks(self) -> List[int]:
+        """The peak of every source, in the order given at open."""
+        return [self.peak(i) for i in range(len(self._sources))]
+
+    def measure(self, index: int = 0) -> Delta:
+        """Start, now, peak and fastai's deltas of source ``index``, without
+        ending the interval."""
+        d = _ffi.memprobe_delta()
+        check(C.memprobe_window_measure(self._handle, index, byref(d)))
+        return Delta._from_c(d)
+
+    def measures(self) -> List[Delta]:
+        return [self.measure(i) for i in range(len(self._sources))]
+
+    def reset(self) -> List[Delta]:
+        """Ends the interval and starts the next at the same instant; returns
+        the ended interval of every source. Other windows keep their peaks."""
+        n = len(self._sources)
+        arr = (_ffi.memprobe_delta * n)()
+        check(C.memprobe_window_reset(self._handle, arr, n))
+        return [Delta._from_c(d) for d in arr]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Closes the window (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            check(C.memprobe_window_free(self._handle))
+
+    def __enter__(self) -> "Window":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, "_closed", True):
+                self._closed = True
+                C.memprobe_window_free(self._handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self._sources if not s.closed) or "..."
+        state = "closed" if self._closed else "open"
+        return f"<memprobe.Window {state} over {names}>"

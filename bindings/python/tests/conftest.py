@@ -1,0 +1,83 @@
+"""Test setup: every test goes through the real libmemprobe.so.
+
+The library is the one named by MEMPROBE_LIBRARY (``make test`` sets it);
+when unset, a build in the repository's target/ directory is used.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PKG = HERE.parent
+ROOT = PKG.parent.parent
+MiB = 1 << 20
+
+if not os.environ.get("MEMPROBE_LIBRARY"):
+    for profile in ("release", "debug"):
+        cand = ROOT / "target" / profile / "libmemprobe.so"
+        if cand.exists():
+            os.environ["MEMPROBE_LIBRARY"] = str(cand)
+            break
+
+sys.path.insert(0, str(PKG))
+
+import memprobe  # noqa: E402  (after the library is chosen)
+
+
+def spike(nbytes: int) -> None:
+    """Touches ``nbytes`` of fresh memory, then frees it: a short RSS spike."""
+    buf = b"\x01" * nbytes
+    del buf
+
+
+def keep(nbytes: int) -> bytes:
+    """Touched memory that stays while the result is referenced."""
+    return b"\x02" * nbytes
+
+
+def run_python(code: str, env: dict = None, cwd: str = None) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter (for import-time behaviour)."""
+    full_env = dict(os.environ)
+    if env is not None:
+        full_env.update(env)
+        for k, v in env.items():
+            if v is None:
+                full_env.pop(k, None)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=full_env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def rss():
+    s = memprobe.Source.process()
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_handles():
+    """Every test leaves the library's handle counts as it found them."""
+    gc.collect()
+    before = memprobe.live_handles()
+    yield
+    gc.collect()
+    after = memprobe.live_handles()
+    assert after == before, f"live handles (sources, windows, traces) {before} -> {after}"
+
+
+@pytest.fixture
+def library_path() -> str:
+    return memprobe.library_path()

@@ -1,0 +1,295 @@
+//! `make install PREFIX=...` lays out the library, its SONAME links, the
+//! static library, the headers, the pkg-config file and the CMake package;
+//! programs built against the installed prefix with pkg-config and with
+//! `find_package(memprobe CONFIG)` run; versions come from Cargo.toml.
+
+use memprobe_tests::{assert_ok, root, scratch, soname};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A command that does not inherit the make jobserver or cargo's
+/// `LD_LIBRARY_PATH` of the test process.
+fn command(program: &str) -> Command {
+    let mut c = Command::new(program);
+    for var in ["MAKEFLAGS", "MFLAGS", "MAKELEVEL", "LD_LIBRARY_PATH"] {
+        c.env_remove(var);
+    }
+    c
+}
+
+fn output(what: &str, c: &mut Command) -> Output {
+    let o = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_ok(what, &o);
+    o
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs the README's install command once, into a fresh prefix.
+fn prefix() -> &'static Path {
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let p = scratch("packaging").join("prefix");
+        let _ = std::fs::remove_dir_all(&p);
+        output(
+            "make install",
+            command("make")
+                .arg("-C")
+                .arg(root())
+                .arg("install")
+                .arg(format!("PREFIX={}", p.display())),
+        );
+        p
+    })
+}
+
+fn have(tool: &str) -> bool {
+    command(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn link_target(p: &Path) -> String {
+    std::fs::read_link(p)
+        .unwrap_or_else(|e| panic!("{} is not a symlink: {e}", p.display()))
+        .display()
+        .to_string()
+}
+
+fn soname_of_version() -> String {
+    let mut parts = VERSION.split('.');
+    let major = parts.next().unwrap();
+    let minor = parts.next().unwrap();
+    if major == "0" {
+        format!("libmemprobe.so.0.{minor}")
+    } else {
+        format!("libmemprobe.so.{major}")
+    }
+}
+
+#[test]
+fn install_lays_out_library_links_headers_and_package_files() {
+    let p = prefix();
+    let lib = p.join("lib");
+    let real = lib.join(format!("libmemprobe.so.{VERSION}"));
+    assert!(real.is_file() && !real.is_symlink(), "{}", real.display());
+    let so = soname(&real);
+    assert_eq!(so, soname_of_version());
+    assert_eq!(
+        link_target(&lib.join(&so)),
+        format!("libmemprobe.so.{VERSION}")
+    );
+    assert_eq!(link_target(&lib.join("libmemprobe.so")), so);
+    assert!(lib.join("libmemprobe.a").is_file());
+    let header = std::fs::read(p.join("include/memprobe.h")).unwrap();
+    assert_eq!(
+        header,
+        std::fs::read(root().join("include/memprobe.h")).unwrap()
+    );
+    if root().join("include/memprobe.hpp").exists() {
+        assert!(p.join("include/memprobe.hpp").is_file());
+    }
+    let pc = std::fs::read_to_string(lib.join("pkgconfig/memprobe.pc")).unwrap();
+    assert!(pc.contains(&format!("\nVersion: {VERSION}\n")), "{pc}");
+    assert!(pc.contains(&format!("prefix={}\n", p.display())), "{pc}");
+    assert!(!pc.contains('@'), "unsubstituted template variable:\n{pc}");
+    let cmake = lib.join("cmake/memprobe");
+    let version = std::fs::read_to_string(cmake.join("memprobeConfigVersion.cmake")).unwrap();
+    assert!(
+        version.contains(&format!("set(PACKAGE_VERSION \"{VERSION}\")")),
+        "{version}"
+    );
+    let config = std::fs::read_to_string(cmake.join("memprobeConfig.cmake")).unwrap();
+    for text in [&config, &version] {
+        assert!(
+            !text.contains('@'),
+            "unsubstituted template variable:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn default_prefix_is_usr_local() {
+    let o = output(
+        "make -n install",
+        command("make")
+            .arg("-C")
+            .arg(root())
+            .args(["-n", "install"]),
+    );
+    let plan = stdout(&o);
+    assert!(plan.contains("lib='/usr/local/lib'"), "{plan}");
+    assert!(plan.contains("inc='/usr/local/include'"), "{plan}");
+}
+
+#[test]
+fn pkg_config_consumer_builds_and_runs() {
+    if !have("pkg-config") {
+        eprintln!("SKIP pkg_config_consumer_builds_and_runs: pkg-config is not installed");
+        return;
+    }
+    let p = prefix();
+    let pc_path = p.join("lib/pkgconfig");
+    let pkg = |args: &[&str]| {
+        let o = output(
+            "pkg-config",
+            command("pkg-config")
+                .env("PKG_CONFIG_PATH", &pc_path)
+                .args(args)
+                .arg("memprobe"),
+        );
+        stdout(&o).trim().to_owned()
+    };
+    assert_eq!(pkg(&["--modversion"]), VERSION);
+    assert_eq!(pkg(&["--variable=soname"]), soname_of_version());
+    let dir = scratch("pkg-config-consumer");
+    let exe = dir.join("consumer");
+    let mut cc = command("cc");
+    cc.arg(root().join("tests/packaging/consumer.c"))
+        .arg("-o")
+        .arg(&exe)
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"]);
+    cc.args(pkg(&["--cflags", "--libs"]).split_whitespace());
+    output("cc with pkg-config flags", &mut cc);
+    let o = output(
+        "pkg-config consumer",
+        command(exe.to_str().unwrap()).env("LD_LIBRARY_PATH", p.join("lib")),
+    );
+    let out = stdout(&o);
+    assert!(
+        out.contains(&format!("memprobe {VERSION} ")) && out.contains("used"),
+        "{out}"
+    );
+    // Without the library on the search path the program must not start:
+    // it really links the installed shared library.
+    let o = command(exe.to_str().unwrap()).output().unwrap();
+    assert!(!o.status.success());
+}
+
+fn cmake_configure(src: &Path, build: &Path, prefix: &Path, want: &str) -> Output {
+    let _ = std::fs::remove_dir_all(build);
+    command("cmake")
+        .arg("-S")
+        .arg(src)
+        .arg("-B")
+        .arg(build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
+        .arg(format!("-DMEMPROBE_WANT={want}"))
+        .output()
+        .expect("run cmake")
+}
+
+#[test]
+fn cmake_consumer_builds_and_runs_shared_and_static() {
+    if !have("cmake") {
+        eprintln!("SKIP cmake_consumer_builds_and_runs_shared_and_static: cmake is not installed");
+        return;
+    }
+    let p = prefix();
+    let src = root().join("tests/packaging/cmake-consumer");
+    let build = scratch("cmake-consumer").join("build");
+    let minor = VERSION.rsplit_once('.').unwrap().0;
+    let o = cmake_configure(&src, &build, p, minor);
+    assert_ok("cmake configure", &o);
+    assert!(
+        stdout(&o).contains(&format!("memprobe {VERSION} (")),
+        "{}",
+        stdout(&o)
+    );
+    output("cmake --build", command("cmake").arg("--build").arg(&build));
+    for exe in ["consumer", "consumer_static"] {
+        let o = output(exe, &mut command(build.join(exe).to_str().unwrap()));
+        assert!(
+            stdout(&o).contains(&format!("memprobe {VERSION} ")),
+            "{}",
+            stdout(&o)
+        );
+    }
+    let dynamic = output(
+        "objdump",
+        command("objdump").arg("-p").arg(build.join("consumer")),
+    );
+    assert!(stdout(&dynamic).contains(&soname_of_version()));
+    let fixed = output(
+        "objdump",
+        command("objdump")
+            .arg("-p")
+            .arg(build.join("consumer_static")),
+    );
+    assert!(
+        !stdout(&fixed).contains("libmemprobe"),
+        "static consumer needs libmemprobe.so"
+    );
+}
+
+#[test]
+fn cmake_version_check_follows_the_abi() {
+    if !have("cmake") {
+        eprintln!("SKIP cmake_version_check_follows_the_abi: cmake is not installed");
+        return;
+    }
+    let p = prefix();
+    let src = root().join("tests/packaging/cmake-consumer");
+    let build = scratch("cmake-version").join("build");
+    let mut parts = VERSION.split('.').map(|s| s.parse::<u64>().unwrap());
+    let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
+    let newer = format!("{}.0", major + 1);
+    let o = cmake_configure(&src, &build, p, &newer);
+    assert!(
+        !o.status.success(),
+        "find_package({newer}) accepted {VERSION}"
+    );
+    if major == 0 {
+        // Before 1.0 another minor is another ABI, older or newer.
+        let other = format!("0.{}", minor + 1);
+        assert!(!cmake_configure(&src, &build, p, &other).status.success());
+        if minor > 0 {
+            let older = format!("0.{}", minor - 1);
+            assert!(!cmake_configure(&src, &build, p, &older).status.success());
+        }
+    }
+    let exact = cmake_configure(&src, &build, p, VERSION);
+    assert_ok("find_package(exact version)", &exact);
+}
+
+#[test]
+fn installed_prefix_can_be_moved() {
+    if !have("cmake") || !have("pkg-config") {
+        eprintln!("SKIP installed_prefix_can_be_moved: needs cmake and pkg-config");
+        return;
+    }
+    let moved = scratch("packaging-moved").join("elsewhere");
+    let _ = std::fs::remove_dir_all(&moved);
+    output("cp -a", command("cp").arg("-a").arg(prefix()).arg(&moved));
+    let o = output(
+        "pkg-config --define-prefix",
+        command("pkg-config")
+            .env("PKG_CONFIG_PATH", moved.join("lib/pkgconfig"))
+            .args(["--define-prefix", "--variable=libdir", "memprobe"]),
+    );
+    assert_eq!(stdout(&o).trim(), moved.join("lib").display().to_string());
+    let src = root().join("tests/packaging/cmake-consumer");
+    let build = scratch("cmake-moved").join("build");
+    let o = cmake_configure(&src, &build, &moved, "");
+    assert_ok("cmake configure (moved prefix)", &o);
+    output("cmake --build", command("cmake").arg("--build").arg(&build));
+    let o = output(
+        "objdump",
+        command("objdump").arg("-p").arg(build.join("consumer")),
+    );
+    assert!(
+        stdout(&o).contains(&moved.join("lib").display().to_string()),
+        "consumer's run path does not name the moved prefix:\n{}",
+        stdout(&o)
+    );
+    output(
+        "consumer (moved prefix)",
+        &mut command(build.join("consumer").to_str().unwrap()),
+    );
+}
