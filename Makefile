@@ -68,7 +68,9 @@ clean:
 	rm -rf $(BUILD) memprobe-run.svg memprobe-run.json
 
 # The bindings' tests (in `make test`) run against an installed prefix.
-PYTHON ?= python3
+# The Python that runs the bindings' tests: .ci/run's virtual environment
+# when it exists (it holds pytest and psutil), else python3.
+PYTHON ?= $(if $(wildcard build/ci-venv/bin/python),$(CURDIR)/build/ci-venv/bin/python,python3)
 GO ?= go
 TEST_PREFIX := $(abspath $(BUILD))/test-prefix
 
