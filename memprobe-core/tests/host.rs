@@ -198,3 +198,33 @@ fn clear_refs_not_permitted_degrades_to_sampled() {
     let d = w.measure().unwrap();
     assert_eq!(d[0].fidelity, memprobe_core::PeakFidelity::Sampled);
 }
+
+#[test]
+fn unreadable_or_malformed_proc_files_are_errors_with_the_path() {
+    use memprobe_core::system::SystemRamSampler;
+    let dir = fixture("meminfo");
+    // Missing file: unavailable, naming it.
+    let e = SystemRamSampler::at(dir.join("absent")).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.message().contains("absent"), "{e}");
+    // A directory where a file should be: an error, not a panic.
+    let e = SystemRamSampler::at(&dir).err().unwrap();
+    assert!(e.message().contains("meminfo"), "{e}");
+    // Malformed: a parse error, never a wrong number.
+    write(&dir, "bad", "MemTotal: lots kB\nMemAvailable: 5 kB\n");
+    let e = SystemRamSampler::at(dir.join("bad")).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Parse, "{e}");
+    // Unreadable (mode 000) where permissions apply (not as root).
+    write(&dir, "locked", "MemTotal: 10 kB\nMemAvailable: 5 kB\n");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.join("locked"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    match SystemRamSampler::at(dir.join("locked")) {
+        Ok(_) => eprintln!("running as root: mode 000 does not stop reads; skipped that case"),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}"),
+    }
+    // A file that turns malformed after opening: the next read fails.
+    write(&dir, "turns", "MemTotal: 10 kB\nMemAvailable: 5 kB\n");
+    let mut s = SystemRamSampler::at(dir.join("turns")).unwrap();
+    write(&dir, "turns", "garbage\n");
+    assert_eq!(s.read().unwrap_err().kind(), ErrorKind::Parse);
+}
