@@ -20,13 +20,16 @@ from typing import Optional
 
 from . import _ffi
 from ._ffi import C, check
+from ._owned import Owned
 from .sources import Source
 from .tracker import Tracker
 
 
-class Exporter:
+class Exporter(Owned):
     """Serves ``/metrics`` on ``listen`` (``"IP:PORT"``; None: 127.0.0.1 on
     a free port). Close it (or ``with``) to stop serving and release it."""
+
+    _FREE = "memprobe_exporter_free"
 
     def __init__(self, listen: Optional[str] = None):
         self._closed = True
@@ -71,29 +74,6 @@ class Exporter:
         when already stopped)."""
         check(C.memprobe_exporter_stop(self._handle))
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Stops serving if needed and releases the exporter (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            check(C.memprobe_exporter_free(self._handle))
-
-    def __enter__(self) -> "Exporter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not getattr(self, "_closed", True):
-                self._closed = True
-                C.memprobe_exporter_free(self._handle)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         if self._closed:

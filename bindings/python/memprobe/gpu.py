@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Tuple
 
 from . import _ffi
 from ._ffi import C, check
+from ._owned import Owned
 from .errors import MemprobeError, Status
 from .sources import Source
 from .trace import Trace
@@ -233,9 +234,11 @@ def _bytes_reading(fn) -> int:
     return int(out.value)
 
 
-class Device:
+class Device(Owned):
     """A pre-resolved GPU (fastai's ``gpu_handle``): readings through it do
     no lookup. Close it, or use ``with``."""
+
+    _FREE = "memprobe_gpu_device_free"
 
     def __init__(self, id: int):
         h = _ffi.out_handle()
@@ -261,24 +264,6 @@ class Device:
         check(C.memprobe_gpu_device_process_used(self._handle, byref(out)))
         return int(out.value)
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            check(C.memprobe_gpu_device_free(self._handle))
-
-    def __enter__(self) -> "Device":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not getattr(self, "_closed", True):
-                self._closed = True
-                C.memprobe_gpu_device_free(self._handle)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         return f"<memprobe.gpu.Device {self.id}{' (closed)' if self._closed else ''}>"

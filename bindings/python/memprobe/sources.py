@@ -10,6 +10,7 @@ from typing import Callable, List, Optional
 
 from . import _ffi
 from ._ffi import C, check
+from ._owned import Owned
 from .errors import MemprobeError, Status, error_for
 from .units import b2mb
 
@@ -111,11 +112,13 @@ def _stop_monitor_at_exit() -> None:
         pass
 
 
-class Source:
+class Source(Owned):
     """A source of readings. Create one with a class method
     (:meth:`process`, :meth:`pushed`, ...); release it with :meth:`close`
     or a ``with`` block (it is also released when garbage-collected).
     Windows and traces over a source keep it alive until they close."""
+
+    _FREE = "memprobe_source_free"
 
     __slots__ = ("_handle", "_closed", "_info", "_keep", "_callback_error", "__weakref__")
 
@@ -283,31 +286,6 @@ class Source:
     def fidelity(self) -> Fidelity:
         return self.info().fidelity
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Releases the handle (idempotent). Windows and traces opened over
-        the source keep it alive until they close; further calls on this
-        object raise :class:`~memprobe.InvalidHandleError`."""
-        if not self._closed:
-            self._closed = True
-            check(C.memprobe_source_free(self._handle))
-
-    def __enter__(self) -> "Source":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not self._closed:
-                self._closed = True
-                C.memprobe_source_free(self._handle)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         if self._closed:

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, List, Optional, TextIO, Tuple, TypeVar, U
 
 from . import _ffi
 from ._ffi import C, check
+from ._owned import Owned
 from .errors import BufferTooSmallError, Status
 from .sources import Source, as_sources
 from .units import b2mb
@@ -26,7 +27,7 @@ def _note(note: Optional[str]) -> Optional[bytes]:
     return None if note is None else str(note).encode()
 
 
-class Trace:
+class Trace(Owned):
     """Delta used and delta peaked of ``sources`` since the trace started.
 
     ``Trace(sources=None, *, ctx=None, silent=False, on_exit_report=True,
@@ -46,6 +47,8 @@ class Trace:
     Used as a context manager, measurement (re)starts on entry and stops on
     exit; :func:`mem_trace` decorates a function the same way.
     """
+
+    _FREE = "memprobe_trace_free"
 
     def __init__(
         self,
@@ -180,16 +183,6 @@ class Trace:
 
     # --- lifetime ------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Releases the trace (no report). Idempotent."""
-        if not self._closed:
-            self._closed = True
-            check(C.memprobe_trace_free(self._handle))
-
     def __enter__(self) -> "Trace":
         if self.running:
             self.reset()
@@ -205,13 +198,6 @@ class Trace:
         if self.running:
             self.stop()
 
-    def __del__(self) -> None:
-        try:
-            if not getattr(self, "_closed", True):
-                self._closed = True
-                C.memprobe_trace_free(self._handle)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         if self._closed:

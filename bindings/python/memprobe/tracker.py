@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 
 from . import _ffi
 from ._ffi import C, check
+from ._owned import Owned
 from .sources import Source, _enum, as_sources
 from .windows import Delta
 
@@ -157,9 +158,11 @@ def default_is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-class Tracker:
+class Tracker(Owned):
     """Tracks a training loop's phases over ``sources`` (default: this
     process's RSS). Close it (or use ``with``) to finish its sinks."""
+
+    _FREE = "memprobe_tracker_free"
 
     def __init__(self, sources: Union[Source, Iterable[Source], None] = None):
         self._sources: Tuple[Source, ...] = tuple(as_sources(sources))
@@ -389,29 +392,6 @@ class Tracker:
 
     # --- lifetime ------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Finishes the sinks and releases the tracker (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            check(C.memprobe_tracker_free(self._handle))
-
-    def __enter__(self) -> "Tracker":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not getattr(self, "_closed", True):
-                self._closed = True
-                C.memprobe_tracker_free(self._handle)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

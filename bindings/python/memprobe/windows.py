@@ -9,6 +9,7 @@ from typing import Iterable, List, Tuple, Union
 
 from . import _ffi
 from ._ffi import C, check
+from ._owned import Owned
 from .sources import Fidelity, Source, SourceKind, _enum, as_sources
 from .units import b2mb
 
@@ -57,7 +58,7 @@ class Delta:
         )
 
 
-class Window:
+class Window(Owned):
     """An open peak window over one or more sources (default: this
     process's RSS)::
 
@@ -69,6 +70,8 @@ class Window:
 
     Opening, resetting or closing one window never changes another's peak.
     """
+
+    _FREE = "memprobe_window_free"
 
     def __init__(self, sources: Union[Source, Iterable[Source], None] = None):
         self._sources: Tuple[Source, ...] = tuple(as_sources(sources))
@@ -120,29 +123,6 @@ class Window:
         check(C.memprobe_window_reset(self._handle, arr, n))
         return [Delta._from_c(d) for d in arr]
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Closes the window (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            check(C.memprobe_window_free(self._handle))
-
-    def __enter__(self) -> "Window":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not getattr(self, "_closed", True):
-                self._closed = True
-                C.memprobe_window_free(self._handle)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._sources if not s.closed) or "..."

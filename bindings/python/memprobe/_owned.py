@@ -1,0 +1,41 @@
+"""Ownership of one C handle, shared by every class that holds one."""
+
+from ._ffi import C, check
+
+
+class Owned:
+    """Holds one memprobe handle and frees it exactly once: by :meth:`close`,
+    at the end of a ``with`` block, or when the object is collected (errors
+    are ignored there: the interpreter may be shutting down).
+
+    Subclasses name their C free function in ``_FREE`` and set
+    ``self._handle`` and ``self._closed = False`` once the handle exists.
+    """
+
+    __slots__ = ()  # subclasses may use __slots__ (and __weakref__)
+    _FREE = ""
+    _closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Releases the handle (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            check(getattr(C, self._FREE)(self._handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self._closed = True
+                getattr(C, self._FREE)(self._handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
