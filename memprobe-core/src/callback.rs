@@ -1,6 +1,6 @@
 //! A custom source read through a caller's function.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
 
@@ -14,13 +14,9 @@ pub struct CallbackSampler {
 }
 
 impl CallbackSampler {
-    /// A sampler named `name` (1 to 64 printable characters) that calls `read`.
+    /// A sampler named `name` (1 to 64 printable bytes) that calls `read`.
     pub fn new(name: &str, read: ReadFn) -> Result<Self> {
-        if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
-            return Err(Error::invalid(
-                "a source name must be 1 to 64 printable characters",
-            ));
-        }
+        crate::sample::check_name("a source name", name)?;
         Ok(CallbackSampler {
             name: name.to_owned(),
             read,

@@ -111,6 +111,17 @@ pub struct SourceInfo {
     pub fidelity: PeakFidelity,
 }
 
+/// The rule for names (sources, custom phases): 1 to 64 bytes, no control
+/// characters, so that every report line and label stays printable.
+pub(crate) fn check_name(what: &str, name: &str) -> crate::error::Result<()> {
+    if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+        return Err(crate::error::Error::invalid(format!(
+            "{what} must be 1 to 64 printable bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Nanoseconds on `CLOCK_MONOTONIC`.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -76,7 +76,7 @@ impl Source {
     /// A source whose values the caller pushes (e.g. a framework allocator's
     /// allocated bytes). Its peak is exact as long as every change is pushed.
     pub fn pushed(name: &str) -> Result<Source> {
-        check_name(name)?;
+        crate::sample::check_name("a source name", name)?;
         let info = SourceInfo {
             name: name.to_owned(),
             kind: SourceKind::Custom,
@@ -355,15 +355,6 @@ impl State {
         }
         self.read_now().map(Some)
     }
-}
-
-fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
-        return Err(Error::invalid(
-            "a source name must be 1 to 64 printable characters",
-        ));
-    }
-    Ok(())
 }
 
 impl std::fmt::Debug for Source {

@@ -190,14 +190,11 @@ impl Tracker {
 
     fn phase_name(kind: PhaseKind, name: Option<&str>) -> Result<String> {
         match (kind, name) {
-            (PhaseKind::Custom, Some(n))
-                if !n.is_empty() && n.len() <= 64 && !n.chars().any(char::is_control) =>
-            {
+            (PhaseKind::Custom, Some(n)) => {
+                crate::sample::check_name("a custom phase's name", n)?;
                 Ok(n.to_owned())
             }
-            (PhaseKind::Custom, _) => Err(Error::invalid(
-                "a custom phase needs a name of 1 to 64 printable bytes",
-            )),
+            (PhaseKind::Custom, None) => Err(Error::invalid("a custom phase needs a name")),
             (k, None) => Ok(k.as_str().to_owned()),
             (k, Some(_)) => Err(Error::invalid(format!(
                 "only custom phases take a name, not a {}",

@@ -199,6 +199,21 @@ pub(crate) fn copy_out(s: &str, buf: *mut c_char, len: usize, needed: *mut usize
     Ok(())
 }
 
+/// Copies `s` into a fixed-size C array with a NUL, cut at a character
+/// boundary to fit (a struct field such as `memprobe_source_info.name`).
+pub(crate) fn copy_to_fixed(dst: &mut [c_char], s: &str) {
+    let mut take = s.len().min(dst.len().saturating_sub(1));
+    while !s.is_char_boundary(take) {
+        take -= 1;
+    }
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..take]) {
+        *d = *b as c_char;
+    }
+    if let Some(end) = dst.get_mut(take) {
+        *end = 0;
+    }
+}
+
 /// Rejects flag bits outside `known`.
 pub(crate) fn check_flags(flags: u32, known: u32, what: &str) -> FfiResult {
     if flags & !known != 0 {

@@ -169,14 +169,7 @@ impl memprobe_gpu_info {
 /// Returns `flag` when `s` is present, else 0.
 fn fill(dst: &mut [c_char], s: Option<&str>, flag: u32) -> u32 {
     let Some(s) = s else { return 0 };
-    let mut take = s.len().min(dst.len() - 1);
-    while !s.is_char_boundary(take) {
-        take -= 1;
-    }
-    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..take]) {
-        *d = *b as c_char;
-    }
-    dst[take] = 0;
+    crate::boundary::copy_to_fixed(dst, s);
     flag
 }
 

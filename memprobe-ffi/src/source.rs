@@ -347,9 +347,7 @@ pub extern "C" fn memprobe_source_get_info(
         let src = self::source(source)?;
         let info = src.info();
         let mut name = [0 as c_char; 72];
-        for (d, s) in name.iter_mut().zip(info.name.bytes().take(71)) {
-            *d = s as c_char;
-        }
+        crate::boundary::copy_to_fixed(&mut name, &info.name);
         *slot = memprobe_source_info {
             kind: kind_code(info.kind),
             fidelity: fidelity_code(info.fidelity),

@@ -82,9 +82,7 @@ pub struct memprobe_phase_record {
 fn record_to_c(r: &Record) -> memprobe_phase_record {
     let phase = r.phase.as_ref();
     let mut name = [0 as c_char; 72];
-    for (d, s) in name.iter_mut().zip(r.label.bytes().take(71)) {
-        *d = s as c_char;
-    }
+    crate::boundary::copy_to_fixed(&mut name, &r.label);
     let leak_flags = r
         .leaks
         .iter()
