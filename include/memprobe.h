@@ -250,6 +250,11 @@ enum memprobe_status
    * An internal invariant broke (a bug: please report it).
    */
   MEMPROBE_STATUS_INTERNAL = 14,
+  /**
+   * memprobe_tracker_run_oom_retry: the step still ran out of memory
+   * after every retry (the report was written).
+   */
+  MEMPROBE_STATUS_OUT_OF_MEMORY = 15,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -773,6 +778,14 @@ const char *memprobe_soname(void);
 uint64_t memprobe_b2mb(uint64_t bytes);
 
 /**
+ * A signed byte count (a delta such as `memprobe_delta.delta_used`) to
+ * whole MiB, rounded toward zero like fastai's `int(num / 2**20)`:
+ * -1 MiB + 1 byte gives 0, not -1. Defined for every value, INT64_MIN
+ * included.
+ */
+int64_t memprobe_b2mb_signed(int64_t bytes);
+
+/**
  * Number of live handles of each kind, for leak checks in tests:
  * `*sources`, `*windows`, `*traces`, `*trackers` (each nullable).
  */
@@ -831,8 +844,9 @@ memprobe_status memprobe_gpu_mem_get(int64_t id, memprobe_gpu_memory *out);
 
 /**
  * fastai's `gpu_mem_get_all()`: the reading of every device, in id order,
- * into `out[0..capacity]` (entries past the last device are zeroed);
- * `*count` receives the number of devices. A
+ * into `out[0..min(capacity, count)]`; entries past those are never
+ * touched, whatever `capacity` claims. `*count` receives the number of
+ * devices. A
  * device that cannot be read is all zeros (`valid == 0`) and the status is
  * the first such error. `capacity` smaller than the count: the first
  * `capacity` readings and MEMPROBE_STATUS_BUFFER_TOO_SMALL (`out` may be
@@ -904,8 +918,10 @@ memprobe_status memprobe_gpu_preload(void);
  * Registers `callback(user_data)` as the cache-release callback that the
  * `*_no_cache` readings call first (one per process; it replaces the
  * previous one). NULL removes it. It runs on the thread of the reading and
- * may call memprobe (this function included); `user_data` must stay valid
- * until the callback is replaced or removed.
+ * may call memprobe (this function included), except the `*_no_cache`
+ * readings, which return MEMPROBE_STATUS_WRONG_ORDER from inside it (as
+ * every callback re-entry does) instead of calling it again; `user_data`
+ * must stay valid until the callback is replaced or removed.
  */
 memprobe_status memprobe_gpu_set_cache_release(memprobe_release_fn callback, void *user_data);
 
@@ -1177,7 +1193,8 @@ memprobe_status memprobe_trace_report_n_reset(memprobe_trace *trace, const char 
 /**
  * Writes the report line for `note` (nullable) into `buf[0..len]`, NUL
  * included, without printing it. `*needed` (nullable) receives the size
- * needed; a short buffer gets a truncated line and BUFFER_TOO_SMALL.
+ * needed; a short buffer gets the line cut at a UTF-8 character boundary
+ * (NUL-terminated, nothing written past the NUL) and BUFFER_TOO_SMALL.
  */
 memprobe_status memprobe_trace_format(const memprobe_trace *trace, const char *note, char *buf, size_t len, size_t *needed);
 
@@ -1188,7 +1205,9 @@ memprobe_status memprobe_trace_set_silent(memprobe_trace *trace, bool silent);
 
 /**
  * Sends printed reports to file descriptor `fd` (not closed by memprobe;
- * it must stay open while the trace reports).
+ * it must stay open while the trace reports). A descriptor that is not
+ * open for writing is INVALID_ARGUMENT; a write that fails later fails the
+ * report call (MEMPROBE_STATUS_IO).
  */
 memprobe_status memprobe_trace_set_output_fd(memprobe_trace *trace, int32_t fd);
 
@@ -1239,7 +1258,10 @@ memprobe_status memprobe_tracker_next(memprobe_tracker *tracker, uint32_t kind, 
 /**
  * Adds a PeakMemMetric-style table: one row per ended phase of `kind`
  * (fastai: epochs), each source's delta used and delta peaked in MiB,
- * written to file descriptor `fd` (not closed by memprobe).
+ * written to file descriptor `fd` (not closed by memprobe). A descriptor
+ * that is not open for writing is INVALID_ARGUMENT; a write that fails
+ * later (the descriptor was closed, the disk is full) is reported by
+ * memprobe_tracker_finish_sinks or memprobe_tracker_free (MEMPROBE_STATUS_IO).
  */
 memprobe_status memprobe_tracker_add_table_sink(memprobe_tracker *tracker, uint32_t kind, int32_t fd);
 
@@ -1315,9 +1337,11 @@ memprobe_status memprobe_tracker_leak_status(const memprobe_tracker *tracker, si
 /**
  * fastai's gpu_mem_restore, made useful outside IPython: runs `step`; when
  * it returns MEMPROBE_STEP_OUT_OF_MEMORY, runs every release callback (GC
- * included) and retries, at most `max_retries` times. A step that returns
- * another value fails the call (UNAVAILABLE). Bytes freed per source go to
- * `freed[0..n_freed]` when not NULL.
+ * included) and retries, at most `max_retries` times. When the last try
+ * still ran out of memory the status is MEMPROBE_STATUS_OUT_OF_MEMORY, with
+ * `*out` (`succeeded` false) and `freed` written all the same. A step that
+ * returns another value fails the call (UNAVAILABLE). Bytes freed per
+ * source go to `freed[0..n_freed]` when not NULL.
  */
 memprobe_status memprobe_tracker_run_oom_retry(memprobe_tracker *tracker, memprobe_step_fn step, void *user_data, uint32_t max_retries, memprobe_oom_report *out, uint64_t *freed, size_t n_freed);
 
@@ -1345,7 +1369,8 @@ memprobe_status memprobe_window_measure(const memprobe_window *window, size_t in
  * Ends the window's interval and starts the next at the same instant (one
  * reading serves as both end and new start); other windows keep their
  * peaks. This is the cheapest step boundary. When `ended` is not NULL, the
- * ended interval of source i is written to `ended[i]` for i < `n_ended`.
+ * ended interval of source i is written to `ended[i]` for i below both
+ * `n_ended` and the number of sources; nothing past those is touched.
  */
 memprobe_status memprobe_window_reset(memprobe_window *window, memprobe_delta *ended, size_t n_ended);
 

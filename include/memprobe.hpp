@@ -14,7 +14,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <new>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -65,6 +67,8 @@ inline std::string version() { return memprobe_version(); }
 
 /** fastai's b2mb: bytes to MiB, rounded down. */
 inline std::uint64_t b2mb(std::uint64_t bytes) noexcept { return memprobe_b2mb(bytes); }
+/** Signed bytes (a delta) to MiB, rounded toward zero like fastai's int(num / 2**20). */
+inline std::int64_t b2mb_signed(std::int64_t bytes) noexcept { return memprobe_b2mb_signed(bytes); }
 
 /** A training-loop phase. */
 enum class PhaseKind : std::uint32_t {
@@ -145,7 +149,10 @@ private:
 };
 
 namespace detail {
+/* An empty list is an invalid argument (the C ABI says so too, whatever the
+ * pointer of an empty vector is). */
 inline std::vector<const memprobe_source *> handles(std::initializer_list<std::reference_wrapper<const Source>> l) {
+    if (l.size() == 0) throw Error(MEMPROBE_STATUS_INVALID_ARGUMENT, "at least one source is needed");
     std::vector<const memprobe_source *> v;
     v.reserve(l.size());
     for (const Source &s : l) v.push_back(s.handle());
@@ -289,13 +296,15 @@ enum class StepOutcome { Done, OutOfMemory };
 /** The training-loop tracker; sinks finish and the handle is freed by the destructor. */
 class Tracker {
 public:
-    explicit Tracker(std::initializer_list<std::reference_wrapper<const Source>> sources) {
+    explicit Tracker(std::initializer_list<std::reference_wrapper<const Source>> sources)
+        : pending_(new std::exception_ptr()) {
         std::vector<const memprobe_source *> hs = detail::handles(sources);
         detail::check(memprobe_tracker_new(hs.data(), hs.size(), &h_));
         n_ = hs.size();
     }
     Tracker(Tracker &&o) noexcept
-        : h_(std::exchange(o.h_, nullptr)), n_(o.n_), callbacks_(std::move(o.callbacks_)) {}
+        : h_(std::exchange(o.h_, nullptr)), n_(o.n_), pending_(std::move(o.pending_)),
+          callbacks_(std::move(o.callbacks_)) {}
     Tracker &operator=(Tracker &&) = delete;
     Tracker(const Tracker &) = delete;
     Tracker &operator=(const Tracker &) = delete;
@@ -314,23 +323,35 @@ public:
     void begin(PhaseKind kind, const char *name, Status &st) noexcept {
         detail::store(st, memprobe_tracker_begin(h_, static_cast<std::uint32_t>(kind), name));
     }
+    /** Ends the innermost phase. A release callback that threw while the
+     *  phase ended (a release policy) has its exception rethrown here, after
+     *  the phase has ended. */
     Record end(PhaseKind kind, const char *name = nullptr) {
         Record r{};
         r.deltas.resize(n_);
-        detail::check(memprobe_tracker_end(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_));
+        memprobe_status st =
+            memprobe_tracker_end(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_);
+        rethrow_pending();
+        detail::check(st);
         return r;
     }
+    /** Non-throwing end: a release callback's exception is dropped (its
+     *  release counts as failed). */
     Record end(PhaseKind kind, const char *name, Status &st) noexcept {
         Record r{};
         r.deltas.resize(n_);
         detail::store(st, memprobe_tracker_end(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_));
+        *pending_ = nullptr;
         return r;
     }
     /** Ends the innermost phase and begins the next of the same kind at once. */
     Record next(PhaseKind kind, const char *name = nullptr) {
         Record r{};
         r.deltas.resize(n_);
-        detail::check(memprobe_tracker_next(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_));
+        memprobe_status st =
+            memprobe_tracker_next(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_);
+        rethrow_pending();
+        detail::check(st);
         return r;
     }
 
@@ -351,10 +372,22 @@ public:
                 t_->end(kind_, name_.empty() ? nullptr : name_.c_str(), ignored);
             }
         }
-        /** Ends the phase now and returns its record. */
+        /** Ends the phase now and returns its record. The guard stays armed
+         *  until the phase has really ended: if end() throws because the
+         *  phase could not end (a phase nested in it is still open), the
+         *  destructor still ends it. Ending twice is WRONG_ORDER. */
         Record end() {
-            Tracker *t = std::exchange(t_, nullptr);
-            return t->end(kind_, name_.empty() ? nullptr : name_.c_str());
+            if (!t_) throw Error(MEMPROBE_STATUS_WRONG_ORDER, "this phase was already ended");
+            Tracker *t = t_;
+            Record r{};
+            r.deltas.resize(t->n_);
+            memprobe_status st = memprobe_tracker_end(t->h_, static_cast<std::uint32_t>(kind_),
+                                                      name_.empty() ? nullptr : name_.c_str(), &r.phase,
+                                                      r.deltas.data(), t->n_);
+            if (st == MEMPROBE_STATUS_OK) t_ = nullptr;
+            t->rethrow_pending();
+            detail::check(st);
+            return r;
         }
 
     private:
@@ -374,9 +407,12 @@ public:
     void add_csv_sink(const std::string &path) { detail::check(memprobe_tracker_add_csv_sink(h_, path.c_str())); }
     void finish_sinks() { detail::check(memprobe_tracker_finish_sinks(h_)); }
 
-    /** Registers a release callback; it returns false on failure. */
+    /** Registers a release callback; it returns false on failure. An
+     *  exception it throws never crosses the C ABI: the release counts as
+     *  failed, and the exception is rethrown by the call that ran it (end,
+     *  next, run_oom_retry) once the C call has returned. */
     void add_release(const std::string &name, bool is_gc, std::function<bool()> f) {
-        callbacks_.push_back(std::make_unique<std::function<bool()>>(std::move(f)));
+        callbacks_.push_back(std::unique_ptr<Callback>(new Callback{std::move(f), pending_.get()}));
         detail::check(memprobe_tracker_add_release(h_, name.c_str(), is_gc ? MEMPROBE_RELEASE_GC : MEMPROBE_RELEASE_CACHE,
                                                    &Tracker::call_release, callbacks_.back().get()));
     }
@@ -402,32 +438,77 @@ public:
         detail::check(memprobe_tracker_leak_status(h_, i, &flagged, nullptr, nullptr));
         return flagged;
     }
-    /** fastai's gpu_mem_restore: run `step`, release and retry on out-of-memory. */
+    /** fastai's gpu_mem_restore: run `step`, release and retry on
+     *  out-of-memory. A step that throws std::bad_alloc ran out of memory.
+     *  Any other exception from the step or a release callback stops the
+     *  retries and is rethrown here after the C call returned (it never
+     *  crosses the C ABI). Still out of memory after every retry: Error with
+     *  MEMPROBE_STATUS_OUT_OF_MEMORY (the non-throwing overload returns the
+     *  report with that status). */
     memprobe_oom_report run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries) {
-        memprobe_oom_report r{};
-        detail::check(memprobe_tracker_run_oom_retry(h_, &Tracker::call_step, &step, max_retries, &r, nullptr, 0));
+        Status st;
+        memprobe_oom_report r = run_oom_retry_status(step, max_retries, st);
+        rethrow_pending();
+        if (!st) throw Error(st.code, st.message);
+        return r;
+    }
+    /** Non-throwing run_oom_retry; exceptions from the step or a release
+     *  callback are dropped (the status says the call failed). */
+    memprobe_oom_report run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries,
+                                      Status &st) noexcept {
+        memprobe_oom_report r = run_oom_retry_status(step, max_retries, st);
+        *pending_ = nullptr;
         return r;
     }
 
 private:
-    static std::int32_t call_release(void *f) {
+    struct Callback {
+        std::function<bool()> f;
+        std::exception_ptr *pending;
+    };
+    struct Step {
+        std::function<StepOutcome()> *f;
+        std::exception_ptr *pending;
+    };
+    memprobe_oom_report run_oom_retry_status(std::function<StepOutcome()> &step, std::uint32_t max_retries,
+                                             Status &st) noexcept {
+        memprobe_oom_report r{};
+        Step s{&step, pending_.get()};
+        detail::store(st, memprobe_tracker_run_oom_retry(h_, &Tracker::call_step, &s, max_retries, &r, nullptr, 0));
+        return r;
+    }
+    /* Rethrows the first exception a callback kept during the last C call. */
+    void rethrow_pending() {
+        if (*pending_) std::rethrow_exception(std::exchange(*pending_, nullptr));
+    }
+    static std::int32_t call_release(void *p) noexcept {
+        Callback *c = static_cast<Callback *>(p);
         try {
-            return (*static_cast<std::function<bool()> *>(f))() ? 0 : 1;
+            return c->f() ? 0 : 1;
         } catch (...) {
+            if (!*c->pending) *c->pending = std::current_exception();
             return 2;
         }
     }
-    static std::int32_t call_step(void *f) {
+    static std::int32_t call_step(void *p) noexcept {
+        Step *s = static_cast<Step *>(p);
+        /* A release callback threw during the previous retry: stop. */
+        if (*s->pending) return -1;
         try {
-            return (*static_cast<std::function<StepOutcome()> *>(f))() == StepOutcome::Done ? MEMPROBE_STEP_DONE
-                                                                                           : MEMPROBE_STEP_OUT_OF_MEMORY;
+            return (*s->f)() == StepOutcome::Done ? MEMPROBE_STEP_DONE : MEMPROBE_STEP_OUT_OF_MEMORY;
+        } catch (const std::bad_alloc &) {
+            return MEMPROBE_STEP_OUT_OF_MEMORY;
         } catch (...) {
+            *s->pending = std::current_exception();
             return -1;
         }
     }
     memprobe_tracker *h_ = nullptr;
     std::size_t n_ = 0;
-    std::vector<std::unique_ptr<std::function<bool()>>> callbacks_;
+    /* Where callbacks keep an exception until the C call returns; on the
+     * heap so that it stays put when the Tracker moves. */
+    std::unique_ptr<std::exception_ptr> pending_;
+    std::vector<std::unique_ptr<Callback>> callbacks_;
 };
 
 /** The background monitor that polls sampled sources. */

@@ -130,7 +130,9 @@ pub fn stop() -> Result<()> {
         r.handle.take()
     };
     if let Some(h) = handle {
-        if h.thread().id() == thread::current().id() {
+        // A thread-local flag, not thread::current(): that would allocate the
+        // caller's Thread handle, which valgrind reports as possibly lost.
+        if ON_MONITOR_THREAD.with(std::cell::Cell::get) {
             return Err(Error::wrong_order(
                 "monitor::stop called from the monitor thread (inside a sink)",
             ));
@@ -206,7 +208,12 @@ fn forget_parent_thread(r: &mut Runner) {
     r.generation = fork::generation();
 }
 
+thread_local! {
+    static ON_MONITOR_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn run() {
+    ON_MONITOR_THREAD.with(|m| m.set(true));
     let mut next = Instant::now();
     loop {
         if STOP.load(Ordering::SeqCst) {

@@ -1,37 +1,23 @@
 //! Training-loop phases: step, epoch, experience, stream, and named custom
 //! phases, with the nesting rules that keep records meaningful.
 
-use crate::error::{Error, Result};
-
-/// A phase of the training loop.
+/// A phase of the training loop. (Its C numbering belongs to the C ABI,
+/// memprobe-ffi, not to this type.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
 pub enum PhaseKind {
     /// One minibatch / iteration.
-    Step = 0,
+    Step,
     /// One pass over the training data.
-    Epoch = 1,
+    Epoch,
     /// One experience (Avalanche: a training or evaluation task).
-    Experience = 2,
+    Experience,
     /// One evaluation pass over a stream of experiences.
-    Stream = 3,
+    Stream,
     /// A phase named by the caller (e.g. "forward", "checkpoint").
-    Custom = 4,
+    Custom,
 }
 
 impl PhaseKind {
-    /// From the C value; unknown values are rejected.
-    pub fn from_u32(v: u32) -> Result<PhaseKind> {
-        Ok(match v {
-            0 => PhaseKind::Step,
-            1 => PhaseKind::Epoch,
-            2 => PhaseKind::Experience,
-            3 => PhaseKind::Stream,
-            4 => PhaseKind::Custom,
-            other => return Err(Error::invalid(format!("unknown phase kind {other}"))),
-        })
-    }
-
     /// Lowercase name (`step`, `epoch`, ...).
     pub fn as_str(self) -> &'static str {
         match self {

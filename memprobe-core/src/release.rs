@@ -6,26 +6,15 @@
 use crate::error::{Error, Result};
 use crate::phase::PhaseKind;
 
-/// What a release callback frees.
+/// What a release callback frees. (Its C numbering belongs to the C ABI,
+/// memprobe-ffi.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
 pub enum ReleaseKind {
     /// A framework's cache (e.g. `torch.cuda.empty_cache`). Always run.
-    Cache = 0,
+    Cache,
     /// A garbage collector (e.g. Python's `gc.collect`). Run when the policy
     /// asks for it (ClearCacheHook's `garbage_collection`).
-    Gc = 1,
-}
-
-impl ReleaseKind {
-    /// From the C value; unknown values are rejected.
-    pub fn from_u32(v: u32) -> Result<ReleaseKind> {
-        match v {
-            0 => Ok(ReleaseKind::Cache),
-            1 => Ok(ReleaseKind::Gc),
-            other => Err(Error::invalid(format!("unknown release kind {other}"))),
-        }
-    }
+    Gc,
 }
 
 /// A release callback.

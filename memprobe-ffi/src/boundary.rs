@@ -4,7 +4,7 @@
 use crate::status::memprobe_status;
 use memprobe_core::Error;
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
@@ -79,8 +79,25 @@ fn set_last_error(message: String) {
 }
 
 /// Runs an entry point's body: maps errors to a status and message, catches
-/// panics. `name` is the C function's name, used in messages.
-pub(crate) fn run(name: &'static str, body: impl FnOnce() -> FfiResult) -> memprobe_status {
+/// panics. `name` is the C function's name, used in messages. Success
+/// clears the thread's last error.
+pub(crate) fn entry_point(name: &'static str, body: impl FnOnce() -> FfiResult) -> memprobe_status {
+    guarded(name, true, body)
+}
+
+/// As [`entry_point`], for the `*_free` functions: success leaves the last
+/// error alone, so a finaliser (Python `__del__`, a Julia finaliser) running
+/// between a failed call and `memprobe_last_error()` does not erase the
+/// message. A failed free still reports its own.
+pub(crate) fn free_point(name: &'static str, body: impl FnOnce() -> FfiResult) -> memprobe_status {
+    guarded(name, false, body)
+}
+
+fn guarded(
+    name: &'static str,
+    clear_on_success: bool,
+    body: impl FnOnce() -> FfiResult,
+) -> memprobe_status {
     install_panic_hook();
     let outer = IN_BOUNDARY.with(|b| b.replace(true));
     let result = catch_unwind(AssertUnwindSafe(|| {
@@ -92,12 +109,14 @@ pub(crate) fn run(name: &'static str, body: impl FnOnce() -> FfiResult) -> mempr
     IN_BOUNDARY.with(|b| b.set(outer));
     match result {
         Ok(Ok(())) => {
-            LAST_ERROR.with(|e| {
-                let mut e = e.borrow_mut();
-                if e.is_some() {
-                    *e = None;
-                }
-            });
+            if clear_on_success {
+                LAST_ERROR.with(|e| {
+                    let mut e = e.borrow_mut();
+                    if e.is_some() {
+                        *e = None;
+                    }
+                });
+            }
             memprobe_status::Ok
         }
         Ok(Err(e)) => {
@@ -115,11 +134,21 @@ pub(crate) fn run(name: &'static str, body: impl FnOnce() -> FfiResult) -> mempr
 }
 
 /// The message of the last failed call on this thread, or `""` if the last
-/// call succeeded. Valid until the next memprobe call on this thread. Never NULL.
+/// call succeeded. A `*_free` that succeeds leaves it as it was, so a
+/// finaliser freeing a handle between a failed call and this one does not
+/// erase the message. Valid until the next memprobe call on this thread.
+/// Never NULL.
 #[no_mangle]
 pub extern "C" fn memprobe_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ref().map_or(c"".as_ptr(), |c| c.as_ptr()))
 }
+
+// Every write through a caller's pointer goes through the helpers below:
+// `out` / `opt_out` for one value, `out_array` / `opt_out_array` for arrays
+// and `write_c_str` for strings. None of them trusts a claimed capacity
+// beyond the entries it actually writes, so a capacity given in bytes
+// instead of entries, or SIZE_MAX, cannot make memprobe touch memory past
+// what it fills.
 
 /// A required out-pointer.
 pub(crate) fn out<'a, T>(p: *mut T, what: &str) -> FfiResult<&'a mut T> {
@@ -128,18 +157,101 @@ pub(crate) fn out<'a, T>(p: *mut T, what: &str) -> FfiResult<&'a mut T> {
     unsafe { p.as_mut() }.ok_or_else(|| null(what))
 }
 
-/// A required output array of `len` elements (`len == 0`: an empty slice,
-/// and `p` may be NULL).
-pub(crate) fn out_slice<'a, T>(p: *mut T, len: usize, what: &str) -> FfiResult<&'a mut [T]> {
-    if len == 0 {
-        return Ok(&mut []);
-    }
+/// An optional out-pointer (NULL: the caller does not want the value).
+pub(crate) fn opt_out<'a, T>(p: *mut T) -> Option<&'a mut T> {
+    // SAFETY: as in `out`.
+    unsafe { p.as_mut() }
+}
+
+/// Writes `items` into a required output array of `capacity` elements:
+/// at most `capacity` of them, and nothing past the last one written.
+/// Returns how many were written. `capacity == 0`: `p` may be NULL.
+pub(crate) fn out_array<T>(
+    p: *mut T,
+    capacity: usize,
+    items: impl IntoIterator<Item = T>,
+    what: &str,
+) -> FfiResult<usize> {
     if p.is_null() {
-        return Err(null(what));
+        return if capacity == 0 {
+            Ok(0)
+        } else {
+            Err(null(what))
+        };
     }
-    // SAFETY: non-NULL, and the caller promises `p` holds `len` writable
-    // elements (the documented contract of every entry point taking an array).
-    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+    let mut written = 0;
+    for item in items.into_iter().take(capacity) {
+        // SAFETY: non-NULL, and the caller promises `p` holds `capacity`
+        // writable elements; `written < capacity`. `write` drops nothing.
+        unsafe { p.add(written).write(item) };
+        written += 1;
+    }
+    Ok(written)
+}
+
+/// As [`out_array`] for an optional array: NULL writes nothing.
+pub(crate) fn opt_out_array<T>(
+    p: *mut T,
+    capacity: usize,
+    items: impl IntoIterator<Item = T>,
+) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    out_array(p, capacity, items, "array").unwrap_or(0)
+}
+
+/// The longest prefix of `s` that fits in `room` bytes with a NUL, cut at a
+/// character boundary (never a lone lead byte of a UTF-8 sequence).
+fn fitting_prefix(s: &str, room: usize) -> &str {
+    let mut take = s.len().min(room.saturating_sub(1));
+    while !s.is_char_boundary(take) {
+        take -= 1;
+    }
+    &s[..take]
+}
+
+/// The one string writer: copies the longest prefix of `s` that fits in
+/// `dst[0..cap]` with a NUL (cut at a character boundary) and returns its
+/// length. Nothing past the NUL is written; `cap == 0` writes nothing.
+fn write_c_str(dst: *mut c_char, cap: usize, s: &str) -> usize {
+    if dst.is_null() || cap == 0 {
+        return 0;
+    }
+    let part = fitting_prefix(s, cap);
+    // SAFETY: the caller promises `dst` holds `cap` bytes; part.len() + 1 <= cap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(part.as_ptr(), dst.cast::<u8>(), part.len());
+        *dst.add(part.len()) = 0;
+    }
+    part.len()
+}
+
+/// Copies `s` with a NUL into `buf[..len]`; reports the needed size (with
+/// the NUL) through `needed` when given. Too small: BufferTooSmall, and as
+/// much as fits (NUL-terminated, cut at a character boundary) is written.
+pub(crate) fn copy_out(s: &str, buf: *mut c_char, len: usize, needed: *mut usize) -> FfiResult {
+    let need = s.len() + 1;
+    if let Some(n) = opt_out(needed) {
+        *n = need;
+    }
+    if buf.is_null() {
+        return if len == 0 { Ok(()) } else { Err(null("buf")) };
+    }
+    write_c_str(buf, len, s);
+    if need > len {
+        return Err(FfiError::new(
+            memprobe_status::BufferTooSmall,
+            format!("needs {need} bytes, got {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Copies `s` into a fixed-size C array with a NUL, cut at a character
+/// boundary to fit (a struct field such as `memprobe_source_info.name`).
+pub(crate) fn copy_to_fixed(dst: &mut [c_char], s: &str) {
+    write_c_str(dst.as_mut_ptr(), dst.len(), s);
 }
 
 pub(crate) fn null(what: &str) -> FfiError {
@@ -170,47 +282,26 @@ pub(crate) fn opt_text<'a>(p: *const c_char, what: &str) -> FfiResult<Option<&'a
     }
 }
 
-/// Copies `s` with a NUL into `buf[..len]`; reports the needed size (with
-/// the NUL) through `needed` when given. Too small: BufferTooSmall, and as
-/// much as fits (NUL-terminated) is written.
-pub(crate) fn copy_out(s: &str, buf: *mut c_char, len: usize, needed: *mut usize) -> FfiResult {
-    let need = s.len() + 1;
-    // SAFETY: `needed`, when non-NULL, is valid for a write (documented).
-    if let Some(n) = unsafe { needed.as_mut() } {
-        *n = need;
-    }
-    if buf.is_null() {
-        return if len == 0 { Ok(()) } else { Err(null("buf")) };
-    }
-    let take = s.len().min(len.saturating_sub(1));
-    if len > 0 {
-        // SAFETY: the caller promises buf is valid for `len` bytes; we write take + 1 <= len.
-        unsafe {
-            std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), take);
-            *buf.add(take) = 0;
-        }
-    }
-    if need > len {
-        return Err(FfiError::new(
-            memprobe_status::BufferTooSmall,
-            format!("needs {need} bytes, got {len}"),
-        ));
-    }
-    Ok(())
-}
+/// A caller's `user_data` pointer, kept only to be handed back to the
+/// caller's callbacks (never dereferenced by memprobe).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UserData(*mut c_void);
 
-/// Copies `s` into a fixed-size C array with a NUL, cut at a character
-/// boundary to fit (a struct field such as `memprobe_source_info.name`).
-pub(crate) fn copy_to_fixed(dst: &mut [c_char], s: &str) {
-    let mut take = s.len().min(dst.len().saturating_sub(1));
-    while !s.is_char_boundary(take) {
-        take -= 1;
+// SAFETY: memprobe never dereferences the pointer; the caller promises (as
+// each callback's documentation says) that its callbacks may be called with
+// it from the threads named there.
+unsafe impl Send for UserData {}
+// SAFETY: as above.
+unsafe impl Sync for UserData {}
+
+impl UserData {
+    pub(crate) fn new(p: *mut c_void) -> Self {
+        UserData(p)
     }
-    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..take]) {
-        *d = *b as c_char;
-    }
-    if let Some(end) = dst.get_mut(take) {
-        *end = 0;
+
+    /// The pointer, for a call to the caller's callback.
+    pub(crate) fn get(self) -> *mut c_void {
+        self.0
     }
 }
 

@@ -8,7 +8,9 @@
 //! outputs even when they fail, unlike the rest of the C ABI; calls that
 //! create handles leave `*out` untouched on failure as everywhere else.
 
-use crate::boundary::{null, opt_text, out, out_slice, run, FfiError, FfiResult};
+use crate::boundary::{
+    entry_point, free_point, null, opt_text, out, out_array, FfiError, FfiResult, UserData,
+};
 use crate::handle::IdTable;
 use crate::source::{memprobe_source, publish};
 use crate::status::memprobe_status;
@@ -231,7 +233,7 @@ pub extern "C" fn memprobe_gpu_configure(
     nvml_path: *const c_char,
     cudart_path: *const c_char,
 ) -> memprobe_status {
-    run("memprobe_gpu_configure", || {
+    entry_point("memprobe_gpu_configure", || {
         let backend = memprobe_gpu_backend::from_u32(backend)?;
         let nvml_path = opt_text(nvml_path, "nvml_path")?.map(PathBuf::from);
         let cudart_path = opt_text(cudart_path, "cudart_path")?.map(PathBuf::from);
@@ -251,7 +253,7 @@ pub extern "C" fn memprobe_gpu_configure(
 /// there is none (then memprobe_gpu_count says why). Opens the GPUs on first use.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_get_backend(out: *mut u32) -> memprobe_status {
-    run("memprobe_gpu_get_backend", || {
+    entry_point("memprobe_gpu_get_backend", || {
         let slot = self::out(out, "out")?;
         *slot = memprobe_gpu_backend::code(Gpus::shared().backend());
         Ok(())
@@ -264,7 +266,7 @@ pub extern "C" fn memprobe_gpu_get_backend(out: *mut u32) -> memprobe_status {
 /// backend that sees no device: 0 and MEMPROBE_STATUS_OK.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_count(out: *mut u32) -> memprobe_status {
-    run("memprobe_gpu_count", || {
+    entry_point("memprobe_gpu_count", || {
         let slot = self::out(out, "out")?;
         *slot = 0;
         *slot = Gpus::shared().device_count()?;
@@ -278,7 +280,7 @@ pub extern "C" fn memprobe_gpu_count(out: *mut u32) -> memprobe_status {
 /// zeros and its error.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_get_info(id: u32, out: *mut memprobe_gpu_info) -> memprobe_status {
-    run("memprobe_gpu_get_info", || {
+    entry_point("memprobe_gpu_get_info", || {
         let slot = self::out(out, "out")?;
         *slot = memprobe_gpu_info::ZERO;
         let gpus = Gpus::shared();
@@ -309,7 +311,7 @@ pub extern "C" fn memprobe_gpu_get_info(id: u32, out: *mut memprobe_gpu_info) ->
 /// MEMPROBE_STATUS_GPU_LOST, ...
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_mem_get(id: i64, out: *mut memprobe_gpu_memory) -> memprobe_status {
-    run("memprobe_gpu_mem_get", || {
+    entry_point("memprobe_gpu_mem_get", || {
         let slot = self::out(out, "out")?;
         *slot = memprobe_gpu_memory::default();
         let id = device_id(id)?;
@@ -318,8 +320,9 @@ pub extern "C" fn memprobe_gpu_mem_get(id: i64, out: *mut memprobe_gpu_memory) -
 }
 
 /// fastai's `gpu_mem_get_all()`: the reading of every device, in id order,
-/// into `out[0..capacity]` (entries past the last device are zeroed);
-/// `*count` receives the number of devices. A
+/// into `out[0..min(capacity, count)]`; entries past those are never
+/// touched, whatever `capacity` claims. `*count` receives the number of
+/// devices. A
 /// device that cannot be read is all zeros (`valid == 0`) and the status is
 /// the first such error. `capacity` smaller than the count: the first
 /// `capacity` readings and MEMPROBE_STATUS_BUFFER_TOO_SMALL (`out` may be
@@ -331,21 +334,16 @@ pub extern "C" fn memprobe_gpu_mem_get_all(
     capacity: usize,
     count: *mut usize,
 ) -> memprobe_status {
-    run("memprobe_gpu_mem_get_all", || {
+    entry_point("memprobe_gpu_mem_get_all", || {
         let count = self::out(count, "count")?;
-        let dst = out_slice(out, capacity, "out")?;
+        if out.is_null() && capacity > 0 {
+            return Err(null("out"));
+        }
         *count = 0;
         let all = Gpus::shared().gpu_mem_get_all();
         let n = all.value.len();
         *count = n;
-        for (i, d) in dst.iter_mut().enumerate() {
-            *d = all
-                .value
-                .get(i)
-                .copied()
-                .map(Into::into)
-                .unwrap_or_default();
-        }
+        out_array(out, capacity, all.value.iter().map(|&m| m.into()), "out")?;
         if n > capacity && !(out.is_null() && capacity == 0) {
             return Err(FfiError::new(
                 memprobe_status::BufferTooSmall,
@@ -360,7 +358,7 @@ pub extern "C" fn memprobe_gpu_mem_get_all(
 /// untouched. Failure: 0 and the status.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_mem_get_free(out: *mut u64) -> memprobe_status {
-    run("memprobe_gpu_mem_get_free", || {
+    entry_point("memprobe_gpu_mem_get_free", || {
         let slot = self::out(out, "out")?;
         finish(Gpus::shared().gpu_mem_get_free(), |v| *slot = v)
     })
@@ -370,7 +368,7 @@ pub extern "C" fn memprobe_gpu_mem_get_free(out: *mut u64) -> memprobe_status {
 /// untouched. Failure: 0 and the status.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_mem_get_used(out: *mut u64) -> memprobe_status {
-    run("memprobe_gpu_mem_get_used", || {
+    entry_point("memprobe_gpu_mem_get_used", || {
         let slot = self::out(out, "out")?;
         finish(Gpus::shared().gpu_mem_get_used(), |v| *slot = v)
     })
@@ -382,7 +380,7 @@ pub extern "C" fn memprobe_gpu_mem_get_used(out: *mut u64) -> memprobe_status {
 /// without reading.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_mem_get_free_no_cache(out: *mut u64) -> memprobe_status {
-    run("memprobe_gpu_mem_get_free_no_cache", || {
+    entry_point("memprobe_gpu_mem_get_free_no_cache", || {
         let slot = self::out(out, "out")?;
         finish(Gpus::shared().gpu_mem_get_free_no_cache(), |v| *slot = v)
     })
@@ -393,7 +391,7 @@ pub extern "C" fn memprobe_gpu_mem_get_free_no_cache(out: *mut u64) -> memprobe_
 /// 0 and MEMPROBE_STATUS_UNAVAILABLE, without reading.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_mem_get_used_no_cache(out: *mut u64) -> memprobe_status {
-    run("memprobe_gpu_mem_get_used_no_cache", || {
+    entry_point("memprobe_gpu_mem_get_used_no_cache", || {
         let slot = self::out(out, "out")?;
         finish(Gpus::shared().gpu_mem_get_used_no_cache(), |v| *slot = v)
     })
@@ -406,7 +404,7 @@ pub extern "C" fn memprobe_gpu_mem_get_used_no_cache(out: *mut u64) -> memprobe_
 /// while `*id` and `*free` still name the best of the others.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_with_max_free_mem(id: *mut i64, free: *mut u64) -> memprobe_status {
-    run("memprobe_gpu_with_max_free_mem", || {
+    entry_point("memprobe_gpu_with_max_free_mem", || {
         let id = self::out(id, "id")?;
         let free = self::out(free, "free")?;
         finish(Gpus::shared().gpu_with_max_free_mem(), |(best, bytes)| {
@@ -421,7 +419,7 @@ pub extern "C" fn memprobe_gpu_with_max_free_mem(id: *mut i64, free: *mut u64) -
 /// backend. No GPU: 0 and MEMPROBE_STATUS_UNAVAILABLE.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_get_current_device(out: *mut u32) -> memprobe_status {
-    run("memprobe_gpu_get_current_device", || {
+    entry_point("memprobe_gpu_get_current_device", || {
         let slot = self::out(out, "out")?;
         *slot = 0;
         *slot = Gpus::shared().current_device()?;
@@ -435,7 +433,7 @@ pub extern "C" fn memprobe_gpu_get_current_device(out: *mut u32) -> memprobe_sta
 /// MEMPROBE_STATUS_INVALID_ID when there is no such device.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_set_current_device(id: u32) -> memprobe_status {
-    run("memprobe_gpu_set_current_device", || {
+    entry_point("memprobe_gpu_set_current_device", || {
         Ok(Gpus::shared().set_current_device(id)?)
     })
 }
@@ -446,38 +444,32 @@ pub extern "C" fn memprobe_gpu_set_current_device(id: u32) -> memprobe_status {
 /// it. MEMPROBE_STATUS_UNAVAILABLE when there is no GPU or no runtime.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_preload() -> memprobe_status {
-    run("memprobe_gpu_preload", || Ok(memprobe_gpu::preload()?))
+    entry_point("memprobe_gpu_preload", || Ok(memprobe_gpu::preload()?))
 }
 
 // The cache-release callback type is the tracker's (one C typedef).
 pub use crate::tracker::memprobe_release_fn;
 
-struct ReleaseData(*mut c_void);
-// SAFETY: the caller promises (documented) that `user_data` may be used from
-// any thread that calls a *_no_cache reading.
-unsafe impl Send for ReleaseData {}
-// SAFETY: as above; memprobe only passes the pointer back to the callback.
-unsafe impl Sync for ReleaseData {}
-
 /// Registers `callback(user_data)` as the cache-release callback that the
 /// `*_no_cache` readings call first (one per process; it replaces the
 /// previous one). NULL removes it. It runs on the thread of the reading and
-/// may call memprobe (this function included); `user_data` must stay valid
-/// until the callback is replaced or removed.
+/// may call memprobe (this function included), except the `*_no_cache`
+/// readings, which return MEMPROBE_STATUS_WRONG_ORDER from inside it (as
+/// every callback re-entry does) instead of calling it again; `user_data`
+/// must stay valid until the callback is replaced or removed.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_set_cache_release(
     callback: memprobe_release_fn,
     user_data: *mut c_void,
 ) -> memprobe_status {
-    run("memprobe_gpu_set_cache_release", || {
+    entry_point("memprobe_gpu_set_cache_release", || {
         match callback {
             None => memprobe_gpu::clear_cache_release(),
             Some(f) => {
-                let data = ReleaseData(user_data);
+                let data = UserData::new(user_data);
                 memprobe_gpu::set_cache_release(move || {
-                    let data = &data;
                     // SAFETY: the caller's function with the caller's data, per the contract above.
-                    match unsafe { f(data.0) } {
+                    match unsafe { f(data.get()) } {
                         0 => Ok(()),
                         rc => Err(Error::new(
                             ErrorKind::Unavailable,
@@ -499,7 +491,7 @@ pub extern "C" fn memprobe_gpu_device_open(
     id: u32,
     out: *mut *mut memprobe_gpu_device,
 ) -> memprobe_status {
-    run("memprobe_gpu_device_open", || {
+    entry_point("memprobe_gpu_device_open", || {
         let slot = self::out(out, "out")?;
         Gpus::shared().device_ref(id)?;
         *slot = DEVICES.insert(id)? as *mut memprobe_gpu_device;
@@ -515,7 +507,7 @@ pub extern "C" fn memprobe_gpu_mem_get_used_fast(
     device: *const memprobe_gpu_device,
     out: *mut u64,
 ) -> memprobe_status {
-    run("memprobe_gpu_mem_get_used_fast", || {
+    entry_point("memprobe_gpu_mem_get_used_fast", || {
         let slot = self::out(out, "out")?;
         *slot = 0;
         let h = self::device(device)?;
@@ -530,7 +522,7 @@ pub extern "C" fn memprobe_gpu_device_mem_get(
     device: *const memprobe_gpu_device,
     out: *mut memprobe_gpu_memory,
 ) -> memprobe_status {
-    run("memprobe_gpu_device_mem_get", || {
+    entry_point("memprobe_gpu_device_mem_get", || {
         let slot = self::out(out, "out")?;
         *slot = memprobe_gpu_memory::default();
         let h = self::device(device)?;
@@ -547,7 +539,7 @@ pub extern "C" fn memprobe_gpu_device_process_used(
     device: *const memprobe_gpu_device,
     out: *mut u64,
 ) -> memprobe_status {
-    run("memprobe_gpu_device_process_used", || {
+    entry_point("memprobe_gpu_device_process_used", || {
         let slot = self::out(out, "out")?;
         *slot = 0;
         let h = self::device(device)?;
@@ -561,7 +553,7 @@ pub extern "C" fn memprobe_gpu_device_process_used(
 /// Releases a device handle. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_device_free(device: *mut memprobe_gpu_device) -> memprobe_status {
-    run("memprobe_gpu_device_free", || {
+    free_point("memprobe_gpu_device_free", || {
         if !device.is_null() {
             DEVICES.remove(device as usize)?;
         }
@@ -572,7 +564,7 @@ pub extern "C" fn memprobe_gpu_device_free(device: *mut memprobe_gpu_device) -> 
 /// Number of live memprobe_gpu_device handles, for leak checks in tests.
 #[no_mangle]
 pub extern "C" fn memprobe_gpu_debug_live_devices(out: *mut u64) -> memprobe_status {
-    run("memprobe_gpu_debug_live_devices", || {
+    entry_point("memprobe_gpu_debug_live_devices", || {
         *self::out(out, "out")? = DEVICES.live() as u64;
         Ok(())
     })
@@ -590,7 +582,7 @@ pub extern "C" fn memprobe_source_new_gpu_device(
     id: u32,
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_gpu_device", || {
+    entry_point("memprobe_source_new_gpu_device", || {
         self::out(out, "out")?;
         let sampler = Gpus::shared().device_sampler(id)?;
         publish(Source::from_sampler(sampler), out)
@@ -607,7 +599,7 @@ pub extern "C" fn memprobe_source_new_gpu_process(
     id: u32,
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_gpu_process", || {
+    entry_point("memprobe_source_new_gpu_process", || {
         self::out(out, "out")?;
         let sampler = Gpus::shared().process_sampler(id)?;
         publish(Source::from_sampler(sampler), out)

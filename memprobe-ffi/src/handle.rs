@@ -19,6 +19,47 @@ const _: () = assert!(
 const INDEX_BITS: u32 = 24;
 const MAX_SLOTS: usize = 1 << INDEX_BITS;
 
+/// The token format both tables use: a type tag in the top byte, the slot
+/// index in the next 24 bits, the slot's generation (never 0) below.
+#[derive(Debug)]
+struct Tokens {
+    tag: u8,
+    what: &'static str,
+}
+
+impl Tokens {
+    fn encode(&self, index: usize, generation: u32) -> usize {
+        (usize::from(self.tag) << 56) | (index << 32) | generation as usize
+    }
+
+    /// (index, generation); INVALID_HANDLE for a token of another table.
+    fn decode(&self, token: usize, slots: usize) -> FfiResult<(usize, u32)> {
+        let index = (token >> 32) & (MAX_SLOTS - 1);
+        if token >> 56 == usize::from(self.tag) && index < slots {
+            Ok((index, token as u32))
+        } else {
+            Err(self.invalid())
+        }
+    }
+
+    fn invalid(&self) -> FfiError {
+        FfiError::new(
+            memprobe_status::InvalidHandle,
+            format!(
+                "not a live {} handle (freed, never created, or of another type)",
+                self.what
+            ),
+        )
+    }
+
+    fn full(&self, max: usize) -> FfiError {
+        FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!("more than {max} live {} handles", self.what),
+        )
+    }
+}
+
 struct Slot<T> {
     generation: u32,
     value: Option<Arc<T>>,
@@ -32,16 +73,14 @@ struct Slots<T> {
 
 /// A process-wide table of objects of one type.
 pub(crate) struct Table<T> {
-    tag: u8,
-    what: &'static str,
+    tokens: Tokens,
     inner: Lock<Slots<T>>,
 }
 
 impl<T> Table<T> {
     pub(crate) const fn new(tag: u8, what: &'static str) -> Self {
         Table {
-            tag,
-            what,
+            tokens: Tokens { tag, what },
             inner: Lock::new(Slots {
                 slots: Vec::new(),
                 free: Vec::new(),
@@ -57,10 +96,7 @@ impl<T> Table<T> {
             Some(i) => i,
             None => {
                 if s.slots.len() >= MAX_SLOTS {
-                    return Err(FfiError::new(
-                        memprobe_status::InvalidArgument,
-                        format!("more than {MAX_SLOTS} live {} handles", self.what),
-                    ));
+                    return Err(self.tokens.full(MAX_SLOTS));
                 }
                 s.slots.push(Slot {
                     generation: 1,
@@ -72,51 +108,30 @@ impl<T> Table<T> {
         s.slots[index].value = Some(Arc::new(value));
         s.live += 1;
         let generation = s.slots[index].generation;
-        Ok(self.encode(index, generation))
-    }
-
-    fn encode(&self, index: usize, generation: u32) -> usize {
-        (usize::from(self.tag) << 56) | (index << 32) | generation as usize
-    }
-
-    fn decode(&self, token: usize) -> Option<(usize, u32)> {
-        if token >> 56 != usize::from(self.tag) {
-            return None;
-        }
-        Some(((token >> 32) & (MAX_SLOTS - 1), token as u32))
-    }
-
-    fn invalid(&self) -> FfiError {
-        FfiError::new(
-            memprobe_status::InvalidHandle,
-            format!(
-                "not a live {} handle (freed, never created, or of another type)",
-                self.what
-            ),
-        )
+        Ok(self.tokens.encode(index, generation))
     }
 
     /// The object behind `token`.
     pub(crate) fn get(&self, token: usize) -> FfiResult<Arc<T>> {
-        let (index, generation) = self.decode(token).ok_or_else(|| self.invalid())?;
+        let (index, generation) = self.tokens.decode(token, MAX_SLOTS)?;
         let s = self.inner.lock()?;
         match s.slots.get(index) {
             Some(Slot {
                 generation: g,
                 value: Some(v),
             }) if *g == generation => Ok(v.clone()),
-            _ => Err(self.invalid()),
+            _ => Err(self.tokens.invalid()),
         }
     }
 
     /// Removes the object behind `token`; it is dropped when its last user
     /// (a call in progress on another thread) finishes.
     pub(crate) fn remove(&self, token: usize) -> FfiResult<Arc<T>> {
-        let (index, generation) = self.decode(token).ok_or_else(|| self.invalid())?;
+        let (index, generation) = self.tokens.decode(token, MAX_SLOTS)?;
         let mut s = self.inner.lock()?;
         let slot = match s.slots.get_mut(index) {
             Some(slot) if slot.generation == generation && slot.value.is_some() => slot,
-            _ => return Err(self.invalid()),
+            _ => return Err(self.tokens.invalid()),
         };
         let v = slot.value.take().expect("checked above");
         // Skip 0 so a token is never NULL.
@@ -135,11 +150,10 @@ impl<T> Table<T> {
 /// A table of small ids (below 2^31) whose lookups take no lock: for
 /// handles on a hot path that name something immutable and `'static` (a
 /// GPU of the process-wide instance), so a lookup is one atomic load.
-/// Tokens are encoded and checked as in [`Table`]: a stale, forged or wrongly
-/// typed token is rejected.
+/// Tokens are encoded and checked by the same [`Tokens`] as [`Table`]'s: a
+/// stale, forged or wrongly typed token is rejected.
 pub(crate) struct IdTable<const N: usize> {
-    tag: u8,
-    what: &'static str,
+    tokens: Tokens,
     /// Per slot: the generation in the high half, then [`LIVE`] and the id;
     /// 0 for a slot never used.
     words: [AtomicU64; N],
@@ -159,8 +173,7 @@ impl<const N: usize> IdTable<N> {
     pub(crate) const fn new(tag: u8, what: &'static str) -> Self {
         assert!(N <= MAX_SLOTS);
         IdTable {
-            tag,
-            what,
+            tokens: Tokens { tag, what },
             words: [const { AtomicU64::new(0) }; N],
             alloc: Lock::new(IdAlloc {
                 free: Vec::new(),
@@ -168,25 +181,6 @@ impl<const N: usize> IdTable<N> {
                 live: 0,
             }),
         }
-    }
-
-    fn encode(&self, index: usize, generation: u32) -> usize {
-        (usize::from(self.tag) << 56) | (index << 32) | generation as usize
-    }
-
-    fn decode(&self, token: usize) -> Option<(usize, u32)> {
-        let index = (token >> 32) & (MAX_SLOTS - 1);
-        (token >> 56 == usize::from(self.tag) && index < N).then_some((index, token as u32))
-    }
-
-    fn invalid(&self) -> FfiError {
-        FfiError::new(
-            memprobe_status::InvalidHandle,
-            format!(
-                "not a live {} handle (freed, never created, or of another type)",
-                self.what
-            ),
-        )
     }
 
     /// Stores `id` and returns its token.
@@ -199,12 +193,7 @@ impl<const N: usize> IdTable<N> {
                 a.next += 1;
                 a.next - 1
             }
-            None => {
-                return Err(FfiError::new(
-                    memprobe_status::InvalidArgument,
-                    format!("more than {N} live {} handles", self.what),
-                ))
-            }
+            None => return Err(self.tokens.full(N)),
         };
         // Freeing already advanced the generation; a slot never used starts at 1.
         let generation = ((self.words[index].load(Ordering::Relaxed) >> 32) as u32).max(1);
@@ -213,28 +202,27 @@ impl<const N: usize> IdTable<N> {
             Ordering::Release,
         );
         a.live += 1;
-        Ok(self.encode(index, generation))
+        Ok(self.tokens.encode(index, generation))
     }
 
     /// The id behind `token`, without taking a lock.
     #[inline]
     pub(crate) fn get(&self, token: usize) -> FfiResult<u32> {
-        if let Some((index, generation)) = self.decode(token) {
-            let w = self.words[index].load(Ordering::Acquire);
-            if (w >> 32) as u32 == generation && w & LIVE != 0 {
-                return Ok((w & ID_MASK) as u32);
-            }
+        let (index, generation) = self.tokens.decode(token, N)?;
+        let w = self.words[index].load(Ordering::Acquire);
+        if (w >> 32) as u32 == generation && w & LIVE != 0 {
+            return Ok((w & ID_MASK) as u32);
         }
-        Err(self.invalid())
+        Err(self.tokens.invalid())
     }
 
     /// Frees `token`; a stale token is rejected.
     pub(crate) fn remove(&self, token: usize) -> FfiResult<u32> {
-        let (index, generation) = self.decode(token).ok_or_else(|| self.invalid())?;
+        let (index, generation) = self.tokens.decode(token, N)?;
         let mut a = self.alloc.lock()?;
         let w = self.words[index].load(Ordering::Relaxed);
         if (w >> 32) as u32 != generation || w & LIVE == 0 {
-            return Err(self.invalid());
+            return Err(self.tokens.invalid());
         }
         // Skip 0 so a token is never NULL.
         let next = generation.checked_add(1).unwrap_or(1);
@@ -248,6 +236,45 @@ impl<const N: usize> IdTable<N> {
     pub(crate) fn live(&self) -> usize {
         self.alloc.lock().map(|a| a.live).unwrap_or(0)
     }
+}
+
+/// A C handle type (`memprobe_source`, `memprobe_window`, ...) and the table
+/// holding its objects: [`get`], [`publish`] and [`release`] serve them all.
+pub(crate) trait Handle: Sized {
+    /// What a handle names.
+    type Object: 'static;
+    /// The handles' table.
+    fn table() -> &'static Table<Self::Object>;
+}
+
+/// The object behind a handle (NULL: NULL_POINTER; stale, forged or of
+/// another type: INVALID_HANDLE).
+pub(crate) fn get<H: Handle>(h: *const H) -> FfiResult<Arc<H::Object>> {
+    if h.is_null() {
+        return Err(crate::boundary::null(H::table().tokens.what));
+    }
+    H::table().get(h as usize)
+}
+
+/// Stores `object` and writes its new handle to `*out` (untouched on failure).
+pub(crate) fn publish<H: Handle>(object: H::Object, out: *mut *mut H) -> FfiResult {
+    let slot = crate::boundary::out(out, "out")?;
+    *slot = H::table().insert(object)? as *mut H;
+    Ok(())
+}
+
+/// Removes a handle's object (NULL: nothing, `None`); it is dropped when
+/// its last user finishes.
+pub(crate) fn release<H: Handle>(h: *mut H) -> FfiResult<Option<Arc<H::Object>>> {
+    if h.is_null() {
+        return Ok(None);
+    }
+    H::table().remove(h as usize).map(Some)
+}
+
+/// Number of live handles of a type (for leak checks in tests).
+pub(crate) fn live<H: Handle>() -> usize {
+    H::table().live()
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod trace;
 pub mod tracker;
 pub mod window;
 
+use handle::live;
 use std::ffi::c_char;
 
 pub use status::memprobe_status;
@@ -49,6 +50,15 @@ pub extern "C" fn memprobe_b2mb(bytes: u64) -> u64 {
     memprobe_core::b2mb(bytes)
 }
 
+/// A signed byte count (a delta such as `memprobe_delta.delta_used`) to
+/// whole MiB, rounded toward zero like fastai's `int(num / 2**20)`:
+/// -1 MiB + 1 byte gives 0, not -1. Defined for every value, INT64_MIN
+/// included.
+#[no_mangle]
+pub extern "C" fn memprobe_b2mb_signed(bytes: i64) -> i64 {
+    memprobe_core::delta::b2mb_signed(bytes)
+}
+
 /// Number of live handles of each kind, for leak checks in tests:
 /// `*sources`, `*windows`, `*traces`, `*trackers` (each nullable).
 #[no_mangle]
@@ -58,20 +68,16 @@ pub extern "C" fn memprobe_debug_live_handles(
     traces: *mut u64,
     trackers: *mut u64,
 ) -> memprobe_status {
-    boundary::run("memprobe_debug_live_handles", || {
-        // SAFETY: each pointer, when non-NULL, is valid for a write (documented).
-        unsafe {
-            if let Some(s) = sources.as_mut() {
-                *s = source::SOURCES.live() as u64;
-            }
-            if let Some(w) = windows.as_mut() {
-                *w = window::live() as u64;
-            }
-            if let Some(t) = traces.as_mut() {
-                *t = trace::live() as u64;
-            }
-            if let Some(t) = trackers.as_mut() {
-                *t = tracker::live() as u64;
+    boundary::entry_point("memprobe_debug_live_handles", || {
+        let counts = [
+            (sources, live::<source::memprobe_source>()),
+            (windows, live::<window::memprobe_window>()),
+            (traces, live::<trace::memprobe_trace>()),
+            (trackers, live::<tracker::memprobe_tracker>()),
+        ];
+        for (p, n) in counts {
+            if let Some(slot) = boundary::opt_out(p) {
+                *slot = n as u64;
             }
         }
         Ok(())
@@ -81,6 +87,23 @@ pub extern "C" fn memprobe_debug_live_handles(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signed_mib_rounds_toward_zero() {
+        const MIB: i64 = 1 << 20;
+        for (bytes, mib) in [
+            (0, 0),
+            (MIB - 1, 0),
+            (-(MIB - 1), 0),
+            (-MIB, -1),
+            (-MIB - 1, -1),
+            (3 * MIB + 5, 3),
+            (i64::MAX, i64::MAX >> 20),
+            (i64::MIN, -(1 << 43)),
+        ] {
+            assert_eq!(memprobe_b2mb_signed(bytes), mib, "{bytes}");
+        }
+    }
 
     #[test]
     fn version_macros_match_cargo_toml() {

@@ -1,15 +1,14 @@
 //! The Prometheus exporter through the C ABI.
 
-use crate::boundary::{opt_text, out, run, FfiError, FfiResult};
-use crate::handle::Table;
+use crate::boundary::{entry_point, free_point, opt_text, out, FfiError, FfiResult};
+use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{memprobe_source, source};
 use crate::status::memprobe_status;
-use crate::tracker::{memprobe_tracker, tracker};
+use crate::tracker::memprobe_tracker;
 use memprobe_core::lock::Lock;
 use memprobe_metrics::{Exporter, ExporterOptions, Rank};
 use std::ffi::c_char;
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 /// An HTTP endpoint serving `GET /metrics` in the Prometheus text format
 /// (see docs/metrics.md): its sources' readings, the last ended phases of
@@ -21,11 +20,11 @@ pub struct memprobe_exporter {
 
 static EXPORTERS: Table<Lock<Exporter>> = Table::new(0x45, "memprobe_exporter");
 
-fn exporter(h: *const memprobe_exporter) -> FfiResult<Arc<Lock<Exporter>>> {
-    if h.is_null() {
-        return Err(crate::boundary::null("exporter"));
+impl Handle for memprobe_exporter {
+    type Object = Lock<Exporter>;
+    fn table() -> &'static Table<Lock<Exporter>> {
+        &EXPORTERS
     }
-    EXPORTERS.get(h as usize)
 }
 
 /// Starts an exporter listening on `listen_addr` (`"IP:PORT"`, e.g.
@@ -39,8 +38,8 @@ pub extern "C" fn memprobe_exporter_start(
     listen_addr: *const c_char,
     out: *mut *mut memprobe_exporter,
 ) -> memprobe_status {
-    run("memprobe_exporter_start", || {
-        let slot = self::out(out, "out")?;
+    entry_point("memprobe_exporter_start", || {
+        self::out(out, "out")?;
         let listen = opt_text(listen_addr, "listen_addr")?
             .map(|a| {
                 a.parse::<SocketAddr>().map_err(|_| {
@@ -55,8 +54,7 @@ pub extern "C" fn memprobe_exporter_start(
             listen,
             ..ExporterOptions::default()
         })?;
-        *slot = EXPORTERS.insert(Lock::new(e))? as *mut memprobe_exporter;
-        Ok(())
+        publish(Lock::new(e), out)
     })
 }
 
@@ -66,9 +64,9 @@ pub extern "C" fn memprobe_exporter_port(
     exporter: *const memprobe_exporter,
     port: *mut u16,
 ) -> memprobe_status {
-    run("memprobe_exporter_port", || {
+    entry_point("memprobe_exporter_port", || {
         let slot = out(port, "port")?;
-        *slot = self::exporter(exporter)?.lock()?.port();
+        *slot = get(exporter)?.lock()?.port();
         Ok(())
     })
 }
@@ -81,9 +79,9 @@ pub extern "C" fn memprobe_exporter_add_source(
     exporter: *mut memprobe_exporter,
     source: *const memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_exporter_add_source", || {
+    entry_point("memprobe_exporter_add_source", || {
         let s = self::source(source)?;
-        Ok(self::exporter(exporter)?.lock()?.add_source(&s)?)
+        Ok(get(exporter)?.lock()?.add_source(&s)?)
     })
 }
 
@@ -96,9 +94,9 @@ pub extern "C" fn memprobe_exporter_watch_tracker(
     exporter: *mut memprobe_exporter,
     tracker: *mut memprobe_tracker,
 ) -> memprobe_status {
-    run("memprobe_exporter_watch_tracker", || {
-        let e = self::exporter(exporter)?;
-        let t = self::tracker(tracker)?;
+    entry_point("memprobe_exporter_watch_tracker", || {
+        let e = get(exporter)?;
+        let t = get(tracker)?;
         let e = e.lock()?;
         let mut t = t.lock()?;
         Ok(e.watch(&mut t)?)
@@ -114,7 +112,7 @@ pub extern "C" fn memprobe_exporter_set_rank(
     local_rank: i64,
     world_size: i64,
 ) -> memprobe_status {
-    run("memprobe_exporter_set_rank", || {
+    entry_point("memprobe_exporter_set_rank", || {
         let v = |x: i64, what: &str| -> FfiResult<Option<u32>> {
             if x < 0 {
                 return Ok(None);
@@ -131,7 +129,7 @@ pub extern "C" fn memprobe_exporter_set_rank(
             local_rank: v(local_rank, "local_rank")?,
             world_size: v(world_size, "world_size")?,
         };
-        Ok(self::exporter(exporter)?.lock()?.set_rank(r)?)
+        Ok(get(exporter)?.lock()?.set_rank(r)?)
     })
 }
 
@@ -145,9 +143,9 @@ pub extern "C" fn memprobe_exporter_add_gpus(
     exporter: *mut memprobe_exporter,
     with_processes: i32,
 ) -> memprobe_status {
-    run("memprobe_exporter_add_gpus", || {
+    entry_point("memprobe_exporter_add_gpus", || {
         let gpus = memprobe_gpu::Gpus::shared();
-        Ok(self::exporter(exporter)?
+        Ok(get(exporter)?
             .lock()?
             .set_gpus(Some(gpus), with_processes != 0)?)
     })
@@ -158,17 +156,16 @@ pub extern "C" fn memprobe_exporter_add_gpus(
 /// stays valid until memprobe_exporter_free.
 #[no_mangle]
 pub extern "C" fn memprobe_exporter_stop(exporter: *mut memprobe_exporter) -> memprobe_status {
-    run("memprobe_exporter_stop", || {
-        Ok(self::exporter(exporter)?.lock()?.stop()?)
+    entry_point("memprobe_exporter_stop", || {
+        Ok(get(exporter)?.lock()?.stop()?)
     })
 }
 
 /// Stops the exporter if it is running and releases it. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_exporter_free(exporter: *mut memprobe_exporter) -> memprobe_status {
-    run("memprobe_exporter_free", || {
-        if !exporter.is_null() {
-            let e = EXPORTERS.remove(exporter as usize)?;
+    free_point("memprobe_exporter_free", || {
+        if let Some(e) = release(exporter)? {
             let mut e = e.lock()?;
             if e.is_running() {
                 e.stop()?;

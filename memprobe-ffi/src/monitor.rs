@@ -1,6 +1,6 @@
 //! The background monitor through the C ABI.
 
-use crate::boundary::{out, run};
+use crate::boundary::{entry_point, out};
 use crate::status::memprobe_status;
 use memprobe_core::monitor;
 use std::time::Duration;
@@ -33,7 +33,7 @@ pub const MEMPROBE_MONITOR_MAX_INTERVAL_NS: u64 = 3_600_000_000_000;
 /// MEMPROBE_MONITOR_MIN_INTERVAL_NS ..= MEMPROBE_MONITOR_MAX_INTERVAL_NS.
 #[no_mangle]
 pub extern "C" fn memprobe_monitor_set_interval_ns(interval_ns: u64) -> memprobe_status {
-    run("memprobe_monitor_set_interval_ns", || {
+    entry_point("memprobe_monitor_set_interval_ns", || {
         Ok(monitor::set_interval(Duration::from_nanos(interval_ns))?)
     })
 }
@@ -41,7 +41,7 @@ pub extern "C" fn memprobe_monitor_set_interval_ns(interval_ns: u64) -> memprobe
 /// Reads the monitor's counters.
 #[no_mangle]
 pub extern "C" fn memprobe_monitor_get_stats(out: *mut memprobe_monitor_stats) -> memprobe_status {
-    run("memprobe_monitor_get_stats", || {
+    entry_point("memprobe_monitor_get_stats", || {
         let slot = self::out(out, "out")?;
         let s = monitor::stats()?;
         *slot = memprobe_monitor_stats {
@@ -61,5 +61,5 @@ pub extern "C" fn memprobe_monitor_get_stats(out: *mut memprobe_monitor_stats) -
 /// running on the monitor thread.
 #[no_mangle]
 pub extern "C" fn memprobe_monitor_stop() -> memprobe_status {
-    run("memprobe_monitor_stop", || Ok(monitor::stop()?))
+    entry_point("memprobe_monitor_stop", || Ok(monitor::stop()?))
 }

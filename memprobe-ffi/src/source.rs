@@ -1,7 +1,9 @@
 //! Sources through the C ABI.
 
-use crate::boundary::{check_flags, copy_out, out, run, text, FfiError, FfiResult};
-use crate::handle::Table;
+use crate::boundary::{
+    check_flags, copy_out, entry_point, free_point, out, text, FfiError, FfiResult, UserData,
+};
+use crate::handle::{get, release, Handle, Table};
 use crate::status::memprobe_status;
 use memprobe_core::smaps::SmapsMetric;
 use memprobe_core::{Error, ErrorKind, PeakFidelity, Sample, Source, SourceKind};
@@ -15,7 +17,14 @@ pub struct memprobe_source {
     _private: [u8; 0],
 }
 
-pub(crate) static SOURCES: Table<Source> = Table::new(0x51, "memprobe_source");
+static SOURCES: Table<Source> = Table::new(0x51, "memprobe_source");
+
+impl Handle for memprobe_source {
+    type Object = Source;
+    fn table() -> &'static Table<Source> {
+        &SOURCES
+    }
+}
 
 /// `memprobe_sample.valid`: `total` holds a value.
 pub const MEMPROBE_SAMPLE_TOTAL: u32 = 1;
@@ -124,45 +133,47 @@ pub struct memprobe_source_info {
     pub name: [c_char; 72],
 }
 
+// SourceKind still carries its C value as a `#[repr(u32)]` discriminant in
+// memprobe-core (sample.rs) and is `#[non_exhaustive]`, so no exhaustive
+// match is possible from here; a test checks every value against the enum.
 pub(crate) fn kind_code(k: SourceKind) -> u32 {
     k as u32
 }
 
+/// The C value of a peak fidelity (the numbering is this crate's).
 pub(crate) fn fidelity_code(f: PeakFidelity) -> u32 {
-    f as u32
+    let c = match f {
+        PeakFidelity::Exact => memprobe_fidelity::Exact,
+        PeakFidelity::Pushed => memprobe_fidelity::Pushed,
+        PeakFidelity::Sampled => memprobe_fidelity::Sampled,
+    };
+    c as u32
 }
 
 /// The source behind a handle.
 pub(crate) fn source(h: *const memprobe_source) -> FfiResult<Source> {
-    if h.is_null() {
-        return Err(crate::boundary::null("source"));
-    }
-    Ok(SOURCES.get(h as usize)?.as_ref().clone())
+    Ok(get(h)?.as_ref().clone())
 }
 
-/// Sources behind an array of handles.
+/// Sources behind an array of handles. The count is checked first, so an
+/// empty list is INVALID_ARGUMENT whether or not its pointer is NULL (C++'s
+/// empty vector, Go's nil slice).
 pub(crate) fn sources(list: *const *const memprobe_source, n: usize) -> FfiResult<Vec<Source>> {
-    if list.is_null() {
-        return Err(crate::boundary::null("sources"));
-    }
     if n == 0 || n > 4096 {
         return Err(FfiError::new(
             memprobe_status::InvalidArgument,
             format!("n_sources must be 1..=4096, got {n}"),
         ));
     }
+    if list.is_null() {
+        return Err(crate::boundary::null("sources"));
+    }
     // SAFETY: the caller promises `list` points to `n` handles.
     let handles = unsafe { std::slice::from_raw_parts(list, n) };
     handles.iter().map(|&h| source(h)).collect()
 }
 
-/// Stores `src` in the source table and writes its handle to `out_ptr`.
-pub(crate) fn publish(src: Source, out_ptr: *mut *mut memprobe_source) -> FfiResult {
-    let slot = out(out_ptr, "out")?;
-    let token = SOURCES.insert(src)?;
-    *slot = token as *mut memprobe_source;
-    Ok(())
-}
+pub(crate) use crate::handle::publish;
 
 /// `memprobe_source_new_process` flag: never touch this process's `VmHWM`;
 /// the peak is then sampled by the monitor.
@@ -177,7 +188,7 @@ pub extern "C" fn memprobe_source_new_process(
     flags: u32,
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_process", || {
+    entry_point("memprobe_source_new_process", || {
         check_flags(flags, MEMPROBE_PROCESS_PRESERVE_HWM, "process flags")?;
         let src = if flags & MEMPROBE_PROCESS_PRESERVE_HWM != 0 {
             Source::process_preserving_hwm()?
@@ -193,7 +204,7 @@ pub extern "C" fn memprobe_source_new_process(
 pub extern "C" fn memprobe_source_new_process_tree(
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_process_tree", || {
+    entry_point("memprobe_source_new_process_tree", || {
         publish(Source::process_tree()?, out)
     })
 }
@@ -203,7 +214,7 @@ pub extern "C" fn memprobe_source_new_process_tree(
 pub extern "C" fn memprobe_source_new_system_ram(
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_system_ram", || {
+    entry_point("memprobe_source_new_system_ram", || {
         publish(Source::system_ram()?, out)
     })
 }
@@ -213,7 +224,7 @@ pub extern "C" fn memprobe_source_new_system_ram(
 /// when no memory cgroup is found.
 #[no_mangle]
 pub extern "C" fn memprobe_source_new_cgroup(out: *mut *mut memprobe_source) -> memprobe_status {
-    run("memprobe_source_new_cgroup", || {
+    entry_point("memprobe_source_new_cgroup", || {
         publish(Source::cgroup()?, out)
     })
 }
@@ -230,7 +241,7 @@ pub extern "C" fn memprobe_source_new_smaps(
     metric: u32,
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_smaps", || {
+    entry_point("memprobe_source_new_smaps", || {
         let metric = match metric {
             MEMPROBE_SMAPS_PSS => SmapsMetric::Pss,
             MEMPROBE_SMAPS_USS => SmapsMetric::Uss,
@@ -252,7 +263,7 @@ pub extern "C" fn memprobe_source_new_pushed(
     name: *const c_char,
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_pushed", || {
+    entry_point("memprobe_source_new_pushed", || {
         publish(Source::pushed(text(name, "name")?)?, out)
     })
 }
@@ -264,10 +275,6 @@ pub extern "C" fn memprobe_source_new_pushed(
 pub type memprobe_read_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, out_bytes: *mut u64) -> i32>;
 
-struct UserData(*mut c_void);
-// SAFETY: the caller promises (documented) that user_data may be used from any thread.
-unsafe impl Send for UserData {}
-
 /// A custom source read by calling `read(user_data, &bytes)` (sampled: the
 /// monitor polls it while a window is open over it). `user_data` must stay
 /// valid until the source and every window or trace over it are freed.
@@ -278,15 +285,14 @@ pub extern "C" fn memprobe_source_new_callback(
     user_data: *mut c_void,
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
-    run("memprobe_source_new_callback", || {
+    entry_point("memprobe_source_new_callback", || {
         let name = text(name, "name")?;
         let read = read.ok_or_else(|| crate::boundary::null("read"))?;
-        let data = UserData(user_data);
+        let data = UserData::new(user_data);
         let f = move || {
-            let data = &data;
             let mut bytes = 0u64;
             // SAFETY: the caller's function, with the caller's data, per the contract above.
-            let rc = unsafe { read(data.0, &mut bytes) };
+            let rc = unsafe { read(data.get(), &mut bytes) };
             if rc == 0 {
                 Ok(bytes)
             } else {
@@ -304,10 +310,8 @@ pub extern "C" fn memprobe_source_new_callback(
 /// it alive until they are freed. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_source_free(source: *mut memprobe_source) -> memprobe_status {
-    run("memprobe_source_free", || {
-        if !source.is_null() {
-            SOURCES.remove(source as usize)?;
-        }
+    free_point("memprobe_source_free", || {
+        release(source)?;
         Ok(())
     })
 }
@@ -318,8 +322,8 @@ pub extern "C" fn memprobe_source_read(
     source: *const memprobe_source,
     out: *mut memprobe_sample,
 ) -> memprobe_status {
-    run("memprobe_source_read", || {
-        let slot = crate::boundary::out(out, "out")?;
+    entry_point("memprobe_source_read", || {
+        let slot = self::out(out, "out")?;
         *slot = self::source(source)?.read()?.into();
         Ok(())
     })
@@ -331,7 +335,7 @@ pub extern "C" fn memprobe_source_push(
     source: *const memprobe_source,
     used: u64,
 ) -> memprobe_status {
-    run("memprobe_source_push", || {
+    entry_point("memprobe_source_push", || {
         Ok(self::source(source)?.push(used)?)
     })
 }
@@ -342,8 +346,8 @@ pub extern "C" fn memprobe_source_get_info(
     source: *const memprobe_source,
     out: *mut memprobe_source_info,
 ) -> memprobe_status {
-    run("memprobe_source_get_info", || {
-        let slot = crate::boundary::out(out, "out")?;
+    entry_point("memprobe_source_get_info", || {
+        let slot = self::out(out, "out")?;
         let src = self::source(source)?;
         let info = src.info();
         let mut name = [0 as c_char; 72];
@@ -372,7 +376,7 @@ pub extern "C" fn memprobe_source_get_last_error(
     len: usize,
     needed: *mut usize,
 ) -> memprobe_status {
-    run("memprobe_source_get_last_error", || {
+    entry_point("memprobe_source_get_last_error", || {
         let slot = out(error, "error")?;
         let last = self::source(source)?.last_error()?;
         let (status, message) = match &last {

@@ -41,9 +41,14 @@ pub enum memprobe_status {
     Panic = 13,
     /// An internal invariant broke (a bug: please report it).
     Internal = 14,
+    /// memprobe_tracker_run_oom_retry: the step still ran out of memory
+    /// after every retry (the report was written).
+    OutOfMemory = 15,
 }
 
 impl memprobe_status {
+    /// The status of a core error kind. Exhaustive: a new kind does not
+    /// compile until it has its own status.
     pub(crate) fn from_kind(kind: ErrorKind) -> Self {
         match kind {
             ErrorKind::InvalidArgument => memprobe_status::InvalidArgument,
@@ -56,7 +61,6 @@ impl memprobe_status {
             ErrorKind::Parse => memprobe_status::Parse,
             ErrorKind::GpuLost => memprobe_status::GpuLost,
             ErrorKind::Internal => memprobe_status::Internal,
-            _ => memprobe_status::Internal,
         }
     }
 
@@ -77,10 +81,12 @@ impl memprobe_status {
             memprobe_status::BufferTooSmall => "buffer too small\0",
             memprobe_status::Panic => "panic\0",
             memprobe_status::Internal => "internal error\0",
+            memprobe_status::OutOfMemory => "out of memory\0",
         }
     }
 
-    fn from_u32(v: u32) -> Option<Self> {
+    /// Every status, in value order.
+    pub(crate) const ALL: [memprobe_status; 16] = {
         use memprobe_status::*;
         [
             Ok,
@@ -98,9 +104,12 @@ impl memprobe_status {
             BufferTooSmall,
             Panic,
             Internal,
+            OutOfMemory,
         ]
-        .into_iter()
-        .find(|s| *s as u32 == v)
+    };
+
+    fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| *s as u32 == v)
     }
 }
 
@@ -110,4 +119,85 @@ impl memprobe_status {
 pub extern "C" fn memprobe_status_name(status: u32) -> *const c_char {
     let name = memprobe_status::from_u32(status).map_or("unknown status\0", memprobe_status::name);
     name.as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    /// Each status and the value the C ABI promises for it, by an
+    /// exhaustive match: a new status does not compile until it is here.
+    fn promised(s: memprobe_status) -> u32 {
+        match s {
+            memprobe_status::Ok => 0,
+            memprobe_status::NullPointer => 1,
+            memprobe_status::InvalidArgument => 2,
+            memprobe_status::InvalidHandle => 3,
+            memprobe_status::InvalidId => 4,
+            memprobe_status::WrongOrder => 5,
+            memprobe_status::Unavailable => 6,
+            memprobe_status::Unsupported => 7,
+            memprobe_status::PermissionDenied => 8,
+            memprobe_status::Io => 9,
+            memprobe_status::Parse => 10,
+            memprobe_status::GpuLost => 11,
+            memprobe_status::BufferTooSmall => 12,
+            memprobe_status::Panic => 13,
+            memprobe_status::Internal => 14,
+            memprobe_status::OutOfMemory => 15,
+        }
+    }
+
+    #[test]
+    fn every_status_keeps_its_value_and_has_a_name() {
+        for (i, s) in memprobe_status::ALL.into_iter().enumerate() {
+            assert_eq!(s as u32, promised(s));
+            assert_eq!(s as u32, i as u32, "ALL is in value order, without gaps");
+            assert_eq!(memprobe_status::from_u32(s as u32), Some(s));
+            // SAFETY: a static NUL-terminated string.
+            let name = unsafe { CStr::from_ptr(memprobe_status_name(s as u32)) };
+            assert_ne!(name.to_str().unwrap(), "unknown status");
+        }
+        let next = memprobe_status::ALL.len() as u32;
+        assert_eq!(memprobe_status::from_u32(next), None);
+    }
+
+    #[test]
+    fn every_error_kind_has_its_own_status() {
+        use ErrorKind::*;
+        // Exhaustive: a new kind does not compile until it is listed here.
+        let expected = |k: ErrorKind| match k {
+            InvalidArgument => memprobe_status::InvalidArgument,
+            InvalidId => memprobe_status::InvalidId,
+            WrongOrder => memprobe_status::WrongOrder,
+            Unavailable => memprobe_status::Unavailable,
+            Unsupported => memprobe_status::Unsupported,
+            PermissionDenied => memprobe_status::PermissionDenied,
+            Io => memprobe_status::Io,
+            Parse => memprobe_status::Parse,
+            GpuLost => memprobe_status::GpuLost,
+            Internal => memprobe_status::Internal,
+        };
+        let kinds = [
+            InvalidArgument,
+            InvalidId,
+            WrongOrder,
+            Unavailable,
+            Unsupported,
+            PermissionDenied,
+            Io,
+            Parse,
+            GpuLost,
+            Internal,
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for k in kinds {
+            assert_eq!(memprobe_status::from_kind(k), expected(k), "{k:?}");
+            assert!(
+                seen.insert(memprobe_status::from_kind(k) as u32),
+                "{k:?} shares a status"
+            );
+        }
+    }
 }

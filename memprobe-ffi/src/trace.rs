@@ -1,7 +1,9 @@
 //! Traces (fastai's GPUMemTrace) through the C ABI.
 
-use crate::boundary::{check_flags, copy_out, opt_text, out, run, FfiResult};
-use crate::handle::Table;
+use crate::boundary::{
+    check_flags, copy_out, entry_point, free_point, opt_text, out, FfiError, UserData,
+};
+use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
 use crate::window::{memprobe_delta, pick};
@@ -9,7 +11,6 @@ use memprobe_core::lock::Lock;
 use memprobe_core::{Trace, TraceOptions};
 use std::ffi::{c_char, c_void, CString};
 use std::io::Write;
-use std::sync::Arc;
 
 /// A trace: delta used and delta peaked of a set of sources since its
 /// start, with fastai's report line.
@@ -20,17 +21,17 @@ pub struct memprobe_trace {
 
 static TRACES: Table<Lock<Trace>> = Table::new(0x54, "memprobe_trace");
 
+impl Handle for memprobe_trace {
+    type Object = Lock<Trace>;
+    fn table() -> &'static Table<Lock<Trace>> {
+        &TRACES
+    }
+}
+
 /// `memprobe_trace_new` flag: do not print reports (data still works).
 pub const MEMPROBE_TRACE_SILENT: u32 = 1;
 /// `memprobe_trace_new` flag: do not start at creation; call memprobe_trace_start.
 pub const MEMPROBE_TRACE_DEFERRED: u32 = 2;
-
-fn trace(h: *const memprobe_trace) -> FfiResult<Arc<Lock<Trace>>> {
-    if h.is_null() {
-        return Err(crate::boundary::null("trace"));
-    }
-    TRACES.get(h as usize)
-}
 
 /// Creates a trace over `sources[0..n_sources]`, started unless
 /// MEMPROBE_TRACE_DEFERRED. `ctx` (nullable) prefixes every report's context.
@@ -43,8 +44,8 @@ pub extern "C" fn memprobe_trace_new(
     flags: u32,
     out: *mut *mut memprobe_trace,
 ) -> memprobe_status {
-    run("memprobe_trace_new", || {
-        let slot = self::out(out, "out")?;
+    entry_point("memprobe_trace_new", || {
+        self::out(out, "out")?;
         check_flags(
             flags,
             MEMPROBE_TRACE_SILENT | MEMPROBE_TRACE_DEFERRED,
@@ -57,16 +58,15 @@ pub extern "C" fn memprobe_trace_new(
             start: flags & MEMPROBE_TRACE_DEFERRED == 0,
         };
         let t = Trace::new(&self::sources(sources, n_sources)?, options)?;
-        *slot = TRACES.insert(Lock::new(t))? as *mut memprobe_trace;
-        Ok(())
+        publish(Lock::new(t), out)
     })
 }
 
 /// Starts measuring. MEMPROBE_STATUS_WRONG_ORDER if already running.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_start(trace: *mut memprobe_trace) -> memprobe_status {
-    run("memprobe_trace_start", || {
-        Ok(self::trace(trace)?.lock()?.start()?)
+    entry_point("memprobe_trace_start", || {
+        Ok(get(trace)?.lock()?.start()?)
     })
 }
 
@@ -74,16 +74,14 @@ pub extern "C" fn memprobe_trace_start(trace: *mut memprobe_trace) -> memprobe_s
 /// (stop before start, double stop).
 #[no_mangle]
 pub extern "C" fn memprobe_trace_stop(trace: *mut memprobe_trace) -> memprobe_status {
-    run("memprobe_trace_stop", || {
-        Ok(self::trace(trace)?.lock()?.stop()?)
-    })
+    entry_point("memprobe_trace_stop", || Ok(get(trace)?.lock()?.stop()?))
 }
 
 /// Restarts the counters of a running trace (WRONG_ORDER if stopped).
 #[no_mangle]
 pub extern "C" fn memprobe_trace_reset(trace: *mut memprobe_trace) -> memprobe_status {
-    run("memprobe_trace_reset", || {
-        Ok(self::trace(trace)?.lock()?.reset()?)
+    entry_point("memprobe_trace_reset", || {
+        Ok(get(trace)?.lock()?.reset()?)
     })
 }
 
@@ -93,9 +91,9 @@ pub extern "C" fn memprobe_trace_is_running(
     trace: *const memprobe_trace,
     out: *mut bool,
 ) -> memprobe_status {
-    run("memprobe_trace_is_running", || {
+    entry_point("memprobe_trace_is_running", || {
         let slot = self::out(out, "out")?;
-        *slot = self::trace(trace)?.lock()?.is_running();
+        *slot = get(trace)?.lock()?.is_running();
         Ok(())
     })
 }
@@ -109,10 +107,10 @@ pub extern "C" fn memprobe_trace_data(
     delta_used: *mut i64,
     delta_peaked: *mut u64,
 ) -> memprobe_status {
-    run("memprobe_trace_data", || {
-        let used = self::out(delta_used, "delta_used")?;
-        let peaked = self::out(delta_peaked, "delta_peaked")?;
-        let data = self::trace(trace)?.lock()?.data()?;
+    entry_point("memprobe_trace_data", || {
+        let used = out(delta_used, "delta_used")?;
+        let peaked = out(delta_peaked, "delta_peaked")?;
+        let data = get(trace)?.lock()?.data()?;
         let d = pick(&data, index)?;
         (*used, *peaked) = (d.delta_used, d.delta_peaked);
         Ok(())
@@ -126,9 +124,9 @@ pub extern "C" fn memprobe_trace_measure(
     index: usize,
     out: *mut memprobe_delta,
 ) -> memprobe_status {
-    run("memprobe_trace_measure", || {
+    entry_point("memprobe_trace_measure", || {
         let slot = self::out(out, "out")?;
-        let data = self::trace(trace)?.lock()?.data()?;
+        let data = get(trace)?.lock()?.data()?;
         *slot = pick(&data, index)?.into();
         Ok(())
     })
@@ -141,9 +139,9 @@ pub extern "C" fn memprobe_trace_report(
     trace: *mut memprobe_trace,
     note: *const c_char,
 ) -> memprobe_status {
-    run("memprobe_trace_report", || {
+    entry_point("memprobe_trace_report", || {
         let note = opt_text(note, "note")?;
-        self::trace(trace)?.lock()?.report(note)?;
+        get(trace)?.lock()?.report(note)?;
         Ok(())
     })
 }
@@ -154,16 +152,17 @@ pub extern "C" fn memprobe_trace_report_n_reset(
     trace: *mut memprobe_trace,
     note: *const c_char,
 ) -> memprobe_status {
-    run("memprobe_trace_report_n_reset", || {
+    entry_point("memprobe_trace_report_n_reset", || {
         let note = opt_text(note, "note")?;
-        self::trace(trace)?.lock()?.report_n_reset(note)?;
+        get(trace)?.lock()?.report_n_reset(note)?;
         Ok(())
     })
 }
 
 /// Writes the report line for `note` (nullable) into `buf[0..len]`, NUL
 /// included, without printing it. `*needed` (nullable) receives the size
-/// needed; a short buffer gets a truncated line and BUFFER_TOO_SMALL.
+/// needed; a short buffer gets the line cut at a UTF-8 character boundary
+/// (NUL-terminated, nothing written past the NUL) and BUFFER_TOO_SMALL.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_format(
     trace: *const memprobe_trace,
@@ -172,9 +171,9 @@ pub extern "C" fn memprobe_trace_format(
     len: usize,
     needed: *mut usize,
 ) -> memprobe_status {
-    run("memprobe_trace_format", || {
+    entry_point("memprobe_trace_format", || {
         let note = opt_text(note, "note")?;
-        let line = self::trace(trace)?.lock()?.line(note)?;
+        let line = get(trace)?.lock()?.line(note)?;
         copy_out(&line, buf, len, needed)
     })
 }
@@ -185,13 +184,37 @@ pub extern "C" fn memprobe_trace_set_silent(
     trace: *mut memprobe_trace,
     silent: bool,
 ) -> memprobe_status {
-    run("memprobe_trace_set_silent", || {
-        self::trace(trace)?.lock()?.set_silent(silent);
+    entry_point("memprobe_trace_set_silent", || {
+        get(trace)?.lock()?.set_silent(silent);
         Ok(())
     })
 }
 
-pub(crate) struct FdWriter(pub(crate) i32);
+/// Writes to a caller's file descriptor (never closed by memprobe).
+pub(crate) struct FdWriter(i32);
+
+impl FdWriter {
+    /// Checks that `fd` is open for writing now, so that a closed or
+    /// read-only descriptor is refused when it is given rather than
+    /// failing unseen later. Errors after this (the caller closes it) are
+    /// reported by the writes.
+    pub(crate) fn new(fd: i32) -> Result<FdWriter, FfiError> {
+        let bad =
+            |why: &str| FfiError::new(memprobe_status::InvalidArgument, format!("fd {fd} {why}"));
+        if fd < 0 {
+            return Err(bad("is negative"));
+        }
+        // SAFETY: F_GETFL only reads the descriptor's flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(bad("is not an open file descriptor"));
+        }
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return Err(bad("is open for reading only"));
+        }
+        Ok(FdWriter(fd))
+    }
+}
 
 impl Write for FdWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -209,22 +232,17 @@ impl Write for FdWriter {
 }
 
 /// Sends printed reports to file descriptor `fd` (not closed by memprobe;
-/// it must stay open while the trace reports).
+/// it must stay open while the trace reports). A descriptor that is not
+/// open for writing is INVALID_ARGUMENT; a write that fails later fails the
+/// report call (MEMPROBE_STATUS_IO).
 #[no_mangle]
 pub extern "C" fn memprobe_trace_set_output_fd(
     trace: *mut memprobe_trace,
     fd: i32,
 ) -> memprobe_status {
-    run("memprobe_trace_set_output_fd", || {
-        if fd < 0 {
-            return Err(crate::boundary::FfiError::new(
-                memprobe_status::InvalidArgument,
-                format!("bad fd {fd}"),
-            ));
-        }
-        self::trace(trace)?
-            .lock()?
-            .set_output(Box::new(FdWriter(fd)));
+    entry_point("memprobe_trace_set_output_fd", || {
+        let w = FdWriter::new(fd)?;
+        get(trace)?.lock()?.set_output(Box::new(w));
         Ok(())
     })
 }
@@ -236,11 +254,9 @@ pub type memprobe_line_fn =
 
 struct CallbackWriter {
     f: unsafe extern "C" fn(*const c_char, *mut c_void),
-    data: *mut c_void,
+    data: UserData,
     pending: Vec<u8>,
 }
-// SAFETY: the caller promises user_data is usable from the thread that reports.
-unsafe impl Send for CallbackWriter {}
 
 impl Write for CallbackWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -254,7 +270,7 @@ impl Write for CallbackWriter {
                 .collect();
             let c = CString::new(line).unwrap_or_default();
             // SAFETY: the caller's function and data; `c` lives across the call.
-            unsafe { (self.f)(c.as_ptr(), self.data) };
+            unsafe { (self.f)(c.as_ptr(), self.data.get()) };
         }
         Ok(buf.len())
     }
@@ -271,15 +287,13 @@ pub extern "C" fn memprobe_trace_set_output_callback(
     callback: memprobe_line_fn,
     user_data: *mut c_void,
 ) -> memprobe_status {
-    run("memprobe_trace_set_output_callback", || {
+    entry_point("memprobe_trace_set_output_callback", || {
         let f = callback.ok_or_else(|| crate::boundary::null("callback"))?;
-        self::trace(trace)?
-            .lock()?
-            .set_output(Box::new(CallbackWriter {
-                f,
-                data: user_data,
-                pending: Vec::new(),
-            }));
+        get(trace)?.lock()?.set_output(Box::new(CallbackWriter {
+            f,
+            data: UserData::new(user_data),
+            pending: Vec::new(),
+        }));
         Ok(())
     })
 }
@@ -287,14 +301,8 @@ pub extern "C" fn memprobe_trace_set_output_callback(
 /// Releases the trace (no report is printed). NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_free(trace: *mut memprobe_trace) -> memprobe_status {
-    run("memprobe_trace_free", || {
-        if !trace.is_null() {
-            TRACES.remove(trace as usize)?;
-        }
+    free_point("memprobe_trace_free", || {
+        release(trace)?;
         Ok(())
     })
-}
-
-pub(crate) fn live() -> usize {
-    TRACES.live()
 }

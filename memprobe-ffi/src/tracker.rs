@@ -1,7 +1,10 @@
 //! The training-loop tracker through the C ABI.
 
-use crate::boundary::{opt_text, out, run, text, FfiError, FfiResult};
-use crate::handle::Table;
+use crate::boundary::{
+    entry_point, free_point, opt_out, opt_out_array, opt_text, out, text, FfiError, FfiResult,
+    UserData,
+};
+use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
 use crate::trace::FdWriter;
@@ -23,8 +26,16 @@ pub struct memprobe_tracker {
 
 static TRACKERS: Table<Lock<Tracker>> = Table::new(0x4b, "memprobe_tracker");
 
+impl Handle for memprobe_tracker {
+    type Object = Lock<Tracker>;
+    fn table() -> &'static Table<Lock<Tracker>> {
+        &TRACKERS
+    }
+}
+
 /// A training-loop phase (`kind` arguments of memprobe_tracker_*).
 #[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
 pub enum memprobe_phase_kind {
     /// One minibatch / iteration.
@@ -37,6 +48,52 @@ pub enum memprobe_phase_kind {
     Stream = 3,
     /// A phase named by the caller (the `name` argument).
     Custom = 4,
+}
+
+// The C numbering of the core's PhaseKind and ReleaseKind lives here only:
+// explicit matches both ways, walked by a test.
+
+/// The core's kind for a C `memprobe_phase_kind` value.
+pub(crate) fn phase_kind_from_c(v: u32) -> FfiResult<PhaseKind> {
+    const STEP: u32 = memprobe_phase_kind::Step as u32;
+    const EPOCH: u32 = memprobe_phase_kind::Epoch as u32;
+    const EXPERIENCE: u32 = memprobe_phase_kind::Experience as u32;
+    const STREAM: u32 = memprobe_phase_kind::Stream as u32;
+    const CUSTOM: u32 = memprobe_phase_kind::Custom as u32;
+    match v {
+        STEP => Ok(PhaseKind::Step),
+        EPOCH => Ok(PhaseKind::Epoch),
+        EXPERIENCE => Ok(PhaseKind::Experience),
+        STREAM => Ok(PhaseKind::Stream),
+        CUSTOM => Ok(PhaseKind::Custom),
+        other => Err(FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!("unknown memprobe_phase_kind {other}"),
+        )),
+    }
+}
+
+/// The C value of a phase kind.
+pub(crate) fn phase_kind_code(k: PhaseKind) -> memprobe_phase_kind {
+    match k {
+        PhaseKind::Step => memprobe_phase_kind::Step,
+        PhaseKind::Epoch => memprobe_phase_kind::Epoch,
+        PhaseKind::Experience => memprobe_phase_kind::Experience,
+        PhaseKind::Stream => memprobe_phase_kind::Stream,
+        PhaseKind::Custom => memprobe_phase_kind::Custom,
+    }
+}
+
+/// The core's release kind for a C `MEMPROBE_RELEASE_*` value.
+pub(crate) fn release_kind_from_c(v: u32) -> FfiResult<ReleaseKind> {
+    match v {
+        MEMPROBE_RELEASE_CACHE => Ok(ReleaseKind::Cache),
+        MEMPROBE_RELEASE_GC => Ok(ReleaseKind::Gc),
+        other => Err(FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!("unknown release kind {other}"),
+        )),
+    }
 }
 
 /// `memprobe_tracker_add_release` kind: a framework cache (always run).
@@ -91,7 +148,7 @@ fn record_to_c(r: &Record) -> memprobe_phase_record {
         .filter(|(_, l)| l.flagged)
         .fold(0u64, |m, (i, _)| m | 1 << i);
     memprobe_phase_record {
-        kind: phase.map_or(PhaseKind::Custom as u32, |p| p.kind as u32),
+        kind: phase_kind_code(phase.map_or(PhaseKind::Custom, |p| p.kind)) as u32,
         depth: phase.map_or(0, |p| p.depth),
         index: phase.map_or(0, |p| p.index),
         started_at_ns: r.started_at_ns,
@@ -109,15 +166,8 @@ fn record_to_c(r: &Record) -> memprobe_phase_record {
     }
 }
 
-pub(crate) fn tracker(h: *const memprobe_tracker) -> FfiResult<Arc<Lock<Tracker>>> {
-    if h.is_null() {
-        return Err(crate::boundary::null("tracker"));
-    }
-    TRACKERS.get(h as usize)
-}
-
 fn kind(v: u32) -> FfiResult<PhaseKind> {
-    Ok(PhaseKind::from_u32(v)?)
+    phase_kind_from_c(v)
 }
 
 fn write_record(
@@ -126,18 +176,10 @@ fn write_record(
     deltas: *mut memprobe_delta,
     n_deltas: usize,
 ) {
-    // SAFETY: each pointer, when non-NULL, is valid for writes (documented).
-    unsafe {
-        if let Some(slot) = record.as_mut() {
-            *slot = record_to_c(r);
-        }
-        if !deltas.is_null() {
-            let out = std::slice::from_raw_parts_mut(deltas, n_deltas);
-            for (o, d) in out.iter_mut().zip(&r.sources) {
-                *o = d.into();
-            }
-        }
+    if let Some(slot) = opt_out(record) {
+        *slot = record_to_c(r);
     }
+    opt_out_array(deltas, n_deltas, r.sources.iter().map(Into::into));
 }
 
 /// Creates a tracker over `sources[0..n_sources]`.
@@ -147,11 +189,10 @@ pub extern "C" fn memprobe_tracker_new(
     n_sources: usize,
     out: *mut *mut memprobe_tracker,
 ) -> memprobe_status {
-    run("memprobe_tracker_new", || {
-        let slot = self::out(out, "out")?;
+    entry_point("memprobe_tracker_new", || {
+        self::out(out, "out")?;
         let t = Tracker::new(&self::sources(sources, n_sources)?)?;
-        *slot = TRACKERS.insert(Lock::new(t))? as *mut memprobe_tracker;
-        Ok(())
+        publish(Lock::new(t), out)
     })
 }
 
@@ -159,9 +200,8 @@ pub extern "C" fn memprobe_tracker_new(
 /// it. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_free(tracker: *mut memprobe_tracker) -> memprobe_status {
-    run("memprobe_tracker_free", || {
-        if !tracker.is_null() {
-            let t = TRACKERS.remove(tracker as usize)?;
+    free_point("memprobe_tracker_free", || {
+        if let Some(t) = release(tracker)? {
             t.lock()?.finish_sinks()?;
         }
         Ok(())
@@ -178,9 +218,9 @@ pub extern "C" fn memprobe_tracker_begin(
     kind: u32,
     name: *const c_char,
 ) -> memprobe_status {
-    run("memprobe_tracker_begin", || {
+    entry_point("memprobe_tracker_begin", || {
         let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
-        Ok(self::tracker(tracker)?.lock()?.begin(k, n)?)
+        Ok(get(tracker)?.lock()?.begin(k, n)?)
     })
 }
 
@@ -202,7 +242,7 @@ pub extern "C" fn memprobe_tracker_end(
         deltas,
         n_deltas,
     };
-    run("memprobe_tracker_end", || {
+    entry_point("memprobe_tracker_end", || {
         end_with(tracker, kind, name, out, Tracker::end)
     })
 }
@@ -223,7 +263,7 @@ fn end_with(
     op: fn(&mut Tracker, PhaseKind, Option<&str>) -> memprobe_core::Result<Record>,
 ) -> FfiResult {
     let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
-    let t = self::tracker(tracker)?;
+    let t = get(tracker)?;
     let r = op(&mut *t.lock()?, k, n)?;
     write_record(&r, out.record, out.deltas, out.n_deltas);
     Ok(())
@@ -245,31 +285,29 @@ pub extern "C" fn memprobe_tracker_next(
         deltas,
         n_deltas,
     };
-    run("memprobe_tracker_next", || {
+    entry_point("memprobe_tracker_next", || {
         end_with(tracker, kind, name, out, Tracker::next)
     })
 }
 
 /// Adds a PeakMemMetric-style table: one row per ended phase of `kind`
 /// (fastai: epochs), each source's delta used and delta peaked in MiB,
-/// written to file descriptor `fd` (not closed by memprobe).
+/// written to file descriptor `fd` (not closed by memprobe). A descriptor
+/// that is not open for writing is INVALID_ARGUMENT; a write that fails
+/// later (the descriptor was closed, the disk is full) is reported by
+/// memprobe_tracker_finish_sinks or memprobe_tracker_free (MEMPROBE_STATUS_IO).
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_add_table_sink(
     tracker: *mut memprobe_tracker,
     kind: u32,
     fd: i32,
 ) -> memprobe_status {
-    run("memprobe_tracker_add_table_sink", || {
+    entry_point("memprobe_tracker_add_table_sink", || {
         let k = self::kind(kind)?;
-        if fd < 0 {
-            return Err(FfiError::new(
-                memprobe_status::InvalidArgument,
-                format!("bad fd {fd}"),
-            ));
-        }
-        self::tracker(tracker)?
+        let w = FdWriter::new(fd)?;
+        get(tracker)?
             .lock()?
-            .add_sink(Arc::new(TableSink::new(k, Box::new(FdWriter(fd)))));
+            .add_sink(Arc::new(TableSink::new(k, Box::new(w))));
         Ok(())
     })
 }
@@ -283,9 +321,9 @@ pub extern "C" fn memprobe_tracker_add_jsonl_sink(
     tracker: *mut memprobe_tracker,
     path: *const c_char,
 ) -> memprobe_status {
-    run("memprobe_tracker_add_jsonl_sink", || {
+    entry_point("memprobe_tracker_add_jsonl_sink", || {
         let sink = JsonlSink::create(text(path, "path")?)?;
-        self::tracker(tracker)?.lock()?.add_sink(Arc::new(sink));
+        get(tracker)?.lock()?.add_sink(Arc::new(sink));
         Ok(())
     })
 }
@@ -297,9 +335,9 @@ pub extern "C" fn memprobe_tracker_add_csv_sink(
     tracker: *mut memprobe_tracker,
     path: *const c_char,
 ) -> memprobe_status {
-    run("memprobe_tracker_add_csv_sink", || {
+    entry_point("memprobe_tracker_add_csv_sink", || {
         let sink = CsvSink::create(text(path, "path")?)?;
-        self::tracker(tracker)?.lock()?.add_sink(Arc::new(sink));
+        get(tracker)?.lock()?.add_sink(Arc::new(sink));
         Ok(())
     })
 }
@@ -324,19 +362,15 @@ struct CallbackSink {
         usize,
         *mut c_void,
     ),
-    data: *mut c_void,
+    data: UserData,
 }
-// SAFETY: the caller promises (documented) user_data may be used from the thread ending phases.
-unsafe impl Send for CallbackSink {}
-// SAFETY: as above; calls are serialised by the tracker's lock.
-unsafe impl Sync for CallbackSink {}
 
 impl Sink for CallbackSink {
     fn on_record(&self, r: &Record) {
         let rec = record_to_c(r);
         let deltas: Vec<memprobe_delta> = r.sources.iter().map(Into::into).collect();
         // SAFETY: the caller's function and data; the buffers outlive the call.
-        unsafe { (self.f)(&rec, deltas.as_ptr(), deltas.len(), self.data) };
+        unsafe { (self.f)(&rec, deltas.as_ptr(), deltas.len(), self.data.get()) };
     }
 }
 
@@ -347,11 +381,12 @@ pub extern "C" fn memprobe_tracker_add_callback_sink(
     callback: memprobe_record_fn,
     user_data: *mut c_void,
 ) -> memprobe_status {
-    run("memprobe_tracker_add_callback_sink", || {
+    entry_point("memprobe_tracker_add_callback_sink", || {
         let f = callback.ok_or_else(|| crate::boundary::null("callback"))?;
-        self::tracker(tracker)?
-            .lock()?
-            .add_sink(Arc::new(CallbackSink { f, data: user_data }));
+        get(tracker)?.lock()?.add_sink(Arc::new(CallbackSink {
+            f,
+            data: UserData::new(user_data),
+        }));
         Ok(())
     })
 }
@@ -360,8 +395,8 @@ pub extern "C" fn memprobe_tracker_add_callback_sink(
 /// memprobe_tracker_free does it too.
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_finish_sinks(tracker: *mut memprobe_tracker) -> memprobe_status {
-    run("memprobe_tracker_finish_sinks", || {
-        Ok(self::tracker(tracker)?.lock()?.finish_sinks()?)
+    entry_point("memprobe_tracker_finish_sinks", || {
+        Ok(get(tracker)?.lock()?.finish_sinks()?)
     })
 }
 
@@ -371,10 +406,6 @@ pub extern "C" fn memprobe_tracker_finish_sinks(tracker: *mut memprobe_tracker) 
 /// the GPU `_no_cache` readings (memprobe_gpu_set_cache_release).
 #[allow(non_camel_case_types)]
 pub type memprobe_release_fn = Option<unsafe extern "C" fn(user_data: *mut c_void) -> i32>;
-
-struct UserData(*mut c_void);
-// SAFETY: the caller promises user_data may be used from the thread ending phases.
-unsafe impl Send for UserData {}
 
 /// Registers a release callback named `name`; `kind` is
 /// MEMPROBE_RELEASE_CACHE or MEMPROBE_RELEASE_GC.
@@ -386,15 +417,14 @@ pub extern "C" fn memprobe_tracker_add_release(
     callback: memprobe_release_fn,
     user_data: *mut c_void,
 ) -> memprobe_status {
-    run("memprobe_tracker_add_release", || {
+    entry_point("memprobe_tracker_add_release", || {
         let name = text(name, "name")?;
-        let kind = ReleaseKind::from_u32(kind)?;
+        let kind = release_kind_from_c(kind)?;
         let f = callback.ok_or_else(|| crate::boundary::null("callback"))?;
-        let data = UserData(user_data);
+        let data = UserData::new(user_data);
         let call = move || {
-            let data = &data;
             // SAFETY: the caller's function and data, per the contract above.
-            match unsafe { f(data.0) } {
+            match unsafe { f(data.get()) } {
                 0 => Ok(()),
                 rc => Err(Error::new(
                     ErrorKind::Unavailable,
@@ -402,7 +432,7 @@ pub extern "C" fn memprobe_tracker_add_release(
                 )),
             }
         };
-        Ok(self::tracker(tracker)?
+        Ok(get(tracker)?
             .lock()?
             .add_release(name, kind, Box::new(call))?)
     })
@@ -418,13 +448,13 @@ pub extern "C" fn memprobe_tracker_release_every(
     n: u64,
     gc: bool,
 ) -> memprobe_status {
-    run("memprobe_tracker_release_every", || {
+    entry_point("memprobe_tracker_release_every", || {
         let policy = ReleasePolicy::Every {
             kind: self::kind(kind)?,
             n,
             gc,
         };
-        Ok(self::tracker(tracker)?.lock()?.add_release_policy(policy)?)
+        Ok(get(tracker)?.lock()?.add_release_policy(policy)?)
     })
 }
 
@@ -438,24 +468,14 @@ pub extern "C" fn memprobe_tracker_release_below_free(
     bytes: u64,
     gc: bool,
 ) -> memprobe_status {
-    run("memprobe_tracker_release_below_free", || {
+    entry_point("memprobe_tracker_release_below_free", || {
         let policy = ReleasePolicy::BelowFree {
             source: source_index,
             bytes,
             gc,
         };
-        Ok(self::tracker(tracker)?.lock()?.add_release_policy(policy)?)
+        Ok(get(tracker)?.lock()?.add_release_policy(policy)?)
     })
-}
-
-fn write_freed(freed: &[u64], out: *mut u64, n: usize) {
-    if !out.is_null() {
-        // SAFETY: the caller promises `out` holds `n` elements.
-        let o = unsafe { std::slice::from_raw_parts_mut(out, n) };
-        for (d, s) in o.iter_mut().zip(freed) {
-            *d = *s;
-        }
-    }
 }
 
 /// Runs the release callbacks now (GC ones too when `gc`); bytes freed per
@@ -467,9 +487,9 @@ pub extern "C" fn memprobe_tracker_release_now(
     freed: *mut u64,
     n_freed: usize,
 ) -> memprobe_status {
-    run("memprobe_tracker_release_now", || {
-        let e = self::tracker(tracker)?.lock()?.release_now(gc);
-        write_freed(&e.freed(), freed, n_freed);
+    entry_point("memprobe_tracker_release_now", || {
+        let e = get(tracker)?.lock()?.release_now(gc);
+        opt_out_array(freed, n_freed, e.freed());
         match e.errors.first() {
             Some((name, msg)) => Err(FfiError::new(
                 memprobe_status::Unavailable,
@@ -486,9 +506,9 @@ pub extern "C" fn memprobe_tracker_releases_fired(
     tracker: *const memprobe_tracker,
     out: *mut u64,
 ) -> memprobe_status {
-    run("memprobe_tracker_releases_fired", || {
+    entry_point("memprobe_tracker_releases_fired", || {
         let slot = self::out(out, "out")?;
-        *slot = self::tracker(tracker)?.lock()?.releases_fired();
+        *slot = get(tracker)?.lock()?.releases_fired();
         Ok(())
     })
 }
@@ -502,12 +522,12 @@ pub extern "C" fn memprobe_tracker_set_leak_policy(
     threshold_bytes: u64,
     epochs: u32,
 ) -> memprobe_status {
-    run("memprobe_tracker_set_leak_policy", || {
+    entry_point("memprobe_tracker_set_leak_policy", || {
         let policy = (epochs > 0).then_some(LeakPolicy {
             threshold: threshold_bytes,
             epochs,
         });
-        Ok(self::tracker(tracker)?.lock()?.set_leak_policy(policy)?)
+        Ok(get(tracker)?.lock()?.set_leak_policy(policy)?)
     })
 }
 
@@ -521,19 +541,16 @@ pub extern "C" fn memprobe_tracker_leak_status(
     streak: *mut u32,
     last_growth: *mut i64,
 ) -> memprobe_status {
-    run("memprobe_tracker_leak_status", || {
-        let s = self::tracker(tracker)?.lock()?.leak_status(index)?;
-        // SAFETY: each pointer, when non-NULL, is valid for a write (documented).
-        unsafe {
-            if let Some(p) = flagged.as_mut() {
-                *p = s.flagged;
-            }
-            if let Some(p) = streak.as_mut() {
-                *p = s.streak;
-            }
-            if let Some(p) = last_growth.as_mut() {
-                *p = s.last_growth;
-            }
+    entry_point("memprobe_tracker_leak_status", || {
+        let s = get(tracker)?.lock()?.leak_status(index)?;
+        if let Some(p) = opt_out(flagged) {
+            *p = s.flagged;
+        }
+        if let Some(p) = opt_out(streak) {
+            *p = s.streak;
+        }
+        if let Some(p) = opt_out(last_growth) {
+            *p = s.last_growth;
         }
         Ok(())
     })
@@ -559,9 +576,11 @@ pub struct memprobe_oom_report {
 
 /// fastai's gpu_mem_restore, made useful outside IPython: runs `step`; when
 /// it returns MEMPROBE_STEP_OUT_OF_MEMORY, runs every release callback (GC
-/// included) and retries, at most `max_retries` times. A step that returns
-/// another value fails the call (UNAVAILABLE). Bytes freed per source go to
-/// `freed[0..n_freed]` when not NULL.
+/// included) and retries, at most `max_retries` times. When the last try
+/// still ran out of memory the status is MEMPROBE_STATUS_OUT_OF_MEMORY, with
+/// `*out` (`succeeded` false) and `freed` written all the same. A step that
+/// returns another value fails the call (UNAVAILABLE). Bytes freed per
+/// source go to `freed[0..n_freed]` when not NULL.
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_run_oom_retry(
     tracker: *mut memprobe_tracker,
@@ -572,14 +591,15 @@ pub extern "C" fn memprobe_tracker_run_oom_retry(
     freed: *mut u64,
     n_freed: usize,
 ) -> memprobe_status {
-    run("memprobe_tracker_run_oom_retry", || {
+    entry_point("memprobe_tracker_run_oom_retry", || {
         let slot = self::out(out, "out")?;
         let step = step.ok_or_else(|| crate::boundary::null("step"))?;
-        let t = self::tracker(tracker)?;
+        let t = get(tracker)?;
+        let data = UserData::new(user_data);
         let report = t.lock()?.run_with_oom_retry(
             || {
                 // SAFETY: the caller's function and data.
-                match unsafe { step(user_data) } {
+                match unsafe { step(data.get()) } {
                     MEMPROBE_STEP_DONE => Ok(StepOutcome::Done),
                     MEMPROBE_STEP_OUT_OF_MEMORY => Ok(StepOutcome::OutOfMemory),
                     rc => Err(Error::new(
@@ -596,11 +616,17 @@ pub extern "C" fn memprobe_tracker_run_oom_retry(
             retries: report.retries,
             freed_bytes: f.iter().copied().fold(0u64, u64::saturating_add),
         };
-        write_freed(&f, freed, n_freed);
-        Ok(())
+        opt_out_array(freed, n_freed, f);
+        if report.succeeded {
+            Ok(())
+        } else {
+            Err(FfiError::new(
+                memprobe_status::OutOfMemory,
+                format!(
+                    "the step still ran out of memory after {} retries",
+                    report.retries
+                ),
+            ))
+        }
     })
-}
-
-pub(crate) fn live() -> usize {
-    TRACKERS.live()
 }

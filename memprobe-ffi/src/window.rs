@@ -1,7 +1,7 @@
 //! Peak windows through the C ABI.
 
-use crate::boundary::{out, run, FfiError, FfiResult};
-use crate::handle::Table;
+use crate::boundary::{entry_point, free_point, opt_out_array, out, FfiError, FfiResult};
+use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{fidelity_code, kind_code, memprobe_source, sources};
 use crate::status::memprobe_status;
 use memprobe_core::lock::Lock;
@@ -14,6 +14,13 @@ pub struct memprobe_window {
 }
 
 static WINDOWS: Table<Lock<Window>> = Table::new(0x57, "memprobe_window");
+
+impl Handle for memprobe_window {
+    type Object = Lock<Window>;
+    fn table() -> &'static Table<Lock<Window>> {
+        &WINDOWS
+    }
+}
 
 /// What one source did over an interval (a window, a trace), in bytes.
 #[repr(C)]
@@ -60,13 +67,6 @@ pub(crate) fn pick(deltas: &[SourceDelta], index: usize) -> FfiResult<&SourceDel
     })
 }
 
-fn window(h: *const memprobe_window) -> FfiResult<std::sync::Arc<Lock<Window>>> {
-    if h.is_null() {
-        return Err(crate::boundary::null("window"));
-    }
-    WINDOWS.get(h as usize)
-}
-
 /// Opens a peak window over `sources[0..n_sources]`. Windows are concurrent,
 /// nestable and independent: opening, resetting or freeing one never changes
 /// another's peak. For exact sources no spike is missed, however short.
@@ -76,11 +76,10 @@ pub extern "C" fn memprobe_window_open(
     n_sources: usize,
     out: *mut *mut memprobe_window,
 ) -> memprobe_status {
-    run("memprobe_window_open", || {
-        let slot = crate::boundary::out(out, "out")?;
+    entry_point("memprobe_window_open", || {
+        self::out(out, "out")?;
         let w = Window::open(&self::sources(sources, n_sources)?)?;
-        *slot = WINDOWS.insert(Lock::new(w))? as *mut memprobe_window;
-        Ok(())
+        publish(Lock::new(w), out)
     })
 }
 
@@ -93,9 +92,9 @@ pub extern "C" fn memprobe_window_peak(
     index: usize,
     out: *mut u64,
 ) -> memprobe_status {
-    run("memprobe_window_peak", || {
-        let slot = crate::boundary::out(out, "out")?;
-        *slot = self::window(window)?.lock()?.peak_of(index)?;
+    entry_point("memprobe_window_peak", || {
+        let slot = self::out(out, "out")?;
+        *slot = get(window)?.lock()?.peak_of(index)?;
         Ok(())
     })
 }
@@ -108,9 +107,9 @@ pub extern "C" fn memprobe_window_measure(
     index: usize,
     out: *mut memprobe_delta,
 ) -> memprobe_status {
-    run("memprobe_window_measure", || {
+    entry_point("memprobe_window_measure", || {
         let slot = self::out(out, "out")?;
-        *slot = (&self::window(window)?.lock()?.measure_of(index)?).into();
+        *slot = (&get(window)?.lock()?.measure_of(index)?).into();
         Ok(())
     })
 }
@@ -118,22 +117,17 @@ pub extern "C" fn memprobe_window_measure(
 /// Ends the window's interval and starts the next at the same instant (one
 /// reading serves as both end and new start); other windows keep their
 /// peaks. This is the cheapest step boundary. When `ended` is not NULL, the
-/// ended interval of source i is written to `ended[i]` for i < `n_ended`.
+/// ended interval of source i is written to `ended[i]` for i below both
+/// `n_ended` and the number of sources; nothing past those is touched.
 #[no_mangle]
 pub extern "C" fn memprobe_window_reset(
     window: *mut memprobe_window,
     ended: *mut memprobe_delta,
     n_ended: usize,
 ) -> memprobe_status {
-    run("memprobe_window_reset", || {
-        let deltas = self::window(window)?.lock()?.reset()?;
-        if !ended.is_null() {
-            // SAFETY: the caller promises `ended` holds `n_ended` elements.
-            let out = unsafe { std::slice::from_raw_parts_mut(ended, n_ended) };
-            for (o, d) in out.iter_mut().zip(&deltas) {
-                *o = d.into();
-            }
-        }
+    entry_point("memprobe_window_reset", || {
+        let deltas = get(window)?.lock()?.reset()?;
+        opt_out_array(ended, n_ended, deltas.iter().map(Into::into));
         Ok(())
     })
 }
@@ -144,9 +138,9 @@ pub extern "C" fn memprobe_window_source_count(
     window: *const memprobe_window,
     out: *mut usize,
 ) -> memprobe_status {
-    run("memprobe_window_source_count", || {
+    entry_point("memprobe_window_source_count", || {
         let slot = self::out(out, "out")?;
-        *slot = self::window(window)?.lock()?.sources().count();
+        *slot = get(window)?.lock()?.sources().count();
         Ok(())
     })
 }
@@ -154,14 +148,8 @@ pub extern "C" fn memprobe_window_source_count(
 /// Closes the window. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_window_free(window: *mut memprobe_window) -> memprobe_status {
-    run("memprobe_window_free", || {
-        if !window.is_null() {
-            WINDOWS.remove(window as usize)?;
-        }
+    free_point("memprobe_window_free", || {
+        release(window)?;
         Ok(())
     })
-}
-
-pub(crate) fn live() -> usize {
-    WINDOWS.live()
 }

@@ -30,6 +30,52 @@ static void test_basics(void) {
     CHECK(strlen(memprobe_version()) >= 5);
     CHECK(strncmp(memprobe_soname(), "libmemprobe.so.", 15) == 0);
     CHECK(memprobe_b2mb(3 * MIB + 5) == 3);
+    /* Signed: toward zero like fastai's int(num / 2**20), INT64_MIN included. */
+    CHECK(memprobe_b2mb_signed((int64_t)(3 * MIB + 5)) == 3);
+    CHECK(memprobe_b2mb_signed(-(int64_t)MIB + 1) == 0);
+    CHECK(memprobe_b2mb_signed(-(int64_t)MIB - 1) == -1);
+    CHECK(memprobe_b2mb_signed(INT64_MIN) == -((int64_t)1 << 43));
+    CHECK(memprobe_b2mb_signed(INT64_MAX) == ((int64_t)1 << 43) - 1);
+    CHECK(strcmp(memprobe_status_name(MEMPROBE_STATUS_OUT_OF_MEMORY), "out of memory") == 0);
+    CHECK(MEMPROBE_STATUS_OUT_OF_MEMORY == 15);
+    CHECK(memprobe_last_error()[0] == '\0');
+}
+
+/* Every *_free leaves the thread's last error alone when it succeeds (a
+ * finaliser may run between a failed call and memprobe_last_error), and
+ * reports its own failure when it fails. */
+static void test_free_keeps_last_error(void) {
+    memprobe_source *p = NULL;
+    memprobe_window *w = NULL;
+    memprobe_trace *t = NULL;
+    memprobe_tracker *k = NULL;
+    const memprobe_source *srcs[1];
+    char msg[256];
+
+    OK(memprobe_source_new_pushed("p", &p));
+    srcs[0] = p;
+    OK(memprobe_window_open(srcs, 1, &w));
+    OK(memprobe_trace_new(srcs, 1, NULL, MEMPROBE_TRACE_SILENT, &t));
+    OK(memprobe_tracker_new(srcs, 1, &k));
+    EXPECT(memprobe_window_peak(w, 7, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    snprintf(msg, sizeof msg, "%s", memprobe_last_error());
+    CHECK(strstr(msg, "memprobe_window_peak") != NULL);
+    FREE_OK(memprobe_window_free(w));
+    FREE_OK(memprobe_trace_free(t));
+    FREE_OK(memprobe_tracker_free(k));
+    FREE_OK(memprobe_source_free(NULL));
+    FREE_OK(memprobe_window_free(NULL));
+    FREE_OK(memprobe_trace_free(NULL));
+    FREE_OK(memprobe_tracker_free(NULL));
+    FREE_OK(memprobe_exporter_free(NULL));
+    FREE_OK(memprobe_gpu_device_free(NULL));
+    FREE_OK(memprobe_source_free(p));
+    CHECK(strcmp(memprobe_last_error(), msg) == 0);
+    /* A failed free reports its own error. */
+    EXPECT(memprobe_source_free(p), MEMPROBE_STATUS_INVALID_HANDLE);
+    CHECK(strstr(memprobe_last_error(), "memprobe_source_free") != NULL);
+    /* Any other successful call clears it, as before. */
+    OK(memprobe_debug_live_handles(NULL, NULL, NULL, NULL));
     CHECK(memprobe_last_error()[0] == '\0');
 }
 
@@ -73,7 +119,7 @@ static void test_sources(void) {
         } else {
             CHECK(strlen(memprobe_last_error()) > 10);
         }
-        OK(memprobe_source_free(cg));
+        FREE_OK(memprobe_source_free(cg));
     }
     {
         memprobe_source *pss = NULL;
@@ -82,7 +128,7 @@ static void test_sources(void) {
         OK(memprobe_source_new_smaps(MEMPROBE_SMAPS_USS, &pss));
         OK(memprobe_source_read(pss, &s));
         CHECK(s.used > 0);
-        OK(memprobe_source_free(pss));
+        FREE_OK(memprobe_source_free(pss));
     }
 
     EXPECT(memprobe_source_new_pushed(NULL, &pushed), MEMPROBE_STATUS_NULL_POINTER);
@@ -105,12 +151,12 @@ static void test_sources(void) {
         OK(memprobe_source_new_callback("fails", read_fails, NULL, &failing));
         EXPECT(memprobe_source_read(failing, &s), MEMPROBE_STATUS_UNAVAILABLE);
         CHECK(strstr(memprobe_last_error(), "returned 7") != NULL);
-        OK(memprobe_source_free(failing));
+        FREE_OK(memprobe_source_free(failing));
     }
 
     /* Handles: free(NULL), double free, use after free, forged, wrong type. */
-    OK(memprobe_source_free(NULL));
-    OK(memprobe_source_free(pushed));
+    FREE_OK(memprobe_source_free(NULL));
+    FREE_OK(memprobe_source_free(pushed));
     EXPECT(memprobe_source_free(pushed), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_source_read(pushed, &s), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_source_read((memprobe_source *)(uintptr_t)0x1234, &s), MEMPROBE_STATUS_INVALID_HANDLE);
@@ -121,12 +167,12 @@ static void test_sources(void) {
         OK(memprobe_source_new_pushed("again", &again));
         EXPECT(memprobe_source_push(pushed, 1), MEMPROBE_STATUS_INVALID_HANDLE);
         OK(memprobe_source_push(again, 1));
-        OK(memprobe_source_free(again));
+        FREE_OK(memprobe_source_free(again));
     }
-    OK(memprobe_source_free(rss));
-    OK(memprobe_source_free(tree));
-    OK(memprobe_source_free(sys));
-    OK(memprobe_source_free(cb));
+    FREE_OK(memprobe_source_free(rss));
+    FREE_OK(memprobe_source_free(tree));
+    FREE_OK(memprobe_source_free(sys));
+    FREE_OK(memprobe_source_free(cb));
 }
 
 static void test_windows(void) {
@@ -143,6 +189,9 @@ static void test_windows(void) {
     both[1] = p;
     EXPECT(memprobe_window_open(NULL, 1, &outer), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_window_open(both, 0, &outer), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    /* An empty list is INVALID_ARGUMENT whether or not its pointer is NULL
+     * (C++'s empty vector gives NULL). */
+    EXPECT(memprobe_window_open(NULL, 0, &outer), MEMPROBE_STATUS_INVALID_ARGUMENT);
     EXPECT(memprobe_window_open(both, 2, NULL), MEMPROBE_STATUS_NULL_POINTER);
     {
         const memprobe_source *with_null[2] = {rss, NULL};
@@ -158,7 +207,7 @@ static void test_windows(void) {
     spike(256 * MIB);
     OK(memprobe_window_peak(inner, 0, &peak));
     CHECK(peak >= start + 256 * MIB - SLACK);
-    OK(memprobe_window_free(inner));
+    FREE_OK(memprobe_window_free(inner));
     OK(memprobe_window_open(both, 1, &sibling));
     OK(memprobe_window_peak(sibling, 0, &peak));
     CHECK(peak < start + 128 * MIB);
@@ -171,10 +220,21 @@ static void test_windows(void) {
     /* Reset ends the interval (reported through `ended`) and starts the next. */
     {
         memprobe_delta ended[3];
+        unsigned char guard[sizeof ended];
         memset(ended, 0, sizeof ended);
         OK(memprobe_window_reset(outer, ended, 1));
         CHECK(ended[0].peak >= start + 256 * MIB - SLACK && ended[0].fidelity == MEMPROBE_FIDELITY_EXACT);
         CHECK(ended[1].peak == 0); /* n_ended = 1: nothing written past it */
+        /* A capacity of SIZE_MAX (or in bytes): only the window's 2 sources
+         * are written, never the capacity claimed. */
+        memset(ended, 0xAB, sizeof ended);
+        memset(guard, 0xAB, sizeof guard);
+        OK(memprobe_window_reset(outer, ended, SIZE_MAX));
+        CHECK(ended[1].fidelity == MEMPROBE_FIDELITY_PUSHED);
+        CHECK(memcmp(&ended[2], guard, sizeof ended[2]) == 0);
+        memset(ended, 0xAB, sizeof ended);
+        OK(memprobe_window_reset(outer, ended, sizeof ended));
+        CHECK(memcmp(&ended[2], guard, sizeof ended[2]) == 0);
     }
     OK(memprobe_window_peak(outer, 0, &peak));
     CHECK(peak < start + 128 * MIB);
@@ -201,14 +261,14 @@ static void test_windows(void) {
     EXPECT(memprobe_window_peak((const memprobe_window *)rss, 0, &peak), MEMPROBE_STATUS_INVALID_HANDLE);
 
     /* Freeing the source handle keeps windows over it working. */
-    OK(memprobe_source_free(p));
+    FREE_OK(memprobe_source_free(p));
     OK(memprobe_window_measure(outer, 1, &d));
-    OK(memprobe_window_free(outer));
-    OK(memprobe_window_free(sibling));
+    FREE_OK(memprobe_window_free(outer));
+    FREE_OK(memprobe_window_free(sibling));
     EXPECT(memprobe_window_free(sibling), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_window_reset(sibling, NULL, 0), MEMPROBE_STATUS_INVALID_HANDLE);
-    OK(memprobe_window_free(NULL));
-    OK(memprobe_source_free(rss));
+    FREE_OK(memprobe_window_free(NULL));
+    FREE_OK(memprobe_source_free(rss));
 }
 
 static void test_traces(void) {
@@ -253,6 +313,19 @@ static void test_traces(void) {
     CHECK(needed > 20);
     EXPECT(memprobe_trace_format(t, "n", buf, 8, &needed), MEMPROBE_STATUS_BUFFER_TOO_SMALL);
     CHECK(strlen(buf) == 7);
+    /* A short buffer is cut at a character boundary: the line starts with
+     * "\xe2\x96\xb3" (3 bytes), so 2 or 3 bytes of room hold "" and 4 hold
+     * the whole character; nothing is written past the NUL. */
+    {
+        size_t room;
+        for (room = 1; room <= 4; room++) {
+            memset(buf, 0xAB, sizeof buf);
+            EXPECT(memprobe_trace_format(t, "n", buf, room, NULL), MEMPROBE_STATUS_BUFFER_TOO_SMALL);
+            CHECK(strlen(buf) == (room == 4 ? 3u : 0u));
+            CHECK((unsigned char)buf[strlen(buf) + 1] == 0xAB);
+        }
+        CHECK(strcmp(buf, "\xe2\x96\xb3") == 0);
+    }
     OK(memprobe_trace_format(t, "n", buf, sizeof buf, NULL));
     CHECK(strcmp(buf, "\xe2\x96\xb3Used Peaked MB:      0      0 (foobar: n)") == 0);
     EXPECT(memprobe_trace_format(t, "n", NULL, 5, NULL), MEMPROBE_STATUS_NULL_POINTER);
@@ -295,7 +368,7 @@ static void test_traces(void) {
     EXPECT(memprobe_trace_set_silent(NULL, true), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_trace_set_output_fd(NULL, 2), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_trace_format(NULL, NULL, buf, sizeof buf, NULL), MEMPROBE_STATUS_NULL_POINTER);
-    OK(memprobe_trace_free(d));
+    FREE_OK(memprobe_trace_free(d));
     /* Report on a freed handle after a new trace took its slot. */
     {
         memprobe_trace *fresh = NULL;
@@ -303,12 +376,12 @@ static void test_traces(void) {
         EXPECT(memprobe_trace_report(d, NULL), MEMPROBE_STATUS_INVALID_HANDLE);
         EXPECT(memprobe_trace_free(d), MEMPROBE_STATUS_INVALID_HANDLE);
         OK(memprobe_trace_report(fresh, NULL));
-        OK(memprobe_trace_free(fresh));
+        FREE_OK(memprobe_trace_free(fresh));
     }
     EXPECT(memprobe_trace_report((memprobe_trace *)p, NULL), MEMPROBE_STATUS_INVALID_HANDLE);
-    OK(memprobe_trace_free(t));
-    OK(memprobe_trace_free(NULL));
-    OK(memprobe_source_free(p));
+    FREE_OK(memprobe_trace_free(t));
+    FREE_OK(memprobe_trace_free(NULL));
+    FREE_OK(memprobe_source_free(p));
 }
 
 static void test_monitor(void) {
@@ -339,16 +412,17 @@ static void test_monitor(void) {
     value = 20;
     OK(memprobe_window_peak(w, 0, &peak));
     CHECK(peak == 5000);
-    OK(memprobe_window_free(w));
+    FREE_OK(memprobe_window_free(w));
     OK(memprobe_monitor_stop());
     OK(memprobe_monitor_get_stats(&st));
     CHECK(!st.running);
-    OK(memprobe_source_free(cb));
+    FREE_OK(memprobe_source_free(cb));
 }
 
 int main(void) {
     uint64_t s = 1, w = 1, t = 1;
     test_basics();
+    test_free_keeps_last_error();
     test_sources();
     test_windows();
     test_traces();

@@ -97,9 +97,9 @@ int main(void) {
     }
     stop_hammer = 1;
     if (hammering) pthread_join(th, NULL);
-    OK(memprobe_window_free(w));
+    FREE_OK(memprobe_window_free(w));
     OK(memprobe_monitor_stop());
-    OK(memprobe_source_free(rss));
-    OK(memprobe_source_free(cb));
+    FREE_OK(memprobe_source_free(rss));
+    FREE_OK(memprobe_source_free(cb));
     return check_summary();
 }

@@ -89,12 +89,12 @@ int main(void) {
         busy_tracker = t;
         OK(memprobe_tracker_add_release(t, "forker", MEMPROBE_RELEASE_CACHE, release_and_fork, NULL));
         OK(memprobe_tracker_release_now(t, false, NULL, 0));
-        OK(memprobe_source_free(plain));
+        FREE_OK(memprobe_source_free(plain));
     }
     CHECK(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0);
     if (!(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0))
         fprintf(stderr, "release callback fork: child status %#x\n", child_status);
-    OK(memprobe_tracker_free(t));
-    OK(memprobe_source_free(cb_source));
+    FREE_OK(memprobe_tracker_free(t));
+    FREE_OK(memprobe_source_free(cb_source));
     return check_summary();
 }

@@ -31,6 +31,15 @@
 
 static void poison(void *p, size_t n) { memset(p, 0xAB, n); }
 
+/* Whether memprobe left poisoned bytes untouched. */
+static int is_poisoned(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (b[i] != 0xAB) return 0;
+    return 1;
+}
+
 static int mem_is_zero(const memprobe_gpu_memory *m) {
     return m->total == 0 && m->free == 0 && m->used == 0 && m->reserved == 0 && m->valid == 0 &&
            m->taken_at_ns == 0 && m->read_ns == 0;
@@ -87,7 +96,9 @@ struct release_state {
     long long queries_at_call;
     int32_t fail_with;
     int read_inside; /* read GPU memory from inside the callback */
+    int reenter;     /* make a *_no_cache reading from inside the callback */
     memprobe_status inside_status;
+    char inside_error[256];
 };
 
 static int32_t on_release(void *user_data) {
@@ -97,6 +108,13 @@ static int32_t on_release(void *user_data) {
     if (st->read_inside) {
         uint64_t used = 0;
         st->inside_status = memprobe_gpu_mem_get_used(&used);
+    }
+    if (st->reenter) {
+        uint64_t v = 0;
+        /* Would call this callback again, without bound: WRONG_ORDER instead. */
+        st->inside_status = st->reenter == 1 ? memprobe_gpu_mem_get_used_no_cache(&v)
+                                             : memprobe_gpu_mem_get_free_no_cache(&v);
+        snprintf(st->inside_error, sizeof st->inside_error, "%s", memprobe_last_error());
     }
     return st->fail_with;
 }
@@ -161,10 +179,13 @@ static void scenario_nogpu(const char *variant) {
     EXPECT(memprobe_gpu_mem_get(-2, &m), MEMPROBE_STATUS_INVALID_ID);
     CHECK(mem_is_zero(&m));
 
+    /* Only the entries filled are written (none here): not the capacity
+     * claimed, nor a capacity given in bytes, nor SIZE_MAX. */
     poison(all, sizeof all);
     EXPECT(memprobe_gpu_mem_get_all(all, 4, &count), want);
-    CHECK(count == 0);
-    for (i = 0; i < 4; i++) CHECK(mem_is_zero(&all[i]));
+    CHECK(count == 0 && is_poisoned(all, sizeof all));
+    EXPECT(memprobe_gpu_mem_get_all(all, SIZE_MAX, &count), want);
+    CHECK(count == 0 && is_poisoned(all, sizeof all));
     count = 99;
     EXPECT(memprobe_gpu_mem_get_all(NULL, 0, &count), want);
     CHECK(count == 0);
@@ -183,6 +204,11 @@ static void scenario_nogpu(const char *variant) {
     v = 123;
     EXPECT(memprobe_gpu_mem_get_used_no_cache(&v), want);
     CHECK(v == 0 && rel.calls == 2);
+    /* Re-entry from the callback is refused, GPU or not. */
+    rel.reenter = 1;
+    EXPECT(memprobe_gpu_mem_get_used_no_cache(&v), want);
+    CHECK(rel.calls == 3 && rel.inside_status == MEMPROBE_STATUS_WRONG_ORDER);
+    rel.reenter = 0;
     OK(memprobe_gpu_set_cache_release(NULL, NULL));
 
     v = 123;
@@ -243,8 +269,8 @@ static void check_nulls(void) {
     EXPECT(memprobe_gpu_mem_get_used_fast(dev, NULL), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_gpu_device_mem_get(dev, NULL), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_gpu_device_process_used(dev, NULL), MEMPROBE_STATUS_NULL_POINTER);
-    OK(memprobe_gpu_device_free(dev));
-    OK(memprobe_gpu_device_free(NULL));
+    FREE_OK(memprobe_gpu_device_free(dev));
+    FREE_OK(memprobe_gpu_device_free(NULL));
 }
 
 static void check_cache_release(void) {
@@ -275,6 +301,22 @@ static void check_cache_release(void) {
     OK(memprobe_gpu_mem_get_used_no_cache(&used));
     CHECK(rel.calls == 3 && rel.inside_status == MEMPROBE_STATUS_OK);
     rel.read_inside = 0;
+
+    /* ... but a *_no_cache reading inside it is WRONG_ORDER, as every other
+     * callback re-entry: called once, no recursion; the outer reading works. */
+    rel.reenter = 1;
+    OK(memprobe_gpu_mem_get_used_no_cache(&used));
+    CHECK(rel.calls == 4 && rel.inside_status == MEMPROBE_STATUS_WRONG_ORDER);
+    CHECK(strstr(rel.inside_error, "inside the cache-release callback") != NULL);
+    CHECK(used == plain_used);
+    rel.reenter = 2;
+    OK(memprobe_gpu_mem_get_free_no_cache(&free_bytes));
+    CHECK(rel.calls == 5 && rel.inside_status == MEMPROBE_STATUS_WRONG_ORDER);
+    rel.reenter = 0;
+    /* And the flag is cleared once the callback returns. */
+    OK(memprobe_gpu_mem_get_used_no_cache(&used));
+    CHECK(rel.calls == 6);
+    rel.calls = 3;
 
     /* A failing callback: 0, an error status, and no driver query. */
     rel.fail_with = 3;
@@ -318,10 +360,10 @@ static void check_devices_one(void) {
     OK(memprobe_gpu_device_open(0, &other));
     OK(memprobe_gpu_debug_live_devices(&live));
     CHECK(live == 2);
-    OK(memprobe_gpu_device_free(other));
+    FREE_OK(memprobe_gpu_device_free(other));
 
     /* Stale, double-freed, forged and wrongly typed handles. */
-    OK(memprobe_gpu_device_free(dev));
+    FREE_OK(memprobe_gpu_device_free(dev));
     v = 5;
     EXPECT(memprobe_gpu_mem_get_used_fast(dev, &v), MEMPROBE_STATUS_INVALID_HANDLE);
     CHECK(v == 0);
@@ -343,9 +385,9 @@ static void check_devices_one(void) {
         EXPECT(memprobe_gpu_mem_get_used_fast(dev, &v), MEMPROBE_STATUS_INVALID_HANDLE);
         OK(memprobe_gpu_mem_get_used_fast(again, &v));
         EXPECT(memprobe_source_read((const memprobe_source *)again, &s), MEMPROBE_STATUS_INVALID_HANDLE);
-        OK(memprobe_gpu_device_free(again));
+        FREE_OK(memprobe_gpu_device_free(again));
     }
-    OK(memprobe_source_free(src));
+    FREE_OK(memprobe_source_free(src));
     OK(memprobe_gpu_debug_live_devices(&live));
     CHECK(live == 0);
 }
@@ -387,8 +429,8 @@ static void check_sources_one(void) {
     EXPECT(memprobe_source_get_last_error(dev, &last, NULL, 4, NULL), MEMPROBE_STATUS_NULL_POINTER);
     OK(memprobe_source_get_last_error(dev, &last, NULL, 0, NULL));
 
-    OK(memprobe_source_free(dev));
-    OK(memprobe_source_free(proc));
+    FREE_OK(memprobe_source_free(dev));
+    FREE_OK(memprobe_source_free(proc));
     EXPECT(memprobe_source_read(dev, &s), MEMPROBE_STATUS_INVALID_HANDLE);
 }
 
@@ -438,9 +480,13 @@ static void scenario_one(void) {
     CHECK(count == 1);
     poison(all, sizeof all);
     OK(memprobe_gpu_mem_get_all(all, 2, &count));
-    CHECK(count == 1 && all[0].used == 10 * GIB && mem_is_zero(&all[1]));
+    CHECK(count == 1 && all[0].used == 10 * GIB && is_poisoned(&all[1], sizeof all[1]));
+    /* A capacity in bytes instead of entries: still only the one entry. */
+    poison(all, sizeof all);
+    OK(memprobe_gpu_mem_get_all(all, sizeof all, &count));
+    CHECK(count == 1 && all[0].used == 10 * GIB && is_poisoned(&all[1], sizeof all[1]));
 
-    OK(memprobe_gpu_mem_get_free(&free_bytes));
+    FREE_OK(memprobe_gpu_mem_get_free(&free_bytes));
     CHECK(free_bytes == cur_m.free);
     OK(memprobe_gpu_mem_get_used(&v));
     CHECK(v == 10 * GIB);
@@ -505,7 +551,14 @@ static void scenario_eight(void) {
         CHECK(all[i].used == eight_used(i) && all[i].total == 16 * GIB);
         CHECK(all[i].valid == (MEMPROBE_GPU_MEMORY_READ | MEMPROBE_GPU_MEMORY_RESERVED));
     }
-    CHECK(mem_is_zero(&all[8]));
+    CHECK(is_poisoned(&all[8], sizeof all[8]));
+    /* SIZE_MAX or a byte count as the capacity: 8 entries written, no more. */
+    poison(all, sizeof all);
+    OK(memprobe_gpu_mem_get_all(all, SIZE_MAX, &count));
+    CHECK(count == 8 && all[7].used == eight_used(7) && is_poisoned(&all[8], sizeof all[8]));
+    poison(all, sizeof all);
+    OK(memprobe_gpu_mem_get_all(all, sizeof all, &count));
+    CHECK(count == 8 && all[7].used == eight_used(7) && is_poisoned(&all[8], sizeof all[8]));
     /* Too small: what fits, the count, BUFFER_TOO_SMALL; nothing past capacity. */
     poison(all, sizeof all);
     count = 0;
@@ -523,7 +576,7 @@ static void scenario_eight(void) {
     CHECK(m.used == eight_used(7));
     OK(memprobe_gpu_mem_get_used(&v));
     CHECK(v == eight_used(7));
-    OK(memprobe_gpu_mem_get_free(&v));
+    FREE_OK(memprobe_gpu_mem_get_free(&v));
     CHECK(v == 16 * GIB - eight_used(7));
     EXPECT(memprobe_gpu_set_current_device(8), MEMPROBE_STATUS_INVALID_ID);
     OK(memprobe_gpu_set_current_device(0));
@@ -536,7 +589,7 @@ static void scenario_eight(void) {
     for (i = 0; i < 8; i++) {
         OK(memprobe_gpu_mem_get_used_fast(devs[i], &v));
         CHECK(v == eight_used(i));
-        OK(memprobe_gpu_device_free(devs[i]));
+        FREE_OK(memprobe_gpu_device_free(devs[i]));
     }
 
     /* One window over the host and all eight GPUs; the monitor polls them. */
@@ -552,8 +605,8 @@ static void scenario_eight(void) {
         OK(memprobe_window_peak(w, (size_t)i + 1, &peak));
         CHECK(peak == eight_used(i));
     }
-    OK(memprobe_window_free(w));
-    for (i = 0; i < 9; i++) OK(memprobe_source_free(srcs[i]));
+    FREE_OK(memprobe_window_free(w));
+    for (i = 0; i < 9; i++) FREE_OK(memprobe_source_free(srcs[i]));
     OK(memprobe_monitor_stop());
 }
 
@@ -593,9 +646,9 @@ static void scenario_trace(void) {
         CHECK(n > g && strcmp(line + n - g, gpu_group) == 0);
         if (n <= g || strcmp(line + n - g, gpu_group) != 0) fprintf(stderr, "line: %s\n", line);
     }
-    OK(memprobe_trace_free(t));
-    OK(memprobe_source_free(rss));
-    OK(memprobe_source_free(gpu));
+    FREE_OK(memprobe_trace_free(t));
+    FREE_OK(memprobe_source_free(rss));
+    FREE_OK(memprobe_source_free(gpu));
     OK(memprobe_monitor_stop());
 }
 
@@ -709,11 +762,11 @@ static void scenario_lost(void) {
     EXPECT(memprobe_gpu_with_max_free_mem(&id, &v), MEMPROBE_STATUS_GPU_LOST);
     CHECK(id == 1 && v == 15 * GIB);
 
-    OK(memprobe_window_free(w));
-    OK(memprobe_gpu_device_free(dev));
-    OK(memprobe_source_free(tree));
-    OK(memprobe_source_free(rss));
-    OK(memprobe_source_free(gpu));
+    FREE_OK(memprobe_window_free(w));
+    FREE_OK(memprobe_gpu_device_free(dev));
+    FREE_OK(memprobe_source_free(tree));
+    FREE_OK(memprobe_source_free(rss));
+    FREE_OK(memprobe_source_free(gpu));
     OK(memprobe_monitor_stop());
 }
 
@@ -739,8 +792,8 @@ static void scenario_spike(void) {
         OK(memprobe_window_peak(w, 0, &peak));
     }
     CHECK(peak == 3 * GIB);
-    OK(memprobe_window_free(w));
-    OK(memprobe_source_free(gpu));
+    FREE_OK(memprobe_window_free(w));
+    FREE_OK(memprobe_source_free(gpu));
     OK(memprobe_monitor_stop());
 }
 
@@ -798,11 +851,11 @@ static void scenario_cudart(void) {
     OK(memprobe_gpu_device_open(0, &dev));
     EXPECT(memprobe_gpu_device_process_used(dev, &v), MEMPROBE_STATUS_UNSUPPORTED);
     CHECK(v == 0);
-    OK(memprobe_gpu_device_free(dev));
+    FREE_OK(memprobe_gpu_device_free(dev));
     EXPECT(memprobe_source_new_gpu_process(0, &src), MEMPROBE_STATUS_UNSUPPORTED);
     CHECK(src == NULL);
     OK(memprobe_source_new_gpu_device(0, &src));
-    OK(memprobe_source_free(src));
+    FREE_OK(memprobe_source_free(src));
 }
 
 /* --- fork while the monitor polls a GPU ------------------------------------ */
@@ -853,8 +906,8 @@ static void scenario_fork(void) {
         }
         sleep_ms(2);
     }
-    OK(memprobe_window_free(w));
-    OK(memprobe_source_free(gpu));
+    FREE_OK(memprobe_window_free(w));
+    FREE_OK(memprobe_source_free(gpu));
     OK(memprobe_monitor_stop());
 }
 

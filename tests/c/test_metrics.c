@@ -52,7 +52,7 @@ int main(void) {
     EXPECT(memprobe_exporter_set_rank(NULL, 0, 0, 1), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_exporter_add_gpus(NULL, 0), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_exporter_stop(NULL), MEMPROBE_STATUS_NULL_POINTER);
-    OK(memprobe_exporter_free(NULL));
+    FREE_OK(memprobe_exporter_free(NULL));
 
     /* A malformed address. */
     EXPECT(memprobe_exporter_start("localhost", &e), MEMPROBE_STATUS_INVALID_ARGUMENT);
@@ -97,8 +97,8 @@ int main(void) {
     OK(memprobe_tracker_next(t, MEMPROBE_PHASE_KIND_STEP, NULL, NULL, NULL, 0));
 
     /* The tracker and the source may go first. */
-    OK(memprobe_tracker_free(t));
-    OK(memprobe_source_free(act));
+    FREE_OK(memprobe_tracker_free(t));
+    FREE_OK(memprobe_source_free(act));
 
     CHECK(http_get(port, "/metrics", page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 200 OK") == page);
@@ -113,7 +113,7 @@ int main(void) {
     EXPECT(memprobe_exporter_stop(e), MEMPROBE_STATUS_WRONG_ORDER);
     CHECK(http_get(port, "/metrics", page, sizeof page) < 0);
     OK(memprobe_exporter_port(e, &port));
-    OK(memprobe_exporter_free(e));
+    FREE_OK(memprobe_exporter_free(e));
     /* Freed: stale. */
     EXPECT(memprobe_exporter_free(e), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_exporter_port(e, &port), MEMPROBE_STATUS_INVALID_HANDLE);
@@ -121,7 +121,7 @@ int main(void) {
     /* Freed while running: stops it. */
     OK(memprobe_exporter_start("127.0.0.1:0", &e));
     OK(memprobe_exporter_port(e, &port));
-    OK(memprobe_exporter_free(e));
+    FREE_OK(memprobe_exporter_free(e));
     CHECK(http_get(port, "/metrics", page, sizeof page) < 0);
 
     return check_summary();

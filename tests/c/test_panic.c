@@ -13,6 +13,6 @@ int main(void) {
         CHECK(strstr(memprobe_last_error(), "memprobe_source_read: internal panic: panic injected") != NULL);
     }
     OK(memprobe_source_push(p, 7));
-    OK(memprobe_source_free(p));
+    FREE_OK(memprobe_source_free(p));
     return check_summary();
 }

@@ -2,6 +2,7 @@
  * every phase kind, nesting errors, each sink's exact output, release
  * policies, OOM retry, leak flags, and bad input on every entry point. */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -71,6 +72,58 @@ static void epoch(memprobe_tracker *t, uint64_t grow_cpu, uint64_t blip_cpu, uin
     OK(memprobe_tracker_end(t, MEMPROBE_PHASE_KIND_EPOCH, NULL, NULL, NULL, 0));
 }
 
+/* A table sink whose descriptor goes bad after it was added reports the
+ * write errors where the other sinks report theirs (finish_sinks, free),
+ * instead of OK; two host sources get their names, not "cpu" twice. */
+static void test_table_sink_errors_and_labels(void) {
+    memprobe_source *rss = NULL, *tree = NULL;
+    const memprobe_source *two[2];
+    memprobe_tracker *k = NULL;
+    int fds[2];
+    char text[512];
+    ssize_t n;
+
+    OK(memprobe_source_new_process(0, &rss));
+    OK(memprobe_source_new_process_tree(&tree));
+    two[0] = rss;
+    two[1] = tree;
+    OK(memprobe_tracker_new(two, 2, &k));
+    CHECK(pipe(fds) == 0);
+    OK(memprobe_tracker_add_table_sink(k, MEMPROBE_PHASE_KIND_EPOCH, fds[1]));
+    OK(memprobe_tracker_begin(k, MEMPROBE_PHASE_KIND_EPOCH, NULL));
+    OK(memprobe_tracker_end(k, MEMPROBE_PHASE_KIND_EPOCH, NULL, NULL, NULL, 0));
+    n = read(fds[0], text, sizeof text - 1);
+    CHECK(n > 0);
+    text[n > 0 ? n : 0] = 0;
+    CHECK(strncmp(text, "epoch  rss used  peak  tree used  peak\n", 39) == 0);
+    CHECK(strstr(text, "cpu") == NULL);
+    OK(memprobe_tracker_finish_sinks(k));
+
+    /* The descriptor closed under the sink: the error surfaces at finish. */
+    OK(memprobe_tracker_add_table_sink(k, MEMPROBE_PHASE_KIND_EPOCH, fds[1]));
+    close(fds[1]);
+    OK(memprobe_tracker_begin(k, MEMPROBE_PHASE_KIND_EPOCH, NULL));
+    OK(memprobe_tracker_end(k, MEMPROBE_PHASE_KIND_EPOCH, NULL, NULL, NULL, 0));
+    EXPECT(memprobe_tracker_finish_sinks(k), MEMPROBE_STATUS_IO);
+    CHECK(strstr(memprobe_last_error(), "table sink") != NULL);
+    /* Reported once: the sinks were detached. */
+    OK(memprobe_tracker_finish_sinks(k));
+
+    /* ... or at free, when finish_sinks was not called. */
+    CHECK(pipe(fds) == 0);
+    OK(memprobe_tracker_add_table_sink(k, MEMPROBE_PHASE_KIND_EPOCH, fds[1]));
+    close(fds[0]); /* no reader: the write fails with EPIPE */
+    OK(memprobe_tracker_begin(k, MEMPROBE_PHASE_KIND_EPOCH, NULL));
+    OK(memprobe_tracker_end(k, MEMPROBE_PHASE_KIND_EPOCH, NULL, NULL, NULL, 0));
+    EXPECT(memprobe_tracker_free(k), MEMPROBE_STATUS_IO);
+    close(fds[1]);
+    FREE_OK(memprobe_source_free(rss));
+    FREE_OK(memprobe_source_free(tree));
+    /* The tree is sampled, so the monitor thread started; stop it, or a
+     * leak checker reports the live thread's stack as possibly lost. */
+    OK(memprobe_monitor_stop());
+}
+
 int main(void) {
     memprobe_tracker *t = NULL, *bad = NULL;
     const memprobe_source *srcs[2];
@@ -85,6 +138,7 @@ int main(void) {
     memprobe_oom_report oom;
     char *text;
 
+    signal(SIGPIPE, SIG_IGN); /* a table sink writing to a pipe with no reader */
     CHECK(mkdtemp(dir) != NULL);
     snprintf(jsonl, sizeof jsonl, "%s/run.jsonl", dir);
     snprintf(csv, sizeof csv, "%s/run.csv", dir);
@@ -107,6 +161,16 @@ int main(void) {
     EXPECT(memprobe_tracker_add_table_sink(t, 9, table_fd), MEMPROBE_STATUS_INVALID_ARGUMENT);
     EXPECT(memprobe_tracker_add_table_sink(t, MEMPROBE_PHASE_KIND_EPOCH, -1), MEMPROBE_STATUS_INVALID_ARGUMENT);
     EXPECT(memprobe_tracker_add_table_sink(NULL, MEMPROBE_PHASE_KIND_EPOCH, table_fd), MEMPROBE_STATUS_NULL_POINTER);
+    {
+        /* A descriptor that cannot be written is refused when it is given. */
+        int ro = open(table, O_RDONLY);
+        CHECK(ro >= 0);
+        EXPECT(memprobe_tracker_add_table_sink(t, MEMPROBE_PHASE_KIND_EPOCH, ro), MEMPROBE_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(memprobe_last_error(), "reading only") != NULL);
+        close(ro);
+        EXPECT(memprobe_tracker_add_table_sink(t, MEMPROBE_PHASE_KIND_EPOCH, ro), MEMPROBE_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(memprobe_last_error(), "not an open file descriptor") != NULL);
+    }
     OK(memprobe_tracker_add_table_sink(t, MEMPROBE_PHASE_KIND_EPOCH, table_fd));
     EXPECT(memprobe_tracker_add_jsonl_sink(t, NULL), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_tracker_add_jsonl_sink(t, "/nonexistent-dir/x.jsonl"), MEMPROBE_STATUS_UNAVAILABLE);
@@ -206,15 +270,15 @@ int main(void) {
         one[0] = sys;
         OK(memprobe_tracker_new(one, 1, &t2));
         OK(memprobe_tracker_add_release(t2, "empty_cache", MEMPROBE_RELEASE_CACHE, collect, NULL));
-        OK(memprobe_tracker_release_below_free(t2, 0, (uint64_t)1 << 63, false));
+        FREE_OK(memprobe_tracker_release_below_free(t2, 0, (uint64_t)1 << 63, false));
         OK(memprobe_tracker_begin(t2, MEMPROBE_PHASE_KIND_STEP, NULL));
         OK(memprobe_tracker_end(t2, MEMPROBE_PHASE_KIND_STEP, NULL, &rec, NULL, 0));
         CHECK(rec.n_releases == 1);
         OK(memprobe_tracker_add_release(t2, "failing", MEMPROBE_RELEASE_CACHE, failing, NULL));
         EXPECT(memprobe_tracker_release_now(t2, false, NULL, 0), MEMPROBE_STATUS_UNAVAILABLE);
         CHECK(strstr(memprobe_last_error(), "failing: ") != NULL);
-        OK(memprobe_tracker_free(t2));
-        OK(memprobe_source_free(sys));
+        FREE_OK(memprobe_tracker_free(t2));
+        FREE_OK(memprobe_source_free(sys));
     }
 
     /* OOM recovery. */
@@ -222,8 +286,24 @@ int main(void) {
     EXPECT(memprobe_tracker_run_oom_retry(t, NULL, NULL, 5, &oom, NULL, 0), MEMPROBE_STATUS_NULL_POINTER);
     OK(memprobe_tracker_run_oom_retry(t, oom_twice, NULL, 5, &oom, freed, 2));
     CHECK(oom.succeeded && oom.retries == 2 && oom.freed_bytes == 20 * MIB && freed[1] == 20 * MIB);
-    OK(memprobe_tracker_run_oom_retry(t, always_oom, NULL, 1, &oom, NULL, 0));
+    /* Every try out of memory: its own status (a caller checking only the
+     * status sees it), and the report still written. */
+    memset(&oom, 0xAB, sizeof oom);
+    EXPECT(memprobe_tracker_run_oom_retry(t, always_oom, NULL, 1, &oom, NULL, 0), MEMPROBE_STATUS_OUT_OF_MEMORY);
     CHECK(!oom.succeeded && oom.retries == 1);
+    CHECK(strstr(memprobe_last_error(), "still ran out of memory after 1 retries") != NULL);
+    EXPECT(memprobe_tracker_run_oom_retry(t, always_oom, NULL, 0, &oom, NULL, 0), MEMPROBE_STATUS_OUT_OF_MEMORY);
+    CHECK(!oom.succeeded && oom.retries == 0);
+    /* freed[] with a capacity of SIZE_MAX: only the 2 sources written. */
+    {
+        uint64_t f3[3] = {7, 7, 7};
+        oom_attempts = 0;
+        OK(memprobe_tracker_run_oom_retry(t, oom_twice, NULL, 5, &oom, f3, SIZE_MAX));
+        CHECK(f3[1] == 20 * MIB && f3[2] == 7);
+        f3[2] = 7;
+        OK(memprobe_tracker_release_now(t, false, f3, SIZE_MAX));
+        CHECK(f3[1] == 10 * MIB && f3[2] == 7);
+    }
     EXPECT(memprobe_tracker_run_oom_retry(t, step_fails, NULL, 1, &oom, NULL, 0), MEMPROBE_STATUS_UNAVAILABLE);
 
     /* Leak trend: on after 2 growing epochs, off after a flat one. */
@@ -245,20 +325,22 @@ int main(void) {
     CHECK(!flagged);
     OK(memprobe_tracker_set_leak_policy(t, 0, 0));
 
+    test_table_sink_errors_and_labels();
+
     /* Handles: stale, forged, wrong type; free(NULL). */
-    OK(memprobe_tracker_free(t));
+    FREE_OK(memprobe_tracker_free(t));
     EXPECT(memprobe_tracker_begin(t, MEMPROBE_PHASE_KIND_STEP, NULL), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_tracker_free(t), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_tracker_finish_sinks((memprobe_tracker *)cpu), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_tracker_set_leak_policy((memprobe_tracker *)(uintptr_t)77, 1, 1), MEMPROBE_STATUS_INVALID_HANDLE);
-    OK(memprobe_tracker_free(NULL));
+    FREE_OK(memprobe_tracker_free(NULL));
     CHECK(bad == NULL);
     close(table_fd);
     unlink(table);
     unlink(jsonl);
     unlink(csv);
     rmdir(dir);
-    OK(memprobe_source_free(cpu));
-    OK(memprobe_source_free(gpu));
+    FREE_OK(memprobe_source_free(cpu));
+    FREE_OK(memprobe_source_free(gpu));
     return check_summary();
 }

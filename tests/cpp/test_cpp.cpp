@@ -2,6 +2,8 @@
 // message, non-throwing overloads, scoped phases and traces, callbacks.
 #include <cstdio>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <unistd.h>
 
@@ -116,6 +118,121 @@ int main() {
         memprobe_oom_report r = t.run_oom_retry([&] { return ++attempts < 3 ? StepOutcome::OutOfMemory : StepOutcome::Done; }, 4);
         CHECK(r.succeeded && r.retries == 2 && released == 4);
     }
+    // Empty source lists are INVALID_ARGUMENT, not NULL_POINTER.
+    {
+        auto status_of = [](auto make) {
+            try {
+                make();
+            } catch (const Error &e) {
+                return e.status();
+            }
+            return MEMPROBE_STATUS_OK;
+        };
+        CHECK(status_of([] { Window w({}); }) == MEMPROBE_STATUS_INVALID_ARGUMENT);
+        CHECK(status_of([] { Trace t({}); }) == MEMPROBE_STATUS_INVALID_ARGUMENT);
+        CHECK(status_of([] { Tracker t({}); }) == MEMPROBE_STATUS_INVALID_ARGUMENT);
+    }
+
+    // Phase::end() that throws (a step still open) keeps its guard armed:
+    // the epoch is still ended when the guard leaves scope.
+    {
+        Tracker t({cpu});
+        {
+            auto epoch = t.scope(PhaseKind::Epoch);
+            t.begin(PhaseKind::Step);
+            bool threw = false;
+            try {
+                epoch.end();
+            } catch (const Error &e) {
+                threw = e.status() == MEMPROBE_STATUS_WRONG_ORDER;
+            }
+            CHECK(threw);
+            t.end(PhaseKind::Step);
+        }
+        // Nothing left open: a new epoch begins at the outermost level.
+        Tracker::Record r{};
+        {
+            auto epoch = t.scope(PhaseKind::Epoch);
+            r = epoch.end();
+            bool threw = false;
+            try {
+                epoch.end();
+            } catch (const Error &e) {
+                threw = e.status() == MEMPROBE_STATUS_WRONG_ORDER;
+            }
+            CHECK(threw);
+        }
+        CHECK(r.phase.depth == 0 && r.phase.index == 1);
+    }
+
+    // run_oom_retry: bad_alloc is out of memory; other exceptions from the
+    // step or a release callback come back out after the C call.
+    {
+        Tracker t({cpu});
+        int released = 0;
+        bool release_throws = false;
+        t.add_release("empty_cache", false, [&] {
+            ++released;
+            if (release_throws) throw std::runtime_error("release failed");
+            return true;
+        });
+        int attempts = 0;
+        memprobe_oom_report r = t.run_oom_retry(
+            [&] {
+                if (++attempts < 3) throw std::bad_alloc();
+                return StepOutcome::Done;
+            },
+            4);
+        CHECK(r.succeeded && r.retries == 2 && released == 2);
+
+        attempts = 0;
+        bool threw = false;
+        try {
+            (void)t.run_oom_retry([&]() -> StepOutcome { throw std::bad_alloc(); }, 2);
+        } catch (const Error &e) {
+            threw = e.status() == MEMPROBE_STATUS_OUT_OF_MEMORY;
+        }
+        CHECK(threw);
+        Status st;
+        r = t.run_oom_retry([] { return StepOutcome::OutOfMemory; }, 1, st);
+        CHECK(st.code == MEMPROBE_STATUS_OUT_OF_MEMORY && !r.succeeded && r.retries == 1);
+
+        std::string what;
+        try {
+            (void)t.run_oom_retry([]() -> StepOutcome { throw std::logic_error("step bug"); }, 2);
+        } catch (const std::logic_error &e) {
+            what = e.what();
+        }
+        CHECK(what == "step bug");
+
+        release_throws = true;
+        attempts = 0;
+        what.clear();
+        try {
+            (void)t.run_oom_retry([&] { return ++attempts < 2 ? StepOutcome::OutOfMemory : StepOutcome::Done; }, 3);
+        } catch (const std::runtime_error &e) {
+            what = e.what();
+        }
+        CHECK(what == "release failed" && attempts == 1);
+
+        // A release policy's callback that throws at the end of a phase: the
+        // phase ends, then the exception comes out of end().
+        t.release_every(PhaseKind::Step, 1);
+        what.clear();
+        try {
+            t.begin(PhaseKind::Step);
+            t.end(PhaseKind::Step);
+        } catch (const std::runtime_error &e) {
+            what = e.what();
+        }
+        CHECK(what == "release failed");
+        Status s2;
+        t.end(PhaseKind::Step, nullptr, s2);
+        CHECK(s2.code == MEMPROBE_STATUS_WRONG_ORDER);  // the step did end
+        release_throws = false;
+    }
+    CHECK(b2mb_signed(-static_cast<std::int64_t>(MIB) + 1) == 0);
+
     monitor::set_interval(std::chrono::milliseconds(5));
     CHECK(monitor::stats().interval_ns == 5000000);
     try {

@@ -166,16 +166,11 @@ pub fn have_valgrind() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// Runs `program` under valgrind memcheck; fails on any error or definite leak.
+/// Runs `program` under valgrind memcheck with its default leak kinds, as a
+/// user's CI would: any error, definite or possible leak fails it.
 pub fn run_valgrind(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("valgrind");
-    cmd.args([
-        "--error-exitcode=99",
-        "--leak-check=full",
-        "--errors-for-leak-kinds=definite",
-        "--show-leak-kinds=definite",
-        "--quiet",
-    ]);
+    cmd.args(["--error-exitcode=99", "--leak-check=full", "--quiet"]);
     // A forked child holds copies of blocks owned by threads that exist only
     // in the parent; leak-checking it is meaningless. The parent is checked in
     // full, and children's memory errors are caught by the ASan runs.
