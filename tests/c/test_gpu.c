@@ -131,7 +131,6 @@ static void scenario_nogpu(const char *variant) {
     uint64_t v;
     int64_t id = 5;
     size_t count = 99;
-    int i;
     memprobe_gpu_device *dev = NULL;
     memprobe_source *src = NULL;
     struct release_state rel;
