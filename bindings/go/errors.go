@@ -28,6 +28,7 @@ const (
 	StatusBufferTooSmall   Status = C.MEMPROBE_STATUS_BUFFER_TOO_SMALL
 	StatusPanic            Status = C.MEMPROBE_STATUS_PANIC
 	StatusInternal         Status = C.MEMPROBE_STATUS_INTERNAL
+	StatusOutOfMemory      Status = C.MEMPROBE_STATUS_OUT_OF_MEMORY
 )
 
 // String is the library's name for the status ("ok", "wrong order", ...).
@@ -83,4 +84,5 @@ var (
 	ErrBufferTooSmall   = &Error{Status: StatusBufferTooSmall}
 	ErrPanic            = &Error{Status: StatusPanic}
 	ErrInternal         = &Error{Status: StatusInternal}
+	ErrOutOfMemory      = &Error{Status: StatusOutOfMemory}
 )

@@ -115,7 +115,7 @@ func ExampleTracker() {
 		fmt.Printf("step %d: peak %d MiB, releases %d\n", r.Index, memprobe.B2MB(r.Deltas[0].Peak), r.Releases)
 	}
 	e, _ := tr.End(memprobe.Epoch, "")
-	fmt.Printf("epoch %d: peak %d MiB, delta used %d MiB\n", e.Index, memprobe.B2MB(e.Deltas[0].Peak), e.Deltas[0].DeltaUsed/memprobe.MiB)
+	fmt.Printf("epoch %d: peak %d MiB, delta used %d MiB\n", e.Index, memprobe.B2MB(e.Deltas[0].Peak), memprobe.B2MBSigned(e.Deltas[0].DeltaUsed))
 	// Output:
 	// step 0: peak 150 MiB, releases 0
 	// step 1: peak 200 MiB, releases 1

@@ -52,6 +52,10 @@ func Soname() string { return C.GoString(C.memprobe_soname()) }
 // B2MB is fastai's b2mb: bytes to MiB, rounded down.
 func B2MB(bytes uint64) uint64 { return uint64(C.memprobe_b2mb(C.uint64_t(bytes))) }
 
+// B2MBSigned converts a signed byte count (a delta such as DeltaUsed) to
+// MiB, rounded toward zero like fastai's int(num / 2**20).
+func B2MBSigned(bytes int64) int64 { return int64(C.memprobe_b2mb_signed(C.int64_t(bytes))) }
+
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -78,6 +79,9 @@ func TestVersion(t *testing.T) {
 	}
 	if Soname() != so {
 		t.Fatalf("soname %s, want %s", Soname(), so)
+	}
+	if B2MBSigned(-MiB+1) != 0 || B2MBSigned(-MiB-1) != -1 || B2MBSigned(math.MinInt64) != -(1<<43) {
+		t.Fatal("B2MBSigned")
 	}
 	if B2MB(3*MiB-1) != 2 || B2MB(0) != 0 {
 		t.Fatal("B2MB")

@@ -353,7 +353,8 @@ func (t *Tracker) LeakStatus(i int) (LeakStatus, error) {
 // RunOOMRetry is fastai's gpu_mem_restore as a loop: it runs step; when
 // step reports oom, it runs every release callback (GC included) and
 // retries, at most maxRetries times. An error from step stops it and is
-// returned. step must not call this tracker.
+// returned. When the last try still ran out of memory the report (Succeeded
+// false) comes with ErrOutOfMemory. step must not call this tracker.
 func (t *Tracker) RunOOMRetry(step func() (oom bool, err error), maxRetries uint32) (OOMReport, error) {
 	st := &stepState{fn: step}
 	id := callbacks.add(st)

@@ -204,7 +204,7 @@ static void test_windows(void) {
     OK(memprobe_window_open(both, 1, &inner));
     OK(memprobe_window_measure(inner, 0, &d));
     start = d.used_start;
-    spike(256 * MIB);
+    CHECK(spike(256 * MIB));
     OK(memprobe_window_peak(inner, 0, &peak));
     CHECK(peak >= start + 256 * MIB - SLACK);
     FREE_OK(memprobe_window_free(inner));

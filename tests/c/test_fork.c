@@ -43,7 +43,7 @@ static int child_body(memprobe_source *rss, memprobe_source *cb) {
     alarm(20); /* a deadlock kills the child instead of hanging the test */
     if (memprobe_window_open(srcs, 2, &w) != MEMPROBE_STATUS_OK) return 10;
     if (memprobe_window_measure(w, 0, &d) != MEMPROBE_STATUS_OK) return 11;
-    spike(64 * MIB);
+    if (!spike(64 * MIB)) return 16;
     if (memprobe_window_peak(w, 0, &peak) != MEMPROBE_STATUS_OK) return 12;
     if (peak < d.used_start + 64 * MIB - SLACK) return 13;
     if (memprobe_monitor_get_stats(&st) != MEMPROBE_STATUS_OK || !st.running) return 14;

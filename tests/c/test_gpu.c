@@ -627,7 +627,7 @@ static void scenario_trace(void) {
     srcs[0] = rss;
     srcs[1] = gpu;
     OK(memprobe_trace_new(srcs, 2, "train", MEMPROBE_TRACE_SILENT, &t));
-    spike(64 * MIB);
+    CHECK(spike(64 * MIB));
     OK(memprobe_trace_data(t, 1, &used, &peaked));
     CHECK(used == (int64_t)(2 * GIB) && peaked == 0);
     OK(memprobe_trace_measure(t, 0, &d));
@@ -736,7 +736,7 @@ static void scenario_lost(void) {
 
     /* The host readings of the same window go on. */
     OK(memprobe_window_measure(w, 1, &d));
-    spike(64 * MIB);
+    CHECK(spike(64 * MIB));
     OK(memprobe_window_peak(w, 1, &peak));
     CHECK(peak >= d.used_start + 64 * MIB - SLACK);
     for (i = 0; i < 5000; i++) {

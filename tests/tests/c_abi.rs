@@ -63,6 +63,11 @@ fn cpp_raii_layer() {
 }
 
 #[test]
+fn eight_threads_spiking_in_their_own_windows() {
+    check_all_ways("test_threads.c", &[]);
+}
+
+#[test]
 fn fork_inside_callbacks() {
     check_all_ways("test_fork_callback.c", &[]);
 }

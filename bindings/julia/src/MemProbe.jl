@@ -34,7 +34,7 @@ const ABI = (0, 1)
 const SONAME = "libmemprobe.so.$(ABI[1]).$(ABI[2])"
 
 const FUNCTIONS = (
-    :memprobe_version, :memprobe_soname, :memprobe_b2mb, :memprobe_debug_live_handles,
+    :memprobe_version, :memprobe_soname, :memprobe_b2mb, :memprobe_b2mb_signed, :memprobe_debug_live_handles,
     :memprobe_last_error, :memprobe_status_name,
     :memprobe_monitor_set_interval_ns, :memprobe_monitor_get_stats, :memprobe_monitor_stop,
     :memprobe_source_new_process, :memprobe_source_new_process_tree,
@@ -127,6 +127,12 @@ library_path() = LIBPATH[]
 
 # ---------------------------------------------------------------------------
 # Statuses and errors
+#
+# Constants, enum values and struct layouts below copy include/memprobe.h;
+# tests/tests/bindings_cover_header.rs checks each against the header (a
+# constant's C name is MEMPROBE_STATUS_<name> or MEMPROBE_<name> unless a
+# trailing `# MEMPROBE_...` comment names it; structs name theirs in a
+# `# layout:` comment).
 
 const OK = UInt32(0)
 const NULL_POINTER = UInt32(1)
@@ -137,12 +143,13 @@ const WRONG_ORDER = UInt32(5)
 const UNAVAILABLE = UInt32(6)
 const UNSUPPORTED = UInt32(7)
 const PERMISSION_DENIED = UInt32(8)
-const IO_ERROR = UInt32(9)
+const IO_ERROR = UInt32(9)  # MEMPROBE_STATUS_IO
 const PARSE = UInt32(10)
 const GPU_LOST = UInt32(11)
 const BUFFER_TOO_SMALL = UInt32(12)
 const PANIC = UInt32(13)
 const INTERNAL = UInt32(14)
+const OUT_OF_MEMORY = UInt32(15)
 
 """
     MemprobeError(status, message)
@@ -176,9 +183,9 @@ end
 version() = unsafe_string(ccall(sym(:memprobe_version), Cstring, ()))
 "The library's SONAME, e.g. \"libmemprobe.so.0.1\"."
 soname() = unsafe_string(ccall(sym(:memprobe_soname), Cstring, ()))
-"fastai's b2mb: bytes to MiB, rounded toward zero."
+"fastai's b2mb: bytes to MiB, rounded toward zero (negative deltas too, like fastai's int(n / 2^20))."
 b2mb(n::Integer) = n >= 0 ? Int(ccall(sym(:memprobe_b2mb), UInt64, (UInt64,), n)) :
-                   -Int(ccall(sym(:memprobe_b2mb), UInt64, (UInt64,), -n))
+                   Int(ccall(sym(:memprobe_b2mb_signed), Int64, (Int64,), n))
 
 "Live handles: (sources, windows, traces, trackers)."
 function live_handles()
@@ -191,7 +198,7 @@ end
 # ---------------------------------------------------------------------------
 # Monitor
 
-struct MonitorStats
+struct MonitorStats  # layout: memprobe_monitor_stats
     running::Bool
     watched::UInt64
     ticks::UInt64
@@ -215,7 +222,7 @@ monitor_stop() = check(ccall(sym(:memprobe_monitor_stop), UInt32, ()))
 # ---------------------------------------------------------------------------
 # Sources
 
-struct CSample
+struct CSample  # layout: memprobe_sample
     used::UInt64
     total::UInt64
     free::UInt64
@@ -226,13 +233,13 @@ struct CSample
     read_ns::UInt64
 end
 
-struct CSourceInfo
+struct CSourceInfo  # layout: memprobe_source_info
     kind::UInt32
     fidelity::UInt32
     name::NTuple{72,UInt8}
 end
 
-struct CDelta
+struct CDelta  # layout: memprobe_delta
     used_start::UInt64
     used_end::UInt64
     peak::UInt64
@@ -253,11 +260,16 @@ struct Sample
     read_ns::UInt64
 end
 
+const SAMPLE_TOTAL = UInt32(1)
+const SAMPLE_FREE = UInt32(2)
+const SAMPLE_LIMIT = UInt32(4)
+const SAMPLE_RESERVED = UInt32(8)
+
 Sample(c::CSample) = Sample(c.used,
-    c.valid & 1 != 0 ? c.total : nothing,
-    c.valid & 2 != 0 ? c.free : nothing,
-    c.valid & 4 != 0 ? c.limit : nothing,
-    c.valid & 8 != 0 ? c.reserved : nothing,
+    c.valid & SAMPLE_TOTAL != 0 ? c.total : nothing,
+    c.valid & SAMPLE_FREE != 0 ? c.free : nothing,
+    c.valid & SAMPLE_LIMIT != 0 ? c.limit : nothing,
+    c.valid & SAMPLE_RESERVED != 0 ? c.reserved : nothing,
     c.taken_at_ns, c.read_ns)
 
 const KINDS = (:process, :process_tree, :system_ram, :cgroup, :gpu_device, :gpu_process,
@@ -608,8 +620,12 @@ end
 # Tracker
 
 const PHASES = Dict(:step => 0, :epoch => 1, :experience => 2, :stream => 3, :custom => 4)
+const RELEASE_CACHE = UInt32(0)
+const RELEASE_GC = UInt32(1)
+const STEP_DONE = Int32(0)
+const STEP_OUT_OF_MEMORY = Int32(1)
 
-struct CPhaseRecord
+struct CPhaseRecord  # layout: memprobe_phase_record
     kind::UInt32
     depth::UInt32
     index::UInt64
@@ -623,7 +639,7 @@ struct CPhaseRecord
     name::NTuple{72,UInt8}
 end
 
-struct COomReport
+struct COomReport  # layout: memprobe_oom_report
     succeeded::Bool
     retries::UInt32
     freed_bytes::UInt64
@@ -750,7 +766,7 @@ function add_release!(f::Function, t::Tracker, name::AbstractString; gc::Bool=fa
     push!(t.keep, box)
     cb = @cfunction(_release_trampoline, Int32, (Ptr{Cvoid},))
     check(ccall(sym(:memprobe_tracker_add_release), UInt32, (Ptr{Cvoid}, Cstring, UInt32, Ptr{Cvoid}, Ptr{Cvoid}),
-                t.handle, name, gc ? 1 : 0, cb, pointer_from_objref(box)))
+                t.handle, name, gc ? RELEASE_GC : RELEASE_CACHE, cb, pointer_from_objref(box)))
 end
 
 release_every!(t::Tracker, kind::Symbol, n::Integer; gc::Bool=false) =
@@ -787,10 +803,10 @@ function _step_trampoline(ud::Ptr{Cvoid})::Int32
     state = unsafe_pointer_to_objref(ud)[]
     try
         state.result = state.step()
-        return Int32(0)
+        return STEP_DONE
     catch e
         if e isa OutOfMemoryError || occursin("out of memory", lowercase(sprint(showerror, e)))
-            return Int32(1)
+            return STEP_OUT_OF_MEMORY
         end
         state.error = e
         return Int32(2)
@@ -807,7 +823,9 @@ end
     run_oom_retry(step, t; max_retries=3)
 
 fastai's gpu_mem_restore: runs `step()`; on an out-of-memory error runs the
-release callbacks and retries. Returns `(succeeded, retries, freed_bytes, result)`.
+release callbacks and retries. Returns `(succeeded, retries, freed_bytes, result)`;
+`succeeded` is false when every try ran out of memory (the C call's
+MEMPROBE_STATUS_OUT_OF_MEMORY, which is returned here rather than thrown).
 """
 function run_oom_retry(step::Function, t::Tracker; max_retries::Integer=3)
     box = Ref{Any}(StepState(step, nothing, nothing))
@@ -818,7 +836,7 @@ function run_oom_retry(step::Function, t::Tracker; max_retries::Integer=3)
         (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, UInt32, Ref{COomReport}, Ptr{UInt64}, Csize_t),
         t.handle, cb, pointer_from_objref(box), max_retries, rep, freed, length(freed))
     box[].error === nothing || throw(box[].error)
-    check(st)
+    st == OUT_OF_MEMORY || check(st)
     r = rep[]
     (succeeded=r.succeeded, retries=Int(r.retries), freed_bytes=r.freed_bytes, freed=freed,
      result=box[].result)
@@ -836,9 +854,11 @@ end
 # GPUs (fastai's utils.mem; the fastai names return MiB and zeros without a GPU)
 
 const GPU_CURRENT_DEVICE = -1
+const GPU_MEMORY_RESERVED = UInt32(2)
+const GPU_INFO_NVML_INDEX = UInt32(8)
 const GPU_BACKENDS = (:auto, :nvml, :cudart, :none)
 
-struct CGpuMemory
+struct CGpuMemory  # layout: memprobe_gpu_memory
     total::UInt64
     free::UInt64
     used::UInt64
@@ -848,7 +868,7 @@ struct CGpuMemory
     read_ns::UInt64
 end
 
-struct CGpuInfo
+struct CGpuInfo  # layout: memprobe_gpu_info
     id::UInt32
     backend::UInt32
     nvml_index::UInt32
@@ -886,7 +906,7 @@ function gpu_info(id::Integer)
     check(ccall(sym(:memprobe_gpu_get_info), UInt32, (UInt32, Ref{CGpuInfo}), id, out))
     i = out[]
     (id=Int(i.id), backend=GPU_BACKENDS[i.backend+1], name=cstr(i.name), uuid=cstr(i.uuid),
-     pci_bus_id=cstr(i.pci_bus_id), nvml_index=i.valid & 8 != 0 ? Int(i.nvml_index) : nothing)
+     pci_bus_id=cstr(i.pci_bus_id), nvml_index=i.valid & GPU_INFO_NVML_INDEX != 0 ? Int(i.nvml_index) : nothing)
 end
 
 "Total, free, used (and reserved) bytes of device `id` (nothing: the current one)."
@@ -894,7 +914,7 @@ function gpu_memory(id=nothing)
     out = Ref{CGpuMemory}()
     check(ccall(sym(:memprobe_gpu_mem_get), UInt32, (Int64, Ref{CGpuMemory}), id === nothing ? GPU_CURRENT_DEVICE : id, out))
     m = out[]
-    (total=m.total, free=m.free, used=m.used, reserved=m.valid & 2 != 0 ? m.reserved : nothing)
+    (total=m.total, free=m.free, used=m.used, reserved=m.valid & GPU_MEMORY_RESERVED != 0 ? m.reserved : nothing)
 end
 
 function gpu_memory_all()
@@ -989,7 +1009,7 @@ function gpu_memory(d::GpuDevice)
     out = Ref{CGpuMemory}()
     check(ccall(sym(:memprobe_gpu_device_mem_get), UInt32, (Ptr{Cvoid}, Ref{CGpuMemory}), d.handle, out))
     m = out[]
-    (total=m.total, free=m.free, used=m.used, reserved=m.valid & 2 != 0 ? m.reserved : nothing)
+    (total=m.total, free=m.free, used=m.used, reserved=m.valid & GPU_MEMORY_RESERVED != 0 ? m.reserved : nothing)
 end
 
 function Base.close(d::GpuDevice)

@@ -22,6 +22,7 @@ end
         @test soname() == "libmemprobe.so.0.1"
         @test b2mb(3MiB - 1) == 2
         @test b2mb(-3MiB) == -3
+        @test b2mb(-1MiB + 1) == 0 && b2mb(typemin(Int64)) == -(1 << 43)
         @test MemProbe.status_name(MemProbe.WRONG_ORDER) != "unknown status"
         @test MemProbe.status_name(9999) == "unknown status"
     end
@@ -146,6 +147,10 @@ end
             :done
         end
         @test rep.succeeded && rep.retries == 2 && rep.result === :done
+        rep = MemProbe.run_oom_retry(t; max_retries=1) do
+            throw(OutOfMemoryError())
+        end
+        @test !rep.succeeded && rep.retries == 1
         close(t)
         close(p)
     end
