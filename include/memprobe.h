@@ -793,7 +793,10 @@ memprobe_status memprobe_debug_live_handles(uint64_t *sources, uint64_t *windows
 
 /**
  * The message of the last failed call on this thread, or `""` if the last
- * call succeeded. Valid until the next memprobe call on this thread. Never NULL.
+ * call succeeded. A `*_free` that succeeds leaves it as it was, so a
+ * finaliser freeing a handle between a failed call and this one does not
+ * erase the message. Valid until the next memprobe call on this thread.
+ * Never NULL.
  */
 const char *memprobe_last_error(void);
 

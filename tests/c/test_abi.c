@@ -37,7 +37,6 @@ static void test_basics(void) {
     CHECK(memprobe_b2mb_signed(INT64_MIN) == -((int64_t)1 << 43));
     CHECK(memprobe_b2mb_signed(INT64_MAX) == ((int64_t)1 << 43) - 1);
     CHECK(strcmp(memprobe_status_name(MEMPROBE_STATUS_OUT_OF_MEMORY), "out of memory") == 0);
-    CHECK(MEMPROBE_STATUS_OUT_OF_MEMORY == 15);
     CHECK(memprobe_last_error()[0] == '\0');
 }
 
