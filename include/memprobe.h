@@ -485,7 +485,7 @@ typedef struct {
    */
   char name[96];
   /**
-   * "GPU-<uuid>" or "MIG-<uuid>".
+   * `GPU-<uuid>` or `MIG-<uuid>`.
    */
   char uuid[96];
   /**
@@ -967,7 +967,7 @@ memprobe_status memprobe_gpu_device_free(memprobe_gpu_device *device);
 memprobe_status memprobe_gpu_debug_live_devices(uint64_t *out);
 
 /**
- * A source reading device `id`'s memory, named "gpu<id>": `used`, `total`,
+ * A source reading device `id`'s memory, named `gpu<id>`: `used`, `total`,
  * `free` and `reserved` (MEMPROBE_SOURCE_KIND_GPU_DEVICE). Its peak is
  * sampled (MEMPROBE_FIDELITY_SAMPLED): while a window or trace is open over
  * it, the monitor polls it (memprobe_monitor_set_interval_ns), and a spike
@@ -979,7 +979,7 @@ memprobe_status memprobe_source_new_gpu_device(uint32_t id, memprobe_source **ou
 
 /**
  * A source reading this process's memory on device `id`, named
- * "gpu<id>.proc": `used` from the driver's process lists and the device's
+ * `gpu<id>.proc`: `used` from the driver's process lists and the device's
  * size as `total` (MEMPROBE_SOURCE_KIND_GPU_PROCESS, sampled as
  * memprobe_source_new_gpu_device). MEMPROBE_STATUS_UNSUPPORTED with the
  * CUDA runtime backend; other errors as memprobe_gpu_device_open.

@@ -149,7 +149,7 @@ pub struct memprobe_gpu_info {
     pub valid: u32,
     /// The product name, e.g. "NVIDIA H100 80GB HBM3".
     pub name: [c_char; 96],
-    /// "GPU-<uuid>" or "MIG-<uuid>".
+    /// `GPU-<uuid>` or `MIG-<uuid>`.
     pub uuid: [c_char; 96],
     /// The PCI bus id, e.g. "00000000:3B:00.0".
     pub pci_bus_id: [c_char; 32],
@@ -570,7 +570,7 @@ pub extern "C" fn memprobe_gpu_debug_live_devices(out: *mut u64) -> memprobe_sta
     })
 }
 
-/// A source reading device `id`'s memory, named "gpu<id>": `used`, `total`,
+/// A source reading device `id`'s memory, named `gpu<id>`: `used`, `total`,
 /// `free` and `reserved` (MEMPROBE_SOURCE_KIND_GPU_DEVICE). Its peak is
 /// sampled (MEMPROBE_FIDELITY_SAMPLED): while a window or trace is open over
 /// it, the monitor polls it (memprobe_monitor_set_interval_ns), and a spike
@@ -590,7 +590,7 @@ pub extern "C" fn memprobe_source_new_gpu_device(
 }
 
 /// A source reading this process's memory on device `id`, named
-/// "gpu<id>.proc": `used` from the driver's process lists and the device's
+/// `gpu<id>.proc`: `used` from the driver's process lists and the device's
 /// size as `total` (MEMPROBE_SOURCE_KIND_GPU_PROCESS, sampled as
 /// memprobe_source_new_gpu_device). MEMPROBE_STATUS_UNSUPPORTED with the
 /// CUDA runtime backend; other errors as memprobe_gpu_device_open.

@@ -83,15 +83,16 @@ fn load_c_abi() -> CAbi {
             assert!(!p.is_null(), "missing {n}");
             p
         };
-        let new: NewProcess = std::mem::transmute(sym("memprobe_source_new_process"));
+        let new =
+            std::mem::transmute::<*mut c_void, NewProcess>(sym("memprobe_source_new_process"));
         let mut source = std::ptr::null_mut();
         assert_eq!(new(0, &mut source), 0);
         CAbi {
-            read: std::mem::transmute(sym("memprobe_source_read")),
-            open: std::mem::transmute(sym("memprobe_window_open")),
-            peak: std::mem::transmute(sym("memprobe_window_peak")),
-            free: std::mem::transmute(sym("memprobe_window_free")),
-            reset: std::mem::transmute(sym("memprobe_window_reset")),
+            read: std::mem::transmute::<*mut c_void, Read>(sym("memprobe_source_read")),
+            open: std::mem::transmute::<*mut c_void, WindowOpen>(sym("memprobe_window_open")),
+            peak: std::mem::transmute::<*mut c_void, WindowPeak>(sym("memprobe_window_peak")),
+            free: std::mem::transmute::<*mut c_void, WindowFree>(sym("memprobe_window_free")),
+            reset: std::mem::transmute::<*mut c_void, WindowReset>(sym("memprobe_window_reset")),
             source,
         }
     }
@@ -116,9 +117,9 @@ fn window_scaling() -> Vec<(usize, f64)> {
         .into_iter()
         .map(|open| {
             let outer: Vec<Window> = (0..open - 1)
-                .map(|_| Window::open(&[rss.clone()]).unwrap())
+                .map(|_| Window::open(std::slice::from_ref(&rss)).unwrap())
                 .collect();
-            let mut w = Window::open(&[rss.clone()]).unwrap();
+            let mut w = Window::open(std::slice::from_ref(&rss)).unwrap();
             for _ in 0..ITERS / 4 {
                 black_box(w.reset().unwrap());
             }

@@ -73,7 +73,7 @@ fn main() {
         .collect();
     let statm = std::fs::File::open("/proc/self/statm").unwrap();
     let src = Source::process().unwrap();
-    let mut w = Window::open(&[src.clone()]).unwrap();
+    let mut w = Window::open(std::slice::from_ref(&src)).unwrap();
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     let holds = [0.5f64, 2.0, 10.0, 50.0, 200.0];
     println!(

@@ -162,7 +162,7 @@ fn run_seed(seed: u64, steps: usize) -> usize {
                 st
             }};
         }
-        // SAFETY (for every arm): out-pointers are valid or NULL, strings
+        // SAFETY: for every arm, out-pointers are valid or NULL, strings
         // are NUL-terminated or NULL, arrays hold the lengths passed;
         // handles are arbitrary values, which is the point.
         unsafe {
@@ -424,7 +424,7 @@ fn run_seed(seed: u64, steps: usize) -> usize {
                         p.trackers.push(h as usize);
                     }
                 }
-                22 | 23 | 24 => {
+                22..=24 => {
                     let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
                     let kind = if rng.chance(90) {
                         rng.below(5) as u32
