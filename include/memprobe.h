@@ -1232,7 +1232,9 @@ memprobe_status memprobe_tracker_new(const memprobe_source *const *sources, size
 
 /**
  * Finishes the tracker's sinks (files are renamed into place) and releases
- * it. NULL is a no-op.
+ * it. A sink that failed (a write error, e.g. MEMPROBE_STATUS_IO) makes
+ * this return its error; the tracker is released all the same. NULL is a
+ * no-op.
  */
 memprobe_status memprobe_tracker_free(memprobe_tracker *tracker);
 

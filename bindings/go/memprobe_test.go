@@ -92,12 +92,15 @@ func TestStatusNamesAndSentinels(t *testing.T) {
 	if StatusOK.String() != "ok" || StatusWrongOrder.String() != "wrong call order" {
 		t.Fatalf("%q %q", StatusOK, StatusWrongOrder)
 	}
+	if StatusOutOfMemory.String() != "out of memory" {
+		t.Fatal(StatusOutOfMemory.String())
+	}
 	if Status(9999).String() != "unknown status" {
 		t.Fatal(Status(9999).String())
 	}
 	sentinels := []*Error{ErrNullPointer, ErrInvalidArgument, ErrInvalidHandle, ErrInvalidID, ErrWrongOrder,
 		ErrUnavailable, ErrUnsupported, ErrPermissionDenied, ErrIO, ErrParse, ErrGPULost, ErrBufferTooSmall,
-		ErrPanic, ErrInternal}
+		ErrPanic, ErrInternal, ErrOutOfMemory}
 	for i, s := range sentinels {
 		if s.Status != Status(i+1) {
 			t.Fatalf("sentinel %d has status %d", i, s.Status)

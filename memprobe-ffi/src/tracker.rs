@@ -197,7 +197,9 @@ pub extern "C" fn memprobe_tracker_new(
 }
 
 /// Finishes the tracker's sinks (files are renamed into place) and releases
-/// it. NULL is a no-op.
+/// it. A sink that failed (a write error, e.g. MEMPROBE_STATUS_IO) makes
+/// this return its error; the tracker is released all the same. NULL is a
+/// no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_free(tracker: *mut memprobe_tracker) -> memprobe_status {
     free_point("memprobe_tracker_free", || {
