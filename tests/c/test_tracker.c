@@ -125,7 +125,7 @@ static void test_table_sink_errors_and_labels(void) {
 }
 
 int main(void) {
-    memprobe_tracker *t = NULL, *bad = NULL;
+    memprobe_tracker *t = NULL;
     const memprobe_source *srcs[2];
     memprobe_phase_record rec;
     memprobe_delta d[2];
@@ -152,6 +152,7 @@ int main(void) {
 
     EXPECT(memprobe_tracker_new(NULL, 2, &t), MEMPROBE_STATUS_NULL_POINTER);
     EXPECT(memprobe_tracker_new(srcs, 0, &t), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    CHECK(t == NULL); /* *out untouched on failure */
     EXPECT(memprobe_tracker_new(srcs, 2, NULL), MEMPROBE_STATUS_NULL_POINTER);
     OK(memprobe_tracker_new(srcs, 2, &t));
 
@@ -334,7 +335,6 @@ int main(void) {
     EXPECT(memprobe_tracker_finish_sinks((memprobe_tracker *)cpu), MEMPROBE_STATUS_INVALID_HANDLE);
     EXPECT(memprobe_tracker_set_leak_policy((memprobe_tracker *)(uintptr_t)77, 1, 1), MEMPROBE_STATUS_INVALID_HANDLE);
     FREE_OK(memprobe_tracker_free(NULL));
-    CHECK(bad == NULL);
     close(table_fd);
     unlink(table);
     unlink(jsonl);
