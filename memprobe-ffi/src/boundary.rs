@@ -315,3 +315,57 @@ pub(crate) fn check_flags(flags: u32, known: u32, what: &str) -> FfiResult {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_array_writes_only_the_items_whatever_the_capacity() {
+        let mut buf = [7u64; 4];
+        // A claimed capacity far beyond the array: only the 2 items are written.
+        assert_eq!(
+            out_array(buf.as_mut_ptr(), usize::MAX, [1, 2], "a").ok(),
+            Some(2)
+        );
+        assert_eq!(buf, [1, 2, 7, 7]);
+        assert_eq!(out_array(buf.as_mut_ptr(), 1, [3, 4], "a").ok(), Some(1));
+        assert_eq!(buf, [3, 2, 7, 7]);
+        assert_eq!(
+            out_array(std::ptr::null_mut::<u64>(), 2, [1], "a")
+                .err()
+                .map(|e| e.status),
+            Some(memprobe_status::NullPointer)
+        );
+        assert_eq!(
+            out_array(std::ptr::null_mut::<u64>(), 0, [1], "a").ok(),
+            Some(0)
+        );
+        assert_eq!(opt_out_array(std::ptr::null_mut::<u64>(), 9, [1]), 0);
+    }
+
+    #[test]
+    fn strings_are_cut_at_a_character_boundary_and_nul_terminated() {
+        let line = "\u{25b3}Used"; // "△" is 3 bytes
+        for (room, want) in [(1, ""), (2, ""), (3, ""), (4, "\u{25b3}"), (5, "\u{25b3}U")] {
+            let mut buf = [0x55 as c_char; 8];
+            let mut needed = 0usize;
+            let r = copy_out(line, buf.as_mut_ptr(), room, &mut needed);
+            assert_eq!(
+                r.err().map(|e| e.status),
+                Some(memprobe_status::BufferTooSmall)
+            );
+            assert_eq!(needed, line.len() + 1);
+            // SAFETY: write_c_str NUL-terminated it within `room` bytes.
+            let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
+            assert_eq!(got.to_str().unwrap(), want, "room {room}");
+            assert!(
+                buf[want.len() + 1..].iter().all(|&b| b == 0x55),
+                "room {room}"
+            );
+        }
+        let mut fixed = [0x55 as c_char; 4];
+        copy_to_fixed(&mut fixed, "a\u{25b3}");
+        assert_eq!(&fixed[..2], &[b'a' as c_char, 0]);
+    }
+}

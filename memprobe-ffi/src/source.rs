@@ -387,3 +387,39 @@ pub extern "C" fn memprobe_source_get_last_error(
         copy_out(message, buf, len, needed)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fidelity_and_kind_has_its_c_value() {
+        // Exhaustive: a new fidelity does not compile until it is numbered here.
+        let promised = |f: PeakFidelity| match f {
+            PeakFidelity::Exact => 0,
+            PeakFidelity::Pushed => 1,
+            PeakFidelity::Sampled => 2,
+        };
+        for f in [
+            PeakFidelity::Exact,
+            PeakFidelity::Pushed,
+            PeakFidelity::Sampled,
+        ] {
+            assert_eq!(fidelity_code(f), promised(f));
+        }
+        // SourceKind is #[non_exhaustive] in the core: the known kinds only.
+        for (k, c) in [
+            (SourceKind::Process, memprobe_source_kind::Process),
+            (SourceKind::ProcessTree, memprobe_source_kind::ProcessTree),
+            (SourceKind::SystemRam, memprobe_source_kind::SystemRam),
+            (SourceKind::Cgroup, memprobe_source_kind::Cgroup),
+            (SourceKind::GpuDevice, memprobe_source_kind::GpuDevice),
+            (SourceKind::GpuProcess, memprobe_source_kind::GpuProcess),
+            (SourceKind::Custom, memprobe_source_kind::Custom),
+            (SourceKind::ProcessPss, memprobe_source_kind::ProcessPss),
+            (SourceKind::ProcessUss, memprobe_source_kind::ProcessUss),
+        ] {
+            assert_eq!(kind_code(k), c as u32, "{k:?}");
+        }
+    }
+}

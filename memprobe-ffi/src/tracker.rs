@@ -632,3 +632,55 @@ pub extern "C" fn memprobe_tracker_run_oom_retry(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every core phase kind against its C value, by exhaustive matches: a
+    /// new kind does not compile until the C ABI numbers it.
+    #[test]
+    fn every_phase_kind_has_its_c_value() {
+        let promised = |k: PhaseKind| match k {
+            PhaseKind::Step => 0,
+            PhaseKind::Epoch => 1,
+            PhaseKind::Experience => 2,
+            PhaseKind::Stream => 3,
+            PhaseKind::Custom => 4,
+        };
+        let all = [
+            PhaseKind::Step,
+            PhaseKind::Epoch,
+            PhaseKind::Experience,
+            PhaseKind::Stream,
+            PhaseKind::Custom,
+        ];
+        for k in all {
+            let c = phase_kind_code(k);
+            assert_eq!(c as u32, promised(k), "{k:?}");
+            assert_eq!(phase_kind_from_c(c as u32).ok(), Some(k));
+        }
+        for v in [5, 99, u32::MAX] {
+            assert_eq!(
+                phase_kind_from_c(v).err().map(|e| e.status),
+                Some(memprobe_status::InvalidArgument)
+            );
+        }
+    }
+
+    #[test]
+    fn every_release_kind_has_its_c_value() {
+        let promised = |k: ReleaseKind| match k {
+            ReleaseKind::Cache => MEMPROBE_RELEASE_CACHE,
+            ReleaseKind::Gc => MEMPROBE_RELEASE_GC,
+        };
+        for (k, v) in [(ReleaseKind::Cache, 0), (ReleaseKind::Gc, 1)] {
+            assert_eq!(promised(k), v);
+            assert_eq!(release_kind_from_c(v).ok(), Some(k));
+        }
+        assert_eq!(
+            release_kind_from_c(2).err().map(|e| e.status),
+            Some(memprobe_status::InvalidArgument)
+        );
+    }
+}
