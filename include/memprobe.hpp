@@ -60,6 +60,19 @@ inline void check(memprobe_status st) {
     if (st != MEMPROBE_STATUS_OK) throw Error(st, memprobe_last_error());
 }
 inline void store(Status &out, memprobe_status st) { out = status_of(st); }
+/* The exception a callback threw during the current C call on this thread,
+ * kept until the call returns: exceptions never cross the C frames, and the
+ * callbacks run on the thread that made the call. */
+inline std::exception_ptr &pending() {
+    static thread_local std::exception_ptr p;
+    return p;
+}
+inline void keep_pending() noexcept {
+    if (!pending()) pending() = std::current_exception();
+}
+inline void rethrow_pending() {
+    if (pending()) std::rethrow_exception(std::exchange(pending(), nullptr));
+}
 }  // namespace detail
 
 /** The library's version string, e.g. "0.1.0". */
@@ -296,15 +309,13 @@ enum class StepOutcome { Done, OutOfMemory };
 /** The training-loop tracker; sinks finish and the handle is freed by the destructor. */
 class Tracker {
 public:
-    explicit Tracker(std::initializer_list<std::reference_wrapper<const Source>> sources)
-        : pending_(new std::exception_ptr()) {
+    explicit Tracker(std::initializer_list<std::reference_wrapper<const Source>> sources) {
         std::vector<const memprobe_source *> hs = detail::handles(sources);
         detail::check(memprobe_tracker_new(hs.data(), hs.size(), &h_));
         n_ = hs.size();
     }
     Tracker(Tracker &&o) noexcept
-        : h_(std::exchange(o.h_, nullptr)), n_(o.n_), pending_(std::move(o.pending_)),
-          callbacks_(std::move(o.callbacks_)) {}
+        : h_(std::exchange(o.h_, nullptr)), n_(o.n_), callbacks_(std::move(o.callbacks_)) {}
     Tracker &operator=(Tracker &&) = delete;
     Tracker(const Tracker &) = delete;
     Tracker &operator=(const Tracker &) = delete;
@@ -331,7 +342,7 @@ public:
         r.deltas.resize(n_);
         memprobe_status st =
             memprobe_tracker_end(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_);
-        rethrow_pending();
+        detail::rethrow_pending();
         detail::check(st);
         return r;
     }
@@ -341,7 +352,7 @@ public:
         Record r{};
         r.deltas.resize(n_);
         detail::store(st, memprobe_tracker_end(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_));
-        *pending_ = nullptr;
+        detail::pending() = nullptr;
         return r;
     }
     /** Ends the innermost phase and begins the next of the same kind at once. */
@@ -350,7 +361,7 @@ public:
         r.deltas.resize(n_);
         memprobe_status st =
             memprobe_tracker_next(h_, static_cast<std::uint32_t>(kind), name, &r.phase, r.deltas.data(), n_);
-        rethrow_pending();
+        detail::rethrow_pending();
         detail::check(st);
         return r;
     }
@@ -385,7 +396,7 @@ public:
                                                       name_.empty() ? nullptr : name_.c_str(), &r.phase,
                                                       r.deltas.data(), t->n_);
             if (st == MEMPROBE_STATUS_OK) t_ = nullptr;
-            t->rethrow_pending();
+            detail::rethrow_pending();
             detail::check(st);
             return r;
         }
@@ -412,7 +423,7 @@ public:
      *  failed, and the exception is rethrown by the call that ran it (end,
      *  next, run_oom_retry) once the C call has returned. */
     void add_release(const std::string &name, bool is_gc, std::function<bool()> f) {
-        callbacks_.push_back(std::unique_ptr<Callback>(new Callback{std::move(f), pending_.get()}));
+        callbacks_.push_back(std::unique_ptr<std::function<bool()>>(new std::function<bool()>(std::move(f))));
         detail::check(memprobe_tracker_add_release(h_, name.c_str(), is_gc ? MEMPROBE_RELEASE_GC : MEMPROBE_RELEASE_CACHE,
                                                    &Tracker::call_release, callbacks_.back().get()));
     }
@@ -448,7 +459,7 @@ public:
     memprobe_oom_report run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries) {
         Status st;
         memprobe_oom_report r = run_oom_retry_status(step, max_retries, st);
-        rethrow_pending();
+        detail::rethrow_pending();
         if (!st) throw Error(st.code, st.message);
         return r;
     }
@@ -457,58 +468,42 @@ public:
     memprobe_oom_report run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries,
                                       Status &st) noexcept {
         memprobe_oom_report r = run_oom_retry_status(step, max_retries, st);
-        *pending_ = nullptr;
+        detail::pending() = nullptr;
         return r;
     }
 
 private:
-    struct Callback {
-        std::function<bool()> f;
-        std::exception_ptr *pending;
-    };
-    struct Step {
-        std::function<StepOutcome()> *f;
-        std::exception_ptr *pending;
-    };
     memprobe_oom_report run_oom_retry_status(std::function<StepOutcome()> &step, std::uint32_t max_retries,
                                              Status &st) noexcept {
         memprobe_oom_report r{};
-        Step s{&step, pending_.get()};
-        detail::store(st, memprobe_tracker_run_oom_retry(h_, &Tracker::call_step, &s, max_retries, &r, nullptr, 0));
+        detail::store(st, memprobe_tracker_run_oom_retry(h_, &Tracker::call_step, &step, max_retries, &r, nullptr, 0));
         return r;
     }
-    /* Rethrows the first exception a callback kept during the last C call. */
-    void rethrow_pending() {
-        if (*pending_) std::rethrow_exception(std::exchange(*pending_, nullptr));
-    }
-    static std::int32_t call_release(void *p) noexcept {
-        Callback *c = static_cast<Callback *>(p);
+    static std::int32_t call_release(void *f) noexcept {
         try {
-            return c->f() ? 0 : 1;
+            return (*static_cast<std::function<bool()> *>(f))() ? 0 : 1;
         } catch (...) {
-            if (!*c->pending) *c->pending = std::current_exception();
+            detail::keep_pending();
             return 2;
         }
     }
-    static std::int32_t call_step(void *p) noexcept {
-        Step *s = static_cast<Step *>(p);
+    static std::int32_t call_step(void *f) noexcept {
         /* A release callback threw during the previous retry: stop. */
-        if (*s->pending) return -1;
+        if (detail::pending()) return -1;
         try {
-            return (*s->f)() == StepOutcome::Done ? MEMPROBE_STEP_DONE : MEMPROBE_STEP_OUT_OF_MEMORY;
+            return (*static_cast<std::function<StepOutcome()> *>(f))() == StepOutcome::Done
+                       ? MEMPROBE_STEP_DONE
+                       : MEMPROBE_STEP_OUT_OF_MEMORY;
         } catch (const std::bad_alloc &) {
             return MEMPROBE_STEP_OUT_OF_MEMORY;
         } catch (...) {
-            *s->pending = std::current_exception();
+            detail::keep_pending();
             return -1;
         }
     }
     memprobe_tracker *h_ = nullptr;
     std::size_t n_ = 0;
-    /* Where callbacks keep an exception until the C call returns; on the
-     * heap so that it stays put when the Tracker moves. */
-    std::unique_ptr<std::exception_ptr> pending_;
-    std::vector<std::unique_ptr<Callback>> callbacks_;
+    std::vector<std::unique_ptr<std::function<bool()>>> callbacks_;
 };
 
 /** The background monitor that polls sampled sources. */

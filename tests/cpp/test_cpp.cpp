@@ -231,6 +231,19 @@ int main() {
         CHECK(s2.code == MEMPROBE_STATUS_WRONG_ORDER);  // the step did end
         release_throws = false;
     }
+    // A moved tracker still brings its callbacks' exceptions back out.
+    {
+        Tracker a({cpu});
+        a.add_release("throws", false, []() -> bool { throw std::runtime_error("after the move"); });
+        Tracker b(std::move(a));
+        std::string what;
+        try {
+            (void)b.run_oom_retry([] { return StepOutcome::OutOfMemory; }, 1);
+        } catch (const std::runtime_error &e) {
+            what = e.what();
+        }
+        CHECK(what == "after the move");
+    }
     CHECK(b2mb_signed(-static_cast<std::int64_t>(MIB) + 1) == 0);
 
     monitor::set_interval(std::chrono::milliseconds(5));
