@@ -109,9 +109,9 @@ fn main() {
 
     // Tracker::next: no exporter / exporter not scraped / scraped in a loop.
     let act = Source::pushed("act").unwrap();
-    let mut bare = Tracker::new(&[act.clone()]).unwrap();
+    let mut bare = Tracker::new(std::slice::from_ref(&act)).unwrap();
     bare.begin(PhaseKind::Step, None).unwrap();
-    let mut watched = Tracker::new(&[act.clone()]).unwrap();
+    let mut watched = Tracker::new(std::slice::from_ref(&act)).unwrap();
     e.watch(&mut watched).unwrap();
     watched.begin(PhaseKind::Step, None).unwrap();
     const N: u64 = 200_000;
