@@ -53,6 +53,7 @@ test:
 	@$(PYTHON) -c 'import pytest' 2>/dev/null || { echo "make test: pytest is missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest" >&2; exit 1; }
 	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
+	@command -v pkg-config >/dev/null || { echo "make test: pkg-config is required for bindings/go (it finds memprobe through memprobe.pc); install it (Debian: apt-get install pkg-config)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 
 bench:
