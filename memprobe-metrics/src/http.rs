@@ -72,7 +72,9 @@ pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// The running server.
 pub(crate) struct Server {
     addr: SocketAddr,
-    /// Written to (or dropped) to stop the loop: it wakes `poll` at once.
+    /// Closed to stop the loop: its peer then reads end of file, which wakes
+    /// `poll` at once. (Closing, not writing: a write after the loop ended
+    /// would raise SIGPIPE in a C host that has not ignored it.)
     wake: UnixStream,
     thread: JoinHandle<()>,
 }
@@ -136,7 +138,6 @@ impl Server {
     /// have not sent a whole request, lets answers in progress finish (each
     /// within the limits) and joins the thread (it wakes at once).
     pub(crate) fn stop(self) {
-        let _ = (&self.wake).write(&[1]);
         drop(self.wake);
         let _ = self.thread.join();
     }
@@ -220,7 +221,7 @@ impl Loop {
                 continue;
             }
             if fds[0].revents != 0 {
-                // A byte from `stop`, or its end closed: free the port, drop
+                // `stop` closed the other end: free the port, drop
                 // the connections without a request, finish the answers.
                 self.listener = None;
                 self.conns.retain(|c| matches!(c.stage, Stage::Answer(..)));
@@ -496,5 +497,42 @@ fn route(head: &str, render: &Render) -> Answer {
             allow: false,
         },
         Err(_) => plain(500, "rendering the metrics failed\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn get(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
+    }
+
+    #[test]
+    fn a_panic_while_rendering_costs_the_scrape_not_the_server() {
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let c = Arc::clone(&calls);
+        let render: Render = Arc::new(move || {
+            if c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                panic!("a source panicked");
+            }
+            "up 1\n".to_owned()
+        });
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let server = Server::start(addr, Limits::default(), render).unwrap();
+        let first = get(server.local_addr());
+        assert!(first.starts_with("HTTP/1.1 500 "), "{first}");
+        let second = get(server.local_addr());
+        assert!(
+            second.starts_with("HTTP/1.1 200 ") && second.ends_with("up 1\n"),
+            "{second}"
+        );
+        server.stop();
     }
 }
