@@ -174,19 +174,26 @@ fn stop_frees_the_port_and_twice_is_wrong_order() {
     assert!(again.is_ok(), "{again:?}");
 }
 
-/// Raises the soft open-file limit to the hard one: hundreds of client
-/// sockets and their server ends exceed the common default of 1024.
-fn raise_fd_limit() {
+/// Raises the soft open-file limit to the hard one (512 client sockets and
+/// their server ends exceed the common default of 1024) and returns it.
+fn raise_fd_limit() -> u64 {
     let mut l = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: a valid rlimit out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0 && l.rlim_cur < l.rlim_max {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return 0;
+    }
+    if l.rlim_cur < l.rlim_max {
         l.rlim_cur = l.rlim_max;
         // SAFETY: a valid rlimit; raising the soft limit up to the hard one.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+            // SAFETY: as above.
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) };
+        }
     }
+    l.rlim_cur
 }
 
 /// Hostile clients: `idle` connections that send nothing, and `dribbling`
@@ -246,7 +253,15 @@ impl Drop for Crowd {
 /// well under that (typically a few ms; 2 s leaves room for a loaded
 /// machine).
 fn scrapes_stay_prompt_in_a_crowd(limits: Limits) {
-    raise_fd_limit();
+    // One crowd at a time: the descriptors of two would not fit a limit of
+    // a few thousand.
+    static ONE_CROWD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_CROWD.lock().unwrap_or_else(|e| e.into_inner());
+    let fds = raise_fd_limit();
+    assert!(
+        fds >= 2048,
+        "the open-file limit ({fds}) is too low for 512 connections and their server ends: raise it (ulimit -n)"
+    );
     let e = start_with(limits);
     let addr = e.local_addr();
     let crowd = Crowd::open(addr, 256, 256);
