@@ -8,15 +8,19 @@ JOBS ?= 2
 CC ?= cc
 RELEASE := target/release
 BUILD := build
-CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g -D_GNU_SOURCE
+CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
 .PHONY: all lib examples demo demo-c test bench header clean
 
 all: lib examples
 
-# libmemprobe.so (SONAME libmemprobe.so.0.<minor>) and libmemprobe.a
+# libmemprobe.so, its SONAME link (libmemprobe.so.0.<minor>: what programs
+# linked with -Ltarget/release look for at run time) and libmemprobe.a.
 lib:
 	$(CARGO) build -j$(JOBS) --release -p memprobe-ffi
+	@set -e; soname=$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}'); \
+	test -n "$$soname" || { echo "lib: $(RELEASE)/libmemprobe.so has no SONAME" >&2; exit 1; }; \
+	[ "$$(readlink $(RELEASE)/$$soname)" = libmemprobe.so ] || ln -sfn libmemprobe.so $(RELEASE)/$$soname
 
 $(BUILD)/trainer: examples-c/trainer.c include/memprobe.h lib
 	@mkdir -p $(BUILD)
@@ -34,10 +38,10 @@ demo:
 	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe --example spiky
 	$(RELEASE)/memprobe run --plot memprobe-run.svg --json memprobe-run.json -- $(RELEASE)/examples/spiky
 	@echo "timeline: memprobe-run.svg, summary and samples: memprobe-run.json"
+	@echo "the memprobe command: $(RELEASE)/memprobe (make install PREFIX=DIR puts it in DIR/bin)"
 
 # The C trainer, measured from inside through the C ABI.
 demo-c: $(BUILD)/trainer
-	@ln -sf libmemprobe.so $(RELEASE)/$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}')
 	$(BUILD)/trainer 3 4 256 16
 
 # Every test: Rust unit and integration tests, the C ABI from C (plain, under
@@ -49,7 +53,8 @@ test:
 	@$(PYTHON) -c 'import pytest' 2>/dev/null || { echo "make test: pytest is missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest" >&2; exit 1; }
 	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
-	cd bindings/go && CGO_ENABLED=1 CGO_LDFLAGS="-L$(TEST_PREFIX)/lib" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
+	@command -v pkg-config >/dev/null || { echo "make test: pkg-config is required for bindings/go (it finds memprobe through memprobe.pc); install it (Debian: apt-get install pkg-config)" >&2; exit 1; }
+	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
@@ -74,26 +79,28 @@ PYTHON ?= $(if $(wildcard build/ci-venv/bin/python),$(CURDIR)/build/ci-venv/bin/
 GO ?= go
 TEST_PREFIX := $(abspath $(BUILD))/test-prefix
 
-# Installs the library, headers, pkg-config file and CMake package under
-# PREFIX (default /usr/local; DESTDIR stages for packagers):
+# Installs the memprobe command, the library, headers, pkg-config file and
+# CMake package under PREFIX (default /usr/local; DESTDIR stages for packagers):
 #   make install PREFIX=$HOME/.local
-# lib/libmemprobe.so.X.Y.Z, its SONAME link, libmemprobe.so, libmemprobe.a,
-# include/memprobe.h (and memprobe.hpp), lib/pkgconfig/memprobe.pc,
+# bin/memprobe, lib/libmemprobe.so.X.Y.Z, its SONAME link, libmemprobe.so,
+# libmemprobe.a, include/memprobe.h (and memprobe.hpp), lib/pkgconfig/memprobe.pc,
 # lib/cmake/memprobe/memprobeConfig.cmake + memprobeConfigVersion.cmake.
 # The version comes from Cargo.toml (cargo pkgid), the SONAME from the library.
 PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 install: lib
+	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe
 	@set -e; \
 	version=$$($(CARGO) pkgid --offline -p memprobe-ffi | sed 's/.*[#@]//'); \
 	soname=$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}'); \
 	case "$$version" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "install: cannot read the version from Cargo.toml" >&2; exit 1;; esac; \
 	test -n "$$soname" || { echo "install: $(RELEASE)/libmemprobe.so has no SONAME" >&2; exit 1; }; \
 	major=$${version%%.*}; minor=$${version#*.}; minor=$${minor%%.*}; \
-	lib='$(DESTDIR)$(LIBDIR)'; inc='$(DESTDIR)$(INCLUDEDIR)'; \
+	bin='$(DESTDIR)$(BINDIR)'; lib='$(DESTDIR)$(LIBDIR)'; inc='$(DESTDIR)$(INCLUDEDIR)'; \
 	pc_libdir=$$(echo '$(LIBDIR)' | sed 's|^$(PREFIX)/|$${prefix}/|'); \
 	pc_incdir=$$(echo '$(INCLUDEDIR)' | sed 's|^$(PREFIX)/|$${prefix}/|'); \
 	inc_rel=$$(realpath -m --relative-to='$(LIBDIR)' '$(INCLUDEDIR)'); \
@@ -101,7 +108,8 @@ install: lib
 	       s|@VERSION@|$$version|g; s|@VERSION_MAJOR@|$$major|g; s|@VERSION_MINOR@|$$minor|g; \
 	       s|@SONAME@|$$soname|g; s|@INCLUDEDIR_FROM_LIBDIR@|$$inc_rel|g; \
 	       s|@STATIC_LIBS@|$(STATIC_LIBS)|g; s|@STATIC_LIBS_CMAKE@|$(subst $() ,;,$(patsubst -l%,%,$(STATIC_LIBS)))|g"; \
-	install -d "$$lib" "$$lib/pkgconfig" "$$lib/cmake/memprobe" "$$inc"; \
+	install -d "$$bin" "$$lib" "$$lib/pkgconfig" "$$lib/cmake/memprobe" "$$inc"; \
+	install -m 755 $(RELEASE)/memprobe "$$bin/memprobe"; \
 	install -m 755 $(RELEASE)/libmemprobe.so "$$lib/libmemprobe.so.$$version"; \
 	ln -sfn "libmemprobe.so.$$version" "$$lib/$$soname"; \
 	ln -sfn "$$soname" "$$lib/libmemprobe.so"; \
@@ -111,4 +119,4 @@ install: lib
 	sed "$$subst" packaging/memprobe.pc.in > "$$lib/pkgconfig/memprobe.pc"; \
 	sed "$$subst" packaging/memprobeConfig.cmake.in > "$$lib/cmake/memprobe/memprobeConfig.cmake"; \
 	sed "$$subst" packaging/memprobeConfigVersion.cmake.in > "$$lib/cmake/memprobe/memprobeConfigVersion.cmake"; \
-	echo "installed memprobe $$version ($$soname) under $(DESTDIR)$(PREFIX)"
+	echo "installed memprobe $$version ($$soname) under $(DESTDIR)$(PREFIX); the command: $$bin/memprobe"

@@ -9,6 +9,11 @@
  *
  *   usage: trainer [epochs] [steps] [spike_mib] [keep_mib]
  */
+/* MAP_ANONYMOUS is not in POSIX: ask glibc / musl for it here, so that a
+ * copy of this file builds with any -std= (guarded: -D_GNU_SOURCE too). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -17,14 +17,14 @@
 // releases forgotten ones). Every function may be called from any
 // goroutine.
 //
-// Building needs the header (found through ${SRCDIR}/../../include) and the
-// library: CGO_LDFLAGS=-L<prefix>/lib, and LD_LIBRARY_PATH=<prefix>/lib (or
-// an rpath) at run time. See README.md.
+// Building needs an installed memprobe found by pkg-config (make install
+// PREFIX=<prefix>; PKG_CONFIG_PATH=<prefix>/lib/pkgconfig when the prefix is
+// not a standard one), and LD_LIBRARY_PATH=<prefix>/lib (or an rpath) at run
+// time. See README.md.
 package memprobe
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -lmemprobe
+#cgo pkg-config: memprobe
 #include <stdlib.h>
 #include "memprobe.h"
 */

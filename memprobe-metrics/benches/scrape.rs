@@ -1,5 +1,6 @@
-//! Scrape latency with 8 fake GPUs after a long run, and what the exporter
-//! adds to a training step (`Tracker::next`) while scraped in a loop.
+//! Scrape latency with 8 fake GPUs after a long run, alone and with 256 idle
+//! and 256 dribbling connections open, and what the exporter adds to a
+//! training step (`Tracker::next`) while scraped in a loop.
 //! `cargo bench -p memprobe-metrics --bench scrape`
 
 #[path = "../../tests/src/fake_gpu.rs"]
@@ -46,6 +47,48 @@ fn scrape(addr: SocketAddr) -> usize {
     let mut v = Vec::new();
     s.read_to_end(&mut v).unwrap();
     v.len()
+}
+
+/// Scrape latencies (µs) of `n` scrapes while 256 connections send nothing
+/// and 256 send a byte every 100 ms (the open-file limit is raised for them).
+fn scrapes_in_a_crowd(addr: SocketAddr, n: usize) -> Vec<f64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid rlimit pointers; only the soft limit is raised.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+    let _idle: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let mut slow: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = Arc::clone(&stop);
+    let dribbler = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            for c in &mut slow {
+                let _ = c.write_all(b"G");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let lat = (0..n)
+        .map(|_| {
+            let t0 = Instant::now();
+            scrape(addr);
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    dribbler.join().unwrap();
+    lat
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -99,19 +142,23 @@ fn main() {
         })
         .collect();
     let mut render = render;
+    let mut crowd = scrapes_in_a_crowd(addr, 300);
     println!(
         "scrape over HTTP, 8 GPUs + processes, 4 tracked + 2 read sources, after 100k steps: \
-         {bytes} bytes, p50 {:.0} us, p99 {:.0} us (render alone p50 {:.0} us)",
+         {bytes} bytes, p50 {:.0} us, p99 {:.0} us (render alone p50 {:.0} us); \
+         with 256 idle + 256 dribbling connections open: p50 {:.0} us, p99 {:.0} us",
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
-        pct(&mut render, 0.5)
+        pct(&mut render, 0.5),
+        pct(&mut crowd, 0.5),
+        pct(&mut crowd, 0.99)
     );
 
     // Tracker::next: no exporter / exporter not scraped / scraped in a loop.
     let act = Source::pushed("act").unwrap();
-    let mut bare = Tracker::new(&[act.clone()]).unwrap();
+    let mut bare = Tracker::new(std::slice::from_ref(&act)).unwrap();
     bare.begin(PhaseKind::Step, None).unwrap();
-    let mut watched = Tracker::new(&[act.clone()]).unwrap();
+    let mut watched = Tracker::new(std::slice::from_ref(&act)).unwrap();
     e.watch(&mut watched).unwrap();
     watched.begin(PhaseKind::Step, None).unwrap();
     const N: u64 = 200_000;

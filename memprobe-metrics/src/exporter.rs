@@ -57,7 +57,7 @@ impl Inner {
 /// An HTTP endpoint serving `/metrics` in the Prometheus text format: the
 /// current readings of its sources and GPUs, and the last ended phases of
 /// the trackers it watches. Scrapes are answered by the exporter's own
-/// threads, from a snapshot: a training thread never waits on a scrape.
+/// thread, from a snapshot: a training thread never waits on a scrape.
 /// Stopped on drop.
 pub struct Exporter {
     inner: Arc<Inner>,

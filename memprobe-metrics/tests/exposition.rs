@@ -67,7 +67,7 @@ fn fake_gpus(devices: u32) -> &'static Gpus {
 /// policy; 3 steps in one epoch, then a second epoch.
 fn trained(e: &Exporter) -> (Tracker, Source) {
     let act = Source::pushed("act").unwrap();
-    let mut t = Tracker::new(&[act.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&act)).unwrap();
     let released = Arc::new(AtomicU64::new(0));
     let r = Arc::clone(&released);
     let a = act.clone();

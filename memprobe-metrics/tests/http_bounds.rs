@@ -11,11 +11,15 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 fn start(read_timeout: Duration) -> Exporter {
+    start_with(Limits {
+        read_timeout,
+        ..Limits::default()
+    })
+}
+
+fn start_with(limits: Limits) -> Exporter {
     Exporter::start(ExporterOptions {
-        limits: Limits {
-            read_timeout,
-            ..Limits::default()
-        },
+        limits,
         hostname: Some("testhost".into()),
         ..ExporterOptions::default()
     })
@@ -152,16 +156,214 @@ fn port_in_use_is_a_clear_error() {
 fn stop_frees_the_port_and_twice_is_wrong_order() {
     let mut e = start(Duration::from_secs(2));
     let addr = e.local_addr();
+    // A connection that never sends a request does not hold the stop up.
+    let idle = TcpStream::connect(addr).unwrap();
+    assert_eq!(get(addr, "/metrics").0, 200);
     let t = Instant::now();
     e.stop().unwrap();
     assert!(t.elapsed() < Duration::from_secs(1));
     assert!(!e.is_running());
     assert_eq!(e.stop().unwrap_err().kind(), ErrorKind::WrongOrder);
     assert!(TcpStream::connect(addr).is_err());
+    wait_closed(&idle, "the idle connection");
     // The port can be taken again.
     let again = Exporter::start(ExporterOptions {
         listen: Some(addr),
         ..ExporterOptions::default()
     });
     assert!(again.is_ok(), "{again:?}");
+}
+
+/// Raises the soft open-file limit to the hard one (512 client sockets and
+/// their server ends exceed the common default of 1024) and returns it.
+fn raise_fd_limit() -> u64 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return 0;
+    }
+    if l.rlim_cur < l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: a valid rlimit; raising the soft limit up to the hard one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+            // SAFETY: as above.
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) };
+        }
+    }
+    l.rlim_cur
+}
+
+/// Hostile clients: `idle` connections that send nothing, and `dribbling`
+/// ones that each send one byte of a request head that never ends every
+/// 100 ms, until dropped.
+struct Crowd {
+    _idle: Vec<TcpStream>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    dribbler: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Crowd {
+    fn open(addr: SocketAddr, idle: usize, dribbling: usize) -> Crowd {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // A server that stops accepting lets the backlog fill, and then
+        // connects hang: fail instead.
+        let connect = |_| {
+            TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+                .expect("connect: the server no longer accepts connections")
+        };
+        let idle: Vec<TcpStream> = (0..idle).map(connect).collect();
+        let mut slow: Vec<TcpStream> = (0..dribbling).map(connect).collect();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let dribbler = std::thread::spawn(move || {
+            let head = b"GET /metrics HTTP/1.1\r\nX-Slow: ";
+            let mut sent = 0usize;
+            while !flag.load(Ordering::SeqCst) {
+                let byte = head.get(sent).copied().unwrap_or(b'a');
+                for s in &mut slow {
+                    // A connection the server dropped fails here: fine.
+                    let _ = s.write_all(&[byte]);
+                }
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Crowd {
+            _idle: idle,
+            stop,
+            dribbler: Some(dribbler),
+        }
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.dribbler.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// 256 idle and 256 dribbling connections are open while scrapes are timed.
+/// Prometheus gives up on a scrape after 10 s by default; each must take
+/// well under that (typically a few ms; 2 s leaves room for a loaded
+/// machine).
+fn scrapes_stay_prompt_in_a_crowd(limits: Limits) {
+    // One crowd at a time: the descriptors of two would not fit a limit of
+    // a few thousand.
+    static ONE_CROWD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_CROWD.lock().unwrap_or_else(|e| e.into_inner());
+    let fds = raise_fd_limit();
+    assert!(
+        fds >= 2048,
+        "the open-file limit ({fds}) is too low for 512 connections and their server ends: raise it (ulimit -n)"
+    );
+    let e = start_with(limits);
+    let addr = e.local_addr();
+    let crowd = Crowd::open(addr, 256, 256);
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let (status, body) = get(addr, "/metrics");
+        took.push(t.elapsed());
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("memprobe_cache_releases_total"), "{body}");
+    }
+    drop(crowd);
+    eprintln!("scrapes in a crowd of 512 ({limits:?}): {took:?}");
+    for t in took {
+        assert!(t < Duration::from_secs(2), "a scrape took {t:?}");
+    }
+}
+
+#[test]
+fn idle_and_dribbling_crowds_do_not_delay_scrapes() {
+    // Heads may take 30 s and the cap holds all 512: the whole crowd stays
+    // open for the whole test, so only the way connections are served can
+    // keep the scrapes prompt.
+    scrapes_stay_prompt_in_a_crowd(Limits {
+        read_timeout: Duration::from_secs(30),
+        max_connections: 1024,
+        ..Limits::default()
+    });
+}
+
+#[test]
+fn crowds_beyond_the_connection_cap_do_not_delay_scrapes() {
+    // The default cap (256) is below the crowd (512): new connections close
+    // the oldest idle ones, and the scrapes still get through.
+    assert!(Limits::default().max_connections < 512);
+    scrapes_stay_prompt_in_a_crowd(Limits {
+        read_timeout: Duration::from_secs(30),
+        ..Limits::default()
+    });
+}
+
+/// Whether the server has closed `s` (end of file or an error), without
+/// waiting for more than what is already there.
+fn closed_by_server(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    let closed = match std::io::Read::read(&mut &*s, &mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// Waits (5 s at most) for the server to close `s`.
+fn wait_closed(s: &TcpStream, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !closed_by_server(s) {
+        assert!(Instant::now() < deadline, "{what} is still open");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_connection_cap_closes_the_oldest_idle_connections() {
+    let e = start_with(Limits {
+        read_timeout: Duration::from_secs(30),
+        max_connections: 8,
+        ..Limits::default()
+    });
+    let addr = e.local_addr();
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // A ninth connection, the scrape, closes the oldest to be served; the
+    // server accepts in order, so once it is answered all were accepted.
+    assert_eq!(get(addr, "/metrics").0, 200);
+    // The oldest is closed...
+    wait_closed(&idle[0], "the oldest connection");
+    // ...and the 7 younger ones are still waiting for their heads.
+    for (i, s) in idle.iter().enumerate().skip(1) {
+        assert!(!closed_by_server(s), "connection {i} was closed");
+    }
+    // 20 more: still at most 8 open (the scrapes above and below are closed
+    // after their answers), and the youngest survive.
+    let more: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    assert_eq!(get(addr, "/metrics").0, 200);
+    let all: Vec<&TcpStream> = idle.iter().chain(&more).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open: Vec<usize> = (0..all.len())
+            .filter(|&i| !closed_by_server(all[i]))
+            .collect();
+        if open.len() <= 8 {
+            // The scrape took one slot and left: the 7 youngest remain.
+            assert_eq!(open, (21..28).collect::<Vec<_>>());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} connections open: {open:?}",
+            open.len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

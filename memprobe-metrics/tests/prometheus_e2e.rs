@@ -24,7 +24,7 @@ fn rank_main(rank: u64) {
     use memprobe_metrics::{Exporter, ExporterOptions};
     let e = Exporter::start(ExporterOptions::default()).unwrap();
     let act = Source::pushed("activations").unwrap();
-    let mut t = Tracker::new(&[act.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&act)).unwrap();
     e.watch(&mut t).unwrap();
     println!("port {}", e.port());
     std::io::stdout().flush().unwrap();

@@ -1,7 +1,12 @@
 //! The C trainer example builds with strict warnings, reports exact step
-//! peaks that include each spike, and runs clean under valgrind.
+//! peaks that include each spike, and runs clean under valgrind. The
+//! examples build as a user who copies them would: plain compiler flags, no
+//! feature macros.
 
-use memprobe_tests::{assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch, Build};
+use memprobe_tests::{
+    assert_ok, compile, have_valgrind, lib_dir, root, run, run_valgrind, scratch, Build,
+};
+use std::process::Command;
 
 fn parse_peaks(out: &str) -> Vec<(f64, f64)> {
     out.lines()
@@ -128,4 +133,63 @@ fn cpp_trainer_flags_the_leak_and_releases_the_cache() {
             &run_valgrind(&exe, &["2", "1"], &[]),
         );
     }
+}
+
+/// Builds `source` with exactly `flags` (plus the include path and the
+/// library), as a user copying the example would, and runs it with `args`.
+fn build_plain_and_run(compiler: &str, flags: &[&str], source: &str, args: &[&str]) {
+    let dir = scratch("examples-plain");
+    let name = format!(
+        "{}-{}",
+        source.replace(['/', '.'], "_"),
+        flags.join("").replace(['-', '='], "")
+    );
+    let exe = dir.join(name);
+    let lib = lib_dir();
+    let o = Command::new(compiler)
+        .args(flags)
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join(source))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lmemprobe")
+        .output()
+        .expect("run the compiler");
+    assert_ok(&format!("{compiler} {} {source}", flags.join(" ")), &o);
+    assert_ok(
+        &format!("{source} built with {flags:?}"),
+        &run(&exe, args, &[]),
+    );
+}
+
+#[test]
+fn examples_build_with_plain_flags() {
+    // What a user types, and the Makefile's strict build without its old
+    // -D_GNU_SOURCE: the example asks for what it needs itself.
+    for flags in [
+        &["-Wall", "-Wextra", "-Werror"][..],
+        &["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"][..],
+    ] {
+        build_plain_and_run("cc", flags, "examples-c/trainer.c", &["1", "2", "16", "4"]);
+    }
+    for flags in [
+        &["-std=c++17", "-Wall", "-Wextra", "-Werror"][..],
+        &["-std=c++17", "-Wall", "-Wextra", "-Werror", "-pedantic"][..],
+    ] {
+        build_plain_and_run("c++", flags, "examples-c/trainer.cpp", &["2", "1"]);
+    }
+}
+
+#[test]
+fn makefile_builds_the_examples_without_feature_macros() {
+    let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
+    let strict = makefile
+        .lines()
+        .find(|l| l.starts_with("CFLAGS_STRICT :="))
+        .expect("the Makefile defines CFLAGS_STRICT");
+    assert!(!strict.contains("-D_"), "{strict}");
 }

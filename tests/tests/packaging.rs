@@ -1,12 +1,14 @@
-//! `make install PREFIX=...` lays out the library, its SONAME links, the
-//! static library, the headers, the pkg-config file and the CMake package;
-//! programs built against the installed prefix with pkg-config and with
-//! `find_package(memprobe CONFIG)` run; versions come from Cargo.toml.
+//! `make install PREFIX=...` lays out the `memprobe` command, the library,
+//! its SONAME links, the static library, the headers, the pkg-config file and
+//! the CMake package; programs built against the installed prefix with
+//! pkg-config, with `find_package(memprobe CONFIG)` and (Go) from a module
+//! outside the repository run; versions come from Cargo.toml. The README's
+//! C build line works, verbatim, after `make lib`.
 
 use memprobe_tests::{assert_ok, root, scratch, soname};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -26,6 +28,15 @@ fn output(what: &str, c: &mut Command) -> Output {
     o
 }
 
+/// Runs `make -C <root> ARGS`. One make at a time in this test binary: they
+/// share target/release.
+fn make(args: &[&str]) -> Output {
+    static MAKE: Mutex<()> = Mutex::new(());
+    let _one = MAKE.lock().unwrap_or_else(|e| e.into_inner());
+    let what = format!("make {}", args.join(" "));
+    output(&what, command("make").arg("-C").arg(root()).args(args))
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -36,14 +47,7 @@ fn prefix() -> &'static Path {
     PREFIX.get_or_init(|| {
         let p = scratch("packaging").join("prefix");
         let _ = std::fs::remove_dir_all(&p);
-        output(
-            "make install",
-            command("make")
-                .arg("-C")
-                .arg(root())
-                .arg("install")
-                .arg(format!("PREFIX={}", p.display())),
-        );
+        make(&["install", &format!("PREFIX={}", p.display())]);
         p
     })
 }
@@ -87,6 +91,24 @@ fn install_lays_out_library_links_headers_and_package_files() {
     );
     assert_eq!(link_target(&lib.join("libmemprobe.so")), so);
     assert!(lib.join("libmemprobe.a").is_file());
+    // The command, runnable from the prefix alone (it does not load the
+    // shared library).
+    let exe = p.join("bin/memprobe");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&exe).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o755, "{}", exe.display());
+    let o = output(
+        "memprobe --version",
+        command(exe.to_str().unwrap()).arg("--version"),
+    );
+    assert_eq!(stdout(&o).trim(), format!("memprobe {VERSION}"));
+    let o = output(
+        "memprobe status --json",
+        command(exe.to_str().unwrap())
+            .args(["status", "--json"])
+            .env("MEMPROBE_GPU_BACKEND", "none"),
+    );
+    assert!(stdout(&o).trim_start().starts_with('{'), "{}", stdout(&o));
     let header = std::fs::read(p.join("include/memprobe.h")).unwrap();
     assert_eq!(
         header,
@@ -124,6 +146,7 @@ fn default_prefix_is_usr_local() {
             .args(["-n", "install"]),
     );
     let plan = stdout(&o);
+    assert!(plan.contains("bin='/usr/local/bin'"), "{plan}");
     assert!(plan.contains("lib='/usr/local/lib'"), "{plan}");
     assert!(plan.contains("inc='/usr/local/include'"), "{plan}");
 }
@@ -291,5 +314,115 @@ fn installed_prefix_can_be_moved() {
     output(
         "consumer (moved prefix)",
         &mut command(build.join("consumer").to_str().unwrap()),
+    );
+}
+
+/// The fenced blocks of README.md whose info string is `lang`, each as its
+/// lines.
+fn readme_blocks(lang: &str) -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in readme.lines() {
+        match (&mut current, line.strip_prefix("```")) {
+            (None, Some(info)) if info.trim() == lang => current = Some(Vec::new()),
+            (Some(_), Some("")) => blocks.extend(current.take()),
+            (Some(b), _) => b.push(line.to_owned()),
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+/// The README's C snippet as a whole program: its own lines inside `main`,
+/// with the training loop's functions it calls.
+fn readme_app_c() -> String {
+    let snippet = readme_blocks("c")
+        .into_iter()
+        .find(|b| b.iter().any(|l| l.contains("memprobe_window_open")))
+        .expect("README.md has the C snippet with memprobe_window_open");
+    let (includes, body): (Vec<&String>, Vec<&String>) =
+        snippet.iter().partition(|l| l.starts_with("#include"));
+    let mut app = String::from("#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n");
+    for l in includes {
+        app += l;
+        app.push('\n');
+    }
+    app += "\nstatic int steps = 3;\n\
+            /* A step that uses 32 MiB for a moment. */\n\
+            static void train_step(void) {\n\
+                char *p = malloc(32u << 20);\n\
+                if (p) { memset(p, 1, 32u << 20); free(p); }\n\
+            }\n\
+            static void evaluate(void) {}\n\n\
+            int main(void) {\n";
+    for l in body {
+        app += "    ";
+        app += l;
+        app.push('\n');
+    }
+    app += "    return 0;\n}\n";
+    app
+}
+
+#[test]
+fn readme_c_build_lines_work_verbatim_after_make_lib() {
+    let block = readme_blocks("sh")
+        .into_iter()
+        .find(|b| {
+            b.iter()
+                .any(|l| l.starts_with("cc ") && l.contains("app.c"))
+        })
+        .expect("README.md has a sh block with the `cc ... app.c` build line");
+    assert!(
+        block[0].starts_with("make lib"),
+        "the README's build lines start with `make lib`: {block:?}"
+    );
+    // `make lib` alone must leave target/release usable: start without the
+    // SONAME link that other targets (demo-c, earlier versions) made.
+    let release = root().join("target/release");
+    make(&["lib"]);
+    let link = release.join(soname(&release.join("libmemprobe.so")));
+    let _ = std::fs::remove_file(&link);
+    make(&["lib"]);
+    assert_eq!(link_target(&link), "libmemprobe.so");
+    // The remaining lines run verbatim, in a directory laid out like the
+    // repository root for them: include/ and target/ of the repository, and
+    // app.c (the README's C snippet made a program).
+    let dir = scratch("readme-c");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for d in ["include", "target"] {
+        std::os::unix::fs::symlink(root().join(d), dir.join(d)).unwrap();
+    }
+    std::fs::write(dir.join("app.c"), readme_app_c()).unwrap();
+    let script = block[1..].join("\n");
+    let o = output(
+        &format!("the README's lines\n{script}\n"),
+        command("sh")
+            .args(["-ec", &script])
+            .current_dir(&dir)
+            .env_remove("LD_LIBRARY_PATH"),
+    );
+    let out = stdout(&o);
+    // Each step's 32 MiB shows in its exact peak.
+    let peaks: Vec<u64> = out
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("step ")?
+                .split(" peak ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(peaks.len(), 3, "{out}");
+    assert!(peaks.iter().all(|&p| p >= 32 << 20), "{out}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("(eval: done)"),
+        "the trace reports to stderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
     );
 }
