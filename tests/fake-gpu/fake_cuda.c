@@ -300,12 +300,27 @@ static CUresult free_object(uintptr_t key, int kinds) {
 
 /* ---- test hooks (not CUDA) ---- */
 
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+
 EXPORT unsigned long long fake_cuda_used(int dev) {
     return dev >= 0 && dev < MAX_DEVICES ? __atomic_load_n(&dev_used[dev], __ATOMIC_RELAXED) : 0;
 }
 
 EXPORT unsigned long long fake_cuda_host_pinned(void) {
     return __atomic_load_n(&host_pinned, __ATOMIC_RELAXED);
+}
+
+/* The fake's own cuMemAlloc_v2 / cuMemFree_v2, past any interposer (a
+ * benchmark's baseline). */
+EXPORT void *fake_cuda_function(const char *name) {
+    if (name && strcmp(name, "cuMemAlloc_v2") == 0) {
+        return (void *)cuMemAlloc_v2;
+    }
+    if (name && strcmp(name, "cuMemFree_v2") == 0) {
+        return (void *)cuMemFree_v2;
+    }
+    return NULL;
 }
 
 /* ---- initialization, devices, contexts ---- */

@@ -79,18 +79,20 @@ unsafe extern "C" fn decide(
     // SAFETY: as above.
     unsafe { *out = real as *mut c_void };
     // `RTLD_NEXT` is relative to the caller, which only the jump preserves:
-    // such lookups pass through (and are not counted).
-    if name.is_null() || handle == libc::RTLD_NEXT || !crate::region::counting() {
+    // such lookups pass through (and are not counted). Every other name but
+    // the wrapped ones goes through before anything else happens: a malloc
+    // implementation looking itself up never meets our set-up.
+    if name.is_null() || handle == libc::RTLD_NEXT {
         return 1;
     }
     // SAFETY: dlsym's contract: a NUL-terminated name.
     let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
-    if !bytes.starts_with(b"cu") {
-        return 1;
-    }
     let Some(h) = by_name(bytes) else {
         return 1;
     };
+    if !crate::region::counting() {
+        return 1;
+    }
     // SAFETY: glibc's dlsym with the caller's arguments.
     let p = unsafe { real(handle, name) };
     if p.is_null() {

@@ -84,6 +84,9 @@ table! {
 
 /// The wrapped function exported under `name` (as `dlsym` is asked).
 pub(crate) fn by_name(name: &[u8]) -> Option<H> {
+    if !name.starts_with(b"cu") {
+        return None;
+    }
     HOOKED
         .iter()
         .copied()

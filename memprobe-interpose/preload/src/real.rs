@@ -28,9 +28,7 @@ pub(crate) fn real_dlsym() -> Option<DlsymFn> {
         'found: for handle in [libc::RTLD_NEXT, libc::RTLD_DEFAULT] {
             for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
                 // SAFETY: NUL-terminated names; dlvsym only looks up.
-                let q = unsafe {
-                    libc::dlvsym(handle, c"dlsym".as_ptr(), version.as_ptr())
-                };
+                let q = unsafe { libc::dlvsym(handle, c"dlsym".as_ptr(), version.as_ptr()) };
                 if !q.is_null() && q != ours {
                     p = q;
                     break 'found;
