@@ -182,3 +182,62 @@ fn switched_off_the_reader_says_so() {
         other => panic!("{other:?}"),
     }
 }
+
+type Claim = unsafe extern "C" fn() -> i32;
+type Release = unsafe extern "C" fn(i32);
+type Take = unsafe extern "C" fn(i32, i32) -> u64;
+type Current = unsafe extern "C" fn(i32) -> u64;
+
+/// The interposer's own C entry points for readers without the Rust crate
+/// (Python's ctypes in scripts/gpu-validate-interpose.py), with bad
+/// arguments too.
+#[test]
+fn c_entry_points_for_readers_in_other_languages() {
+    if !in_child("c_entry_points_for_readers_in_other_languages") {
+        return run_child("c_entry_points_for_readers_in_other_languages", &[]);
+    }
+    let d = driver();
+    // SAFETY: the interposer's exports, with their documented signatures.
+    unsafe {
+        let claim =
+            std::mem::transmute::<*mut c_void, Claim>(sym_default("memprobe_interpose_mark_claim"));
+        let release = std::mem::transmute::<*mut c_void, Release>(sym_default(
+            "memprobe_interpose_mark_release",
+        ));
+        let take =
+            std::mem::transmute::<*mut c_void, Take>(sym_default("memprobe_interpose_mark_take"));
+        let current =
+            std::mem::transmute::<*mut c_void, Current>(sym_default("memprobe_interpose_current"));
+        let slot = claim();
+        assert!(slot >= 0);
+        let base = d.alloc(MIB);
+        for i in 1..=100u64 {
+            let p = d.alloc(i * 512);
+            d.free(p);
+            assert_eq!(take(slot, 0), MIB + i * 512);
+        }
+        assert_eq!(current(0), MIB);
+        assert_eq!(current(64), 0);
+        for bad in [-1, 65, 1000, i32::MIN] {
+            assert_eq!(current(bad), 0);
+            assert_eq!(take(slot, bad), 0);
+            assert_eq!(take(bad, 0), 0);
+            release(bad);
+        }
+        release(slot);
+        let mut slots: Vec<i32> = (0..32).map(|_| claim()).collect();
+        assert!(slots.iter().all(|&s| s >= 0));
+        assert_eq!(claim(), -1, "all 32 slots held");
+        release(slots.pop().unwrap());
+        assert!(claim() >= 0);
+        d.free(base);
+    }
+}
+
+fn sym_default(name: &str) -> *mut c_void {
+    let c = CString::new(name).unwrap();
+    // SAFETY: a lookup in the global scope.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
+    assert!(!p.is_null(), "{name}");
+    p
+}
