@@ -13,9 +13,27 @@ const MIB: u64 = 1 << 20;
 /// Runs alloc_ways found `how`, checking the counters at every checkpoint
 /// against the fake driver's truth; returns the region for final checks.
 fn every_way(how: &str, legacy: bool) -> (std::sync::Arc<Region>, Vec<String>) {
+    every_way_under(how, legacy, None)
+}
+
+/// As [`every_way`], the program run under `tool` (valgrind and its
+/// arguments) when given.
+fn every_way_under(
+    how: &str,
+    legacy: bool,
+    tool: Option<&[&str]>,
+) -> (std::sync::Arc<Region>, Vec<String>) {
     let fake = fake_driver(legacy);
-    let regions = region_dir(&format!("ways-{how}-{legacy}"));
-    let mut cmd = Command::new(program("alloc_ways", how == "linked"));
+    let regions = region_dir(&format!("ways-{how}-{legacy}-{}", tool.is_some()));
+    let prog = program("alloc_ways", how == "linked");
+    let mut cmd = match tool {
+        Some(t) => {
+            let mut c = Command::new(t[0]);
+            c.args(&t[1..]).arg(prog);
+            c
+        }
+        None => Command::new(prog),
+    };
     cmd.arg(how);
     interposed(&mut cmd, &fake, &regions);
     let mut t = Talk::start(cmd);
@@ -101,6 +119,32 @@ fn cu_get_proc_address_of_cuda_11_3_counts() {
 #[test]
 fn programs_linked_to_the_driver_count() {
     every_way("linked", false);
+}
+
+/// Under valgrind (memcheck, every error fatal): the interposer's memory
+/// accesses are clean and the counts stay exact.
+#[test]
+fn under_valgrind_every_way_counts_and_nothing_is_wrong() {
+    let have = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        eprintln!("valgrind not installed: skipped");
+        return;
+    }
+    every_way_under(
+        "proc",
+        false,
+        Some(&[
+            "valgrind",
+            "--error-exitcode=99",
+            "--quiet",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--show-leak-kinds=definite",
+        ]),
+    );
 }
 
 #[test]
@@ -281,6 +325,24 @@ fn rtld_deepbind_libraries_pass_through_uncounted() {
     let r = open_region(&regions, t.child.id());
     assert_eq!(truth, 7 * MIB);
     assert_eq!(r.current(Counter::Device(0)), MIB);
+    t.go();
+    t.finish();
+}
+
+/// A second interposer preloaded after this one finds what it wraps with
+/// dlsym(RTLD_NEXT): the lookup reaches glibc as the caller's own.
+#[test]
+fn rtld_next_lookups_stay_relative_to_their_caller() {
+    let regions = region_dir("next");
+    let mut cmd = Command::new(program("procs", false));
+    cmd.arg("next");
+    interposed(&mut cmd, &fake_driver(false), &regions);
+    let preload = format!("{} {}", interposer().display(), next_library().display());
+    cmd.env("LD_PRELOAD", preload);
+    let mut t = Talk::start(cmd);
+    let truth: u64 = t.line().strip_prefix("truth ").unwrap().parse().unwrap();
+    let r = open_region(&regions, t.child.id());
+    assert_eq!(r.current(Counter::Device(0)), truth);
     t.go();
     t.finish();
 }

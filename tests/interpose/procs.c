@@ -11,6 +11,8 @@
  *   hold              keeps 8 MiB and waits to be killed
  *   nocontext         allocates on a thread with no current context
  *   deepbind LIB      calls LIB (dlopen'ed RTLD_DEEPBIND, linked to libcuda)
+ *   next              with next.c preloaded after the interposer: its
+ *                     dlsym(RTLD_NEXT) finds the real getpid
  */
 #include "cuda_api.h"
 
@@ -169,6 +171,18 @@ int main(int argc, char **argv) {
         deep_alloc = (int (*)(unsigned long long))dlsym(lib, "deep_alloc");
         if (!deep_alloc || deep_alloc(6 * MIB) != 0) {
             return 7;
+        }
+        CHECK(a.cuMemAlloc_v2(&p, MIB));
+        printf("truth %llu\n", a.used(0));
+        fflush(stdout);
+        wait_line();
+        return 0;
+    }
+    if (strcmp(argv[1], "next") == 0) {
+        int (*found)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "next_found_real");
+        if (!found || !found()) {
+            fprintf(stderr, "dlsym(RTLD_NEXT) from the second interposer did not find libc's getpid\n");
+            return 8;
         }
         CHECK(a.cuMemAlloc_v2(&p, MIB));
         printf("truth %llu\n", a.used(0));

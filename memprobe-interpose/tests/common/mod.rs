@@ -162,6 +162,22 @@ pub fn deep_library() -> PathBuf {
     .clone()
 }
 
+/// tests/interpose/next.c as a shared library (a second interposer).
+pub fn next_library() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let out = scratch().join("libnext.so");
+        cc(
+            &["-shared", "-fPIC"],
+            &[root().join("tests/interpose/next.c")],
+            &out,
+            &["-ldl".into()],
+        );
+        out
+    })
+    .clone()
+}
+
 /// A fresh directory for region files (one per test: tests run in
 /// parallel and must not reclaim each other's).
 pub fn region_dir(test: &str) -> PathBuf {
