@@ -303,11 +303,19 @@ fn a_thread_without_a_context_passes_through() {
     cmd.arg("nocontext");
     interposed(&mut cmd, &fake_driver(false), &regions);
     let mut t = Talk::start(cmd);
-    let truth: u64 = t.line().strip_prefix("truth ").unwrap().parse().unwrap();
+    let line = t.line();
+    let truth: Vec<u64> = line
+        .split(' ')
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
     let r = open_region(&regions, t.child.id());
-    assert_eq!(truth, MIB);
+    assert_eq!(truth, [MIB, 4 * MIB], "{line}");
     assert_eq!(r.current(Counter::Device(0)), MIB);
     assert_eq!(r.read(Counter::Device(0)).failures, 0);
+    // The pool of device 1, allocated from on the thread without a context.
+    assert_eq!(r.current(Counter::Device(1)), 4 * MIB);
+    assert_eq!(r.not_counted().calls, 0);
     t.go();
     t.finish();
 }

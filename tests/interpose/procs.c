@@ -51,10 +51,19 @@ static void *worker(void *arg) {
 }
 
 static void *no_context(void *arg) {
-    CUdeviceptr p;
+    CUdeviceptr p, q;
+    CUmemPoolProps props;
+    CUpool pool;
     (void)arg;
     /* fails in the driver: no context; passes through uncounted */
     EXPECT_RC(201, a.cuMemAlloc_v2(&p, MIB));
+    /* a pool names its device: counted without a context */
+    memset(&props, 0, sizeof props);
+    props.allocType = 1;
+    props.location.type = 1;
+    props.location.id = 1;
+    CHECK(a.cuMemPoolCreate(&pool, &props));
+    CHECK(a.cuMemAllocFromPoolAsync(&q, 3 * MIB, pool, NULL));
     return NULL;
 }
 
@@ -156,7 +165,7 @@ int main(int argc, char **argv) {
         pthread_create(&th, NULL, no_context, NULL);
         pthread_join(th, NULL);
         CHECK(a.cuMemAlloc_v2(&p, MIB));
-        printf("truth %llu\n", a.used(0));
+        printf("truth %llu %llu\n", a.used(0), a.used(1));
         fflush(stdout);
         wait_line();
         return 0;

@@ -387,16 +387,14 @@ fn after_pool_alloc(rc: CUresult, pool: Option<CUpool>, bytes: u64) {
     let Some(l) = region::get() else {
         return;
     };
-    let Some(c) = ctx_counter() else {
-        if rc == CUDA_SUCCESS {
-            l.record_not_counted(bytes);
-        }
-        return;
-    };
-    if rc == CUDA_SUCCESS {
-        pools::refresh(pool.unwrap_or_else(|| device_pool(c)), c);
-    } else {
-        failed(l, rc, Some(c), bytes);
+    let c = ctx_counter();
+    match (rc == CUDA_SUCCESS, pool, c) {
+        // A pool of known device needs no context.
+        (true, Some(p), _) if pools::refresh_known(p) => {}
+        (true, Some(p), Some(c)) => pools::refresh(p, c),
+        (true, None, Some(c)) => pools::refresh(device_pool(c), c),
+        (true, _, None) => l.record_not_counted(bytes),
+        (false, _, c) => failed(l, rc, c, bytes),
     }
 }
 
@@ -492,7 +490,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) -> 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUpool, keep: usize) -> CUresult {
     let rc = call!(cuMemPoolTrimTo: unsafe extern "C" fn(CUpool, usize) -> CUresult, pool, keep);
-    if rc == CUDA_SUCCESS {
+    if rc == CUDA_SUCCESS && !pools::refresh_known(pool) {
         if let Some(c) = ctx_counter() {
             pools::refresh(pool, c);
         }

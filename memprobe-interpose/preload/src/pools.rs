@@ -32,6 +32,9 @@ static REGISTERING: AtomicBool = AtomicBool::new(false);
 type GetAttr = unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> CUresult;
 
 fn find(handle: u64) -> Option<&'static Pool> {
+    if handle == 0 {
+        return None;
+    }
     POOLS.iter().find(|p| p.handle.load(Acquire) == handle)
 }
 
@@ -76,6 +79,15 @@ pub(crate) fn refresh(pool: *mut c_void, counter: usize) {
         return;
     };
     read_into(l, p, pool);
+}
+
+/// Re-reads `pool` if it is registered; false if it is not.
+pub(crate) fn refresh_known(pool: *mut c_void) -> bool {
+    let (Some(l), Some(p)) = (crate::region::get(), find(pool as u64)) else {
+        return false;
+    };
+    read_into(l, p, pool);
+    true
 }
 
 fn read_into(l: &shm::layout::Layout, p: &Pool, pool: *mut c_void) {
