@@ -86,8 +86,9 @@ extern "C" fn load() {
     region::init();
 }
 
-/// Sets the region up when the library loads, before the program's own
-/// constructors and `main` (not in this crate's unit-test binary).
+/// Reads the environment and finds glibc's `dlsym` when the library loads,
+/// before the program's own constructors and `main` (not in this crate's
+/// unit-test binary). The region comes with the first use of the driver.
 #[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]

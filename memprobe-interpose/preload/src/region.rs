@@ -1,17 +1,20 @@
 //! This process's counter region: a file `<dir>/<pid>` mapped shared (dir:
 //! `$MEMPROBE_GPU_EXACT_DIR`, else `/dev/shm/memprobe-gpu-<uid>`, mode 0700),
-//! else anonymous memory (in-process readers only). Set up when the library
-//! loads; a forked child gets a fresh region of its own.
+//! else anonymous memory (in-process readers only). Made when the process
+//! first touches the driver through the interposer (or a reader asks), so a
+//! process that never uses CUDA leaves no file; a forked child gets a region
+//! of its own the same way.
 
 use shm::layout::{Layout, FLAG_COUNTING, FLAG_EXITED, FLAG_SHARED, LAYOUT_SIZE, MAGIC};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::*};
 use std::sync::OnceLock;
 
 static REGION: AtomicPtr<Layout> = AtomicPtr::new(ptr::null_mut());
 static STATE: AtomicU32 = AtomicU32::new(UNINIT);
+static CREATING: AtomicBool = AtomicBool::new(false);
 static DIR: OnceLock<Option<CString>> = OnceLock::new();
 
 const UNINIT: u32 = 0;
@@ -19,20 +22,46 @@ const STARTING: u32 = 1;
 const READY: u32 = 2;
 const OFF: u32 = 3;
 
-/// The region, when counting.
+/// The region, when counting (made on first use).
 #[inline]
 pub(crate) fn get() -> Option<&'static Layout> {
     let p = REGION.load(Acquire);
     if p.is_null() {
-        if STATE.load(Acquire) == UNINIT {
-            init();
-        }
-        let p = REGION.load(Acquire);
-        // SAFETY: a region is never unmapped once published.
-        return unsafe { p.as_ref() };
+        return make();
     }
-    // SAFETY: as above.
+    // SAFETY: a region is never unmapped once published.
     Some(unsafe { &*p })
+}
+
+#[cold]
+fn make() -> Option<&'static Layout> {
+    if STATE.load(Acquire) == UNINIT {
+        init();
+    }
+    if STATE.load(Acquire) != READY {
+        return None;
+    }
+    // One thread makes it; the others wait for it (system calls only).
+    while CREATING.swap(true, AcqRel) {
+        if !REGION.load(Acquire).is_null() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    if REGION.load(Acquire).is_null() {
+        let dir = DIR.get_or_init(prepare_dir);
+        if let Some(dir) = dir {
+            // Regions of processes that ended and that no live reader holds.
+            let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.to_bytes()));
+            let _ = shm::reclaim_dead(path);
+        }
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        REGION.store(create(dir.as_ref(), pid), Release);
+    }
+    CREATING.store(false, Release);
+    // SAFETY: as in `get`.
+    unsafe { REGION.load(Acquire).as_ref() }
 }
 
 /// Whether the interposer counts (and so hands out wrappers).
@@ -72,15 +101,6 @@ pub(crate) fn init() {
         return;
     }
     let _ = crate::real::real_dlsym();
-    let dir = DIR.get_or_init(prepare_dir);
-    if let Some(dir) = dir {
-        // Regions of processes that ended and that no live reader holds.
-        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.to_bytes()));
-        let _ = shm::reclaim_dead(path);
-    }
-    // SAFETY: getpid cannot fail.
-    let pid = unsafe { libc::getpid() } as u32;
-    REGION.store(create(dir.as_ref(), pid), Release);
     STATE.store(READY, Release);
     // SAFETY: registering plain extern "C" handlers.
     unsafe {
@@ -205,18 +225,18 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
     Some(l)
 }
 
-/// A forked child: its own region and empty maps (its parent's memory is
-/// not its own); the parent's region stays mapped, untouched.
+/// A forked child: empty maps (its parent's memory is not its own) and a
+/// region of its own when it first uses the driver; the parent's region
+/// stays mapped, untouched.
 extern "C" fn in_child() {
-    // SAFETY: getpid cannot fail.
-    let pid = unsafe { libc::getpid() } as u32;
-    let dir = DIR.get().and_then(|d| d.as_ref());
     crate::hooks::forget_all();
-    REGION.store(create(dir, pid), Release);
+    REGION.store(ptr::null_mut(), Release);
+    CREATING.store(false, Release);
 }
 
 extern "C" fn at_exit() {
-    if let Some(l) = get() {
+    // SAFETY: as in `get`; no region is made at exit.
+    if let Some(l) = unsafe { REGION.load(Acquire).as_ref() } {
         l.header.flags.fetch_or(FLAG_EXITED, SeqCst);
     }
 }
