@@ -205,6 +205,38 @@ fn short_spikes_are_caught_every_time_by_independent_marks() {
     assert_eq!(r.read(d0).lifetime_peak, 3 * MIB);
 }
 
+/// A tracker inside the program and a reader outside it (memprobe run's
+/// place) keep their own marks: each resets only its own.
+#[test]
+fn a_reader_inside_and_one_outside_never_reset_each_other() {
+    const TRIES: u64 = 70;
+    let regions = region_dir("inside-outside");
+    let mut cmd = Command::new(program("procs", false));
+    cmd.args(["inside", &TRIES.to_string()]);
+    interposed(&mut cmd, &fake_driver(false), &regions);
+    let mut t = Talk::start(cmd);
+    let pid: u32 = t.line().strip_prefix("ready ").unwrap().parse().unwrap();
+    let r = open_region(&regions, pid);
+    let outside = r.mark().unwrap();
+    let mut window_max = 0;
+    for i in 0..TRIES {
+        t.go();
+        let spike = (i % 7 + 1) * MIB;
+        let inside: u64 = t.line().strip_prefix("inside ").unwrap().parse().unwrap();
+        assert_eq!(inside, spike, "the tracker's step peak, try {i}");
+        window_max = window_max.max(spike);
+        if i % 5 == 4 {
+            assert_eq!(
+                outside.take(Counter::Device(0)),
+                window_max,
+                "outside, try {i}"
+            );
+            window_max = 0;
+        }
+    }
+    t.finish();
+}
+
 #[test]
 fn eight_threads_at_once_count_exactly() {
     let regions = region_dir("threads");

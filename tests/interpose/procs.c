@@ -11,6 +11,9 @@
  *   hold              keeps 8 MiB and waits to be killed
  *   nocontext         allocates on a thread with no current context
  *   deepbind LIB      calls LIB (dlopen'ed RTLD_DEEPBIND, linked to libcuda)
+ *   inside N          a tracker inside: N times, wait for a line, spike by
+ *                     (i % 7 + 1) MiB, then take its own mark (through the
+ *                     interposer's C entry points) and print "inside PEAK"
  *   next              with next.c preloaded after the interposer: its
  *                     dlsym(RTLD_NEXT) finds the real getpid
  */
@@ -185,6 +188,27 @@ int main(int argc, char **argv) {
         printf("truth %llu\n", a.used(0));
         fflush(stdout);
         wait_line();
+        return 0;
+    }
+    if (strcmp(argv[1], "inside") == 0 && argc == 3) {
+        long n = atol(argv[2]), i;
+        int (*claim)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "memprobe_interpose_mark_claim");
+        unsigned long long (*take)(int, int) =
+            (unsigned long long (*)(int, int))dlsym(RTLD_DEFAULT, "memprobe_interpose_mark_take");
+        int slot;
+        if (!claim || !take || (slot = claim()) < 0) {
+            fprintf(stderr, "no interposer mark\n");
+            return 9;
+        }
+        printf("ready %d\n", (int)getpid());
+        fflush(stdout);
+        for (i = 0; i < n; i++) {
+            wait_line();
+            CHECK(a.cuMemAlloc_v2(&p, (size_t)(i % 7 + 1) * MIB));
+            CHECK(a.cuMemFree_v2(p));
+            printf("inside %llu\n", take(slot, 0));
+            fflush(stdout);
+        }
         return 0;
     }
     if (strcmp(argv[1], "next") == 0) {
