@@ -1,0 +1,259 @@
+//! This process's counter region: a file `<dir>/<pid>` mapped shared (dir:
+//! `$MEMPROBE_GPU_EXACT_DIR`, else `/dev/shm/memprobe-gpu-<uid>`, mode 0700),
+//! else anonymous memory (in-process readers only). Made when the process
+//! first touches the driver through the interposer (or a reader asks), so a
+//! process that never uses CUDA leaves no file; a forked child gets a region
+//! of its own the same way.
+
+use shm::layout::{Layout, FLAG_COUNTING, FLAG_EXITED, FLAG_SHARED, LAYOUT_SIZE, MAGIC};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::*};
+use std::sync::OnceLock;
+
+static REGION: AtomicPtr<Layout> = AtomicPtr::new(ptr::null_mut());
+static STATE: AtomicU32 = AtomicU32::new(UNINIT);
+static CREATING: AtomicBool = AtomicBool::new(false);
+static DIR: OnceLock<Option<CString>> = OnceLock::new();
+
+const UNINIT: u32 = 0;
+const STARTING: u32 = 1;
+const READY: u32 = 2;
+const OFF: u32 = 3;
+
+/// The region, when counting (made on first use).
+#[inline]
+pub(crate) fn get() -> Option<&'static Layout> {
+    let p = REGION.load(Acquire);
+    if p.is_null() {
+        return make();
+    }
+    // SAFETY: a region is never unmapped once published.
+    Some(unsafe { &*p })
+}
+
+#[cold]
+fn make() -> Option<&'static Layout> {
+    if STATE.load(Acquire) == UNINIT {
+        init();
+    }
+    if STATE.load(Acquire) != READY {
+        return None;
+    }
+    // One thread makes it; the others wait for it (system calls only).
+    while CREATING.swap(true, AcqRel) {
+        if !REGION.load(Acquire).is_null() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    if REGION.load(Acquire).is_null() {
+        let dir = DIR.get_or_init(prepare_dir);
+        if let Some(dir) = dir {
+            // Regions of processes that ended and that no live reader holds.
+            let path = std::path::Path::new(std::ffi::OsStr::from_bytes(dir.to_bytes()));
+            let _ = shm::reclaim_dead(path);
+        }
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        REGION.store(create(dir.as_ref(), pid), Release);
+    }
+    CREATING.store(false, Release);
+    // SAFETY: as in `get`.
+    unsafe { REGION.load(Acquire).as_ref() }
+}
+
+/// Whether the interposer counts (and so hands out wrappers).
+pub(crate) fn counting() -> bool {
+    get().is_some()
+}
+
+/// The region pointer for in-process readers (null when off).
+pub(crate) fn raw() -> *mut Layout {
+    get().map_or(ptr::null_mut(), |l| l as *const Layout as *mut Layout)
+}
+
+fn switched_off() -> bool {
+    // SAFETY: a NUL-terminated name; the value is read at once.
+    let v = unsafe { libc::getenv(c"MEMPROBE_GPU_EXACT".as_ptr()) };
+    if v.is_null() {
+        return false;
+    }
+    // SAFETY: getenv returns a NUL-terminated string.
+    let v = unsafe { std::ffi::CStr::from_ptr(v) }.to_bytes();
+    matches!(
+        v.to_ascii_lowercase().as_slice(),
+        b"off" | b"0" | b"false" | b"no" | b"disabled"
+    )
+}
+
+/// Sets the region up (once; later calls return at once).
+pub(crate) fn init() {
+    if STATE
+        .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
+        .is_err()
+    {
+        return;
+    }
+    if switched_off() {
+        STATE.store(OFF, Release);
+        return;
+    }
+    let _ = crate::real::real_dlsym();
+    STATE.store(READY, Release);
+    // SAFETY: registering plain extern "C" handlers.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(in_child));
+        libc::atexit(at_exit);
+    }
+}
+
+/// The directory, created 0700 if missing; `None` if it is not a private
+/// directory of this user (then the region is anonymous).
+fn prepare_dir() -> Option<CString> {
+    let dir = shm::default_dir();
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::mkdir(c.as_ptr(), 0o700) };
+    // SAFETY: `st` is written by lstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let private =
+        st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == uid && st.st_mode & 0o077 == 0;
+    private.then_some(c)
+}
+
+/// Maps the region of `pid`: its file in `dir` (kept if it already belongs
+/// to this very process, i.e. after an exec), else anonymous memory.
+/// Async-signal-safe enough for a fork child: system calls and a stack
+/// buffer only.
+fn create(dir: Option<&CString>, pid: u32) -> *mut Layout {
+    let start = shm::liveness::start_time(pid);
+    if let Some(dir) = dir {
+        let mut path = [0u8; 4096];
+        let d = dir.to_bytes();
+        if d.len() + 12 < path.len() {
+            path[..d.len()].copy_from_slice(d);
+            path[d.len()] = b'/';
+            let n = d.len() + 1 + write_u32(&mut path[d.len() + 1..], pid);
+            path[n] = 0;
+            if let Some(l) = map_file(&path, pid, start) {
+                return l;
+            }
+        }
+    }
+    // SAFETY: a fresh anonymous mapping; zero bytes are a valid layout.
+    let m = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            LAYOUT_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if m == libc::MAP_FAILED {
+        return ptr::null_mut();
+    }
+    let l = m.cast::<Layout>();
+    // SAFETY: just mapped.
+    unsafe { (*l).init(pid, start, FLAG_COUNTING) };
+    l
+}
+
+fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
+    // SAFETY: `path` is NUL-terminated; the descriptor is closed below.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr().cast(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is ours.
+    let ok = unsafe { libc::ftruncate(fd, LAYOUT_SIZE as libc::off_t) } == 0;
+    let m = if ok {
+        // SAFETY: the file is LAYOUT_SIZE bytes long.
+        unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                LAYOUT_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+    } else {
+        libc::MAP_FAILED
+    };
+    // SAFETY: closing our descriptor; the mapping stays.
+    unsafe { libc::close(fd) };
+    if m == libc::MAP_FAILED {
+        return None;
+    }
+    let l = m.cast::<Layout>();
+    // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
+    let layout = unsafe { &*l };
+    let h = &layout.header;
+    if h.magic.load(SeqCst) == MAGIC
+        && layout.validate().is_ok()
+        && h.pid.load(SeqCst) == pid
+        && h.start_time.load(SeqCst) == start
+    {
+        // This process before an exec: the old image's device memory went
+        // with it; its peaks and readers' marks stay.
+        for c in &layout.counters {
+            c.current.store(0, SeqCst);
+        }
+        h.flags.fetch_and(!FLAG_EXITED, SeqCst);
+        return Some(l);
+    }
+    // SAFETY: ours to overwrite: a new file, or a dead process's.
+    unsafe { ptr::write_bytes(m.cast::<u8>(), 0, LAYOUT_SIZE) };
+    layout.init(pid, start, FLAG_COUNTING | FLAG_SHARED);
+    Some(l)
+}
+
+/// A forked child: empty maps (its parent's memory is not its own) and a
+/// region of its own when it first uses the driver; the parent's region
+/// stays mapped, untouched.
+extern "C" fn in_child() {
+    crate::hooks::forget_all();
+    REGION.store(ptr::null_mut(), Release);
+    CREATING.store(false, Release);
+}
+
+extern "C" fn at_exit() {
+    // SAFETY: as in `get`; no region is made at exit.
+    if let Some(l) = unsafe { REGION.load(Acquire).as_ref() } {
+        l.header.flags.fetch_or(FLAG_EXITED, SeqCst);
+    }
+}
+
+fn write_u32(out: &mut [u8], mut v: u32) -> usize {
+    let mut digits = [0u8; 10];
+    let mut n = 0;
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for i in 0..n {
+        out[i] = digits[n - 1 - i];
+    }
+    n
+}

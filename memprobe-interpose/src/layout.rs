@@ -1,0 +1,382 @@
+//! The counters' memory layout, shared by the interposer (the writer) and
+//! every reader, in-process or in another process through a file mapping.
+//!
+//! One region per process: a [`Header`] and one [`CounterBlock`] per device
+//! plus one for pinned host memory. Everything is an atomic in memory that
+//! may be shared between processes, so readers and the writer never lock.
+//!
+//! Versioning: [`MAGIC`] names the format and [`LAYOUT_VERSION`] its
+//! revision. A reader accepts a region whose magic matches, whose version
+//! equals its own and whose recorded size is at least `size_of::<Layout>()`;
+//! anything else is refused with a clear error, never guessed at. A change
+//! that moves or resizes a field bumps the version.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+/// The first eight bytes of a region: `"MPGPUXC\0"` read as a little-endian
+/// `u64`. Written last when a region is set up, so a reader never sees a
+/// half-initialized region as valid.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"MPGPUXC\0");
+
+/// The revision of this layout.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Devices counted, by CUDA ordinal as the process sees them (0..64).
+/// Allocations on a higher ordinal pass through and are reported as not
+/// counted.
+pub const MAX_DEVICES: usize = 64;
+
+/// Independent high-water marks per counter: one per reader (a reader holds
+/// one slot, like a cgroup v2 `memory.peak` descriptor).
+pub const MAX_MARKS: usize = 32;
+
+/// The index of the pinned host memory counter.
+pub const HOST_PINNED: usize = MAX_DEVICES;
+
+/// Number of counter blocks: one per device and one for pinned host memory.
+pub const COUNTERS: usize = MAX_DEVICES + 1;
+
+/// [`Header::flags`]: the interposer counts (not switched off by
+/// `MEMPROBE_GPU_EXACT=off`).
+pub const FLAG_COUNTING: u32 = 1;
+/// [`Header::flags`]: the region lives in a file another process can map.
+pub const FLAG_SHARED: u32 = 2;
+/// [`Header::flags`]: the process ran its exit handlers; its counts are final.
+pub const FLAG_EXITED: u32 = 4;
+
+/// The per-process part of a region.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Header {
+    /// [`MAGIC`] once the region is set up.
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`].
+    pub version: AtomicU32,
+    /// `size_of::<Layout>()` as the writer knew it.
+    pub size: AtomicU32,
+    /// The process the counts belong to.
+    pub pid: AtomicU32,
+    /// `FLAG_*` bits.
+    pub flags: AtomicU32,
+    /// The process's start time (field 22 of `/proc/<pid>/stat`), which
+    /// tells a live process from a later one that reused its pid.
+    pub start_time: AtomicU64,
+    /// Mark slots held by a reader (bit per slot).
+    pub claimed: AtomicU32,
+    /// Mark slots the writer folds into (set once a claimed slot is ready).
+    pub active: AtomicU32,
+    /// Allocations that succeeded but could not be counted (no current
+    /// context, an ordinal beyond [`MAX_DEVICES`], a full pointer table, a
+    /// size the interposer cannot derive).
+    pub not_counted_calls: AtomicU64,
+    /// Their bytes, where known.
+    pub not_counted_bytes: AtomicU64,
+    /// Frees of pointers or handles the interposer never saw allocated
+    /// (allocated before it was loaded, or not counted): passed through.
+    pub untracked_frees: AtomicU64,
+    /// Allocation calls that failed with `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub oom_events: AtomicU64,
+    /// The counter index of the last such failure.
+    pub last_oom_counter: AtomicU64,
+    /// The size asked for in the last such failure.
+    pub last_oom_size: AtomicU64,
+    /// The pid of each slot's reader (for reclaiming slots of dead readers).
+    pub mark_owner_pid: [AtomicU32; MAX_MARKS],
+    /// The start time of each slot's reader.
+    pub mark_owner_start: [AtomicU64; MAX_MARKS],
+}
+
+/// The counts of one device, or of pinned host memory.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct CounterBlock {
+    /// Bytes held now.
+    pub current: AtomicU64,
+    /// The highest `current` since the process started (never reset).
+    pub lifetime_peak: AtomicU64,
+    /// Allocation calls that failed with `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub failures: AtomicU64,
+    /// The size asked for in the last of them.
+    pub last_failure_size: AtomicU64,
+    /// Nonzero once anything was counted here.
+    pub seen: AtomicU64,
+    /// Padding to keep the marks on their own cache lines.
+    pub reserved: [u64; 3],
+    /// The high-water mark of each reader slot.
+    pub marks: [AtomicU64; MAX_MARKS],
+}
+
+/// A whole region.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Layout {
+    /// The per-process part.
+    pub header: Header,
+    /// Devices `0..MAX_DEVICES`, then [`HOST_PINNED`].
+    pub counters: [CounterBlock; COUNTERS],
+}
+
+/// `size_of::<Layout>()`.
+pub const LAYOUT_SIZE: usize = std::mem::size_of::<Layout>();
+
+#[inline]
+fn raise(mark: &AtomicU64, value: u64) {
+    // A load first: the mark is usually already higher, and a plain load
+    // costs far less than a locked read-modify-write.
+    if mark.load(Relaxed) < value {
+        mark.fetch_max(value, Relaxed);
+    }
+}
+
+impl Layout {
+    /// Counts `bytes` more on counter `index`, raising every active mark.
+    #[inline]
+    pub fn add(&self, index: usize, bytes: u64) {
+        let Some(c) = self.counters.get(index) else {
+            return;
+        };
+        if c.seen.load(Relaxed) == 0 {
+            c.seen.store(1, Relaxed);
+        }
+        let now = c.current.fetch_add(bytes, SeqCst).wrapping_add(bytes);
+        raise(&c.lifetime_peak, now);
+        let mut active = self.header.active.load(SeqCst);
+        while active != 0 {
+            let slot = active.trailing_zeros() as usize;
+            raise(&c.marks[slot], now);
+            active &= active - 1;
+        }
+    }
+
+    /// Counts `bytes` fewer on counter `index`.
+    #[inline]
+    pub fn sub(&self, index: usize, bytes: u64) {
+        if let Some(c) = self.counters.get(index) {
+            c.current.fetch_sub(bytes, SeqCst);
+        }
+    }
+
+    /// Records an allocation of `bytes` on counter `index` that failed with
+    /// out-of-memory.
+    pub fn record_oom(&self, index: usize, bytes: u64) {
+        if let Some(c) = self.counters.get(index) {
+            c.failures.fetch_add(1, Relaxed);
+            c.last_failure_size.store(bytes, Relaxed);
+            if c.seen.load(Relaxed) == 0 {
+                c.seen.store(1, Relaxed);
+            }
+        }
+        let h = &self.header;
+        h.last_oom_counter.store(index as u64, Relaxed);
+        h.last_oom_size.store(bytes, Relaxed);
+        h.oom_events.fetch_add(1, SeqCst);
+    }
+
+    /// Records an allocation that succeeded but is not counted.
+    pub fn record_not_counted(&self, bytes: u64) {
+        self.header.not_counted_calls.fetch_add(1, Relaxed);
+        self.header.not_counted_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Records a free of something never counted.
+    pub fn record_untracked_free(&self) {
+        self.header.untracked_frees.fetch_add(1, Relaxed);
+    }
+
+    /// Claims a free mark slot for the reader `(pid, start_time)`; slots of
+    /// readers that died are reclaimed when none is free. The new mark
+    /// starts at each counter's current bytes.
+    pub fn claim_mark(&self, pid: u32, start_time: u64) -> Option<usize> {
+        for attempt in 0..2 {
+            let mut claimed = self.header.claimed.load(SeqCst);
+            while claimed != u32::MAX {
+                let slot = (!claimed).trailing_zeros() as usize;
+                let bit = 1u32 << slot;
+                match self
+                    .header
+                    .claimed
+                    .compare_exchange(claimed, claimed | bit, SeqCst, SeqCst)
+                {
+                    Ok(_) => {
+                        self.header.mark_owner_pid[slot].store(pid, SeqCst);
+                        self.header.mark_owner_start[slot].store(start_time, SeqCst);
+                        // Start from zero, let the writer fold in, then fold
+                        // in what is held now: nothing held at or after the
+                        // moment of activation is missed.
+                        for c in &self.counters {
+                            c.marks[slot].store(0, SeqCst);
+                        }
+                        self.header.active.fetch_or(bit, SeqCst);
+                        for c in &self.counters {
+                            raise(&c.marks[slot], c.current.load(SeqCst));
+                        }
+                        return Some(slot);
+                    }
+                    Err(now) => claimed = now,
+                }
+            }
+            if attempt == 0 && self.reclaim_dead_marks() == 0 {
+                break;
+            }
+        }
+        None
+    }
+
+    /// Gives a mark slot back.
+    pub fn release_mark(&self, slot: usize) {
+        if slot < MAX_MARKS {
+            let bit = 1u32 << slot;
+            self.header.active.fetch_and(!bit, SeqCst);
+            self.header.mark_owner_pid[slot].store(0, SeqCst);
+            self.header.claimed.fetch_and(!bit, SeqCst);
+        }
+    }
+
+    /// Releases the slots whose reader process is gone; returns how many.
+    pub fn reclaim_dead_marks(&self) -> usize {
+        let claimed = self.header.claimed.load(SeqCst);
+        let mut n = 0;
+        for slot in 0..MAX_MARKS {
+            if claimed & (1 << slot) == 0 {
+                continue;
+            }
+            let pid = self.header.mark_owner_pid[slot].load(SeqCst);
+            let start = self.header.mark_owner_start[slot].load(SeqCst);
+            if pid != 0 && !crate::liveness::alive(pid, start) {
+                self.release_mark(slot);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Whether a live process other than the region's own holds a mark
+    /// (a dead process's region is kept for it).
+    pub fn held_by_live_reader(&self) -> bool {
+        let claimed = self.header.claimed.load(SeqCst);
+        let own = self.header.pid.load(SeqCst);
+        (0..MAX_MARKS).any(|slot| {
+            let pid = self.header.mark_owner_pid[slot].load(SeqCst);
+            claimed & (1 << slot) != 0
+                && pid != own
+                && pid != 0
+                && crate::liveness::alive(pid, self.header.mark_owner_start[slot].load(SeqCst))
+        })
+    }
+
+    /// The mark of `slot` on counter `index`.
+    pub fn mark_peak(&self, slot: usize, index: usize) -> u64 {
+        match self.counters.get(index) {
+            Some(c) if slot < MAX_MARKS => c.marks[slot].load(SeqCst),
+            _ => 0,
+        }
+    }
+
+    /// Returns the mark of `slot` on counter `index` and restarts it from the
+    /// current bytes, in one step: every value the counter takes belongs to
+    /// the window before or the window after, never to neither.
+    pub fn take_mark(&self, slot: usize, index: usize) -> u64 {
+        match self.counters.get(index) {
+            Some(c) if slot < MAX_MARKS => {
+                let peak = c.marks[slot].swap(c.current.load(SeqCst), SeqCst);
+                raise(&c.marks[slot], c.current.load(SeqCst));
+                peak
+            }
+            _ => 0,
+        }
+    }
+
+    /// Sets up a zeroed region for process `(pid, start_time)`; the magic
+    /// goes last.
+    pub fn init(&self, pid: u32, start_time: u64, flags: u32) {
+        let h = &self.header;
+        h.magic.store(0, SeqCst);
+        h.version.store(LAYOUT_VERSION, SeqCst);
+        h.size.store(LAYOUT_SIZE as u32, SeqCst);
+        h.pid.store(pid, SeqCst);
+        h.start_time.store(start_time, SeqCst);
+        h.flags.store(flags, SeqCst);
+        h.magic.store(MAGIC, SeqCst);
+    }
+
+    /// Checks magic, version and size; `Err` says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let magic = self.header.magic.load(SeqCst);
+        if magic != MAGIC {
+            return Err(format!(
+                "not a memprobe GPU counter region (magic {magic:#x})"
+            ));
+        }
+        let version = self.header.version.load(SeqCst);
+        if version != LAYOUT_VERSION {
+            return Err(format!(
+                "counter region layout version {version}, this reader knows {LAYOUT_VERSION}"
+            ));
+        }
+        let size = self.header.size.load(SeqCst) as usize;
+        if size < LAYOUT_SIZE {
+            return Err(format!(
+                "counter region of {size} bytes, smaller than the {LAYOUT_SIZE} of this layout"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zeroed() -> Box<Layout> {
+        // SAFETY: every field is an atomic integer or integer array, for
+        // which all-zero bytes are a valid value.
+        unsafe { Box::new(std::mem::zeroed()) }
+    }
+
+    #[test]
+    fn marks_are_independent() {
+        let l = zeroed();
+        l.init(1, 1, FLAG_COUNTING);
+        assert!(l.validate().is_ok());
+        let a = l.claim_mark(std::process::id(), 0).unwrap();
+        l.add(0, 100);
+        let b = l.claim_mark(std::process::id(), 0).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(l.mark_peak(b, 0), 100);
+        l.add(0, 50);
+        l.sub(0, 150);
+        assert_eq!(l.take_mark(a, 0), 150);
+        assert_eq!(l.mark_peak(a, 0), 0);
+        assert_eq!(l.mark_peak(b, 0), 150);
+        assert_eq!(l.counters[0].lifetime_peak.load(SeqCst), 150);
+        l.release_mark(a);
+        let c = l.claim_mark(std::process::id(), 0).unwrap();
+        assert_eq!(c, a);
+        assert_eq!(l.mark_peak(c, 0), 0);
+    }
+
+    #[test]
+    fn slots_run_out_and_dead_readers_are_reclaimed() {
+        let l = zeroed();
+        l.init(1, 1, FLAG_COUNTING);
+        for _ in 0..MAX_MARKS {
+            assert!(l.claim_mark(std::process::id(), 0).is_some());
+        }
+        assert_eq!(l.claim_mark(std::process::id(), 0), None);
+        // A reader that no longer exists: pid 0x7fff_fff0 is beyond pid_max.
+        l.header.mark_owner_pid[3].store(0x7fff_fff0, SeqCst);
+        assert_eq!(l.claim_mark(std::process::id(), 0), Some(3));
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let l = zeroed();
+        assert!(l.validate().unwrap_err().contains("magic"));
+        l.init(1, 1, 0);
+        l.header.version.store(99, SeqCst);
+        assert!(l.validate().unwrap_err().contains("version 99"));
+        l.header.version.store(LAYOUT_VERSION, SeqCst);
+        l.header.size.store(8, SeqCst);
+        assert!(l.validate().unwrap_err().contains("smaller"));
+    }
+}

@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""Validates memprobe's CUDA driver-API interposer on a machine with an NVIDIA
+GPU and PyTorch.
+
+Each experiment runs in a child process with the interposer preloaded
+(LD_PRELOAD, a private region directory), and reads its counters in-process
+through the interposer's C entry points (memprobe_interpose_current,
+memprobe_interpose_mark_claim / _take / _release):
+
+  * direct: cudaMalloc / cudaFree through ctypes into the wheel's libcudart:
+    the interposer's current bytes against the sizes asked for and NVML's
+    per-process used (minus the context, measured before the allocation);
+  * spikes: a 1 ms spike of cudaMalloc + cudaFree, 50 times: caught by the
+    interposer's mark (expected 50 of 50) versus NVML polled at 10 ms and at
+    1 ms by a thread;
+  * torch-default, torch-expandable (PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True), torch-async (backend:cudaMallocAsync): a small
+    training loop; per step, the interposer's current bytes against
+    torch.cuda.memory_reserved() and NVML's per-process used, and the
+    interposer's step peak against torch.cuda.max_memory_reserved();
+  * throughput: the same training loop with and without the interposer,
+    alternated, steps per second.
+
+Usage: gpu-validate-interpose.py PATH/libmemprobe_interpose.so [--out report.json]
+       [--steps N]
+Prints the checks and writes the JSON report; exits non-zero if a check fails.
+"""
+import argparse
+import ctypes
+import ctypes.util
+import datetime
+import glob
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MIB = 1 << 20
+
+
+# ---- NVML through ctypes (no Python package needed) ----------------------
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+class _NvmlProcess(ctypes.Structure):  # nvmlProcessInfo_t (v2 / v3 calls)
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class Nvml:
+    def __init__(self, index):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        rc = self.lib.nvmlInit_v2()
+        if rc != 0:
+            raise RuntimeError(f"nvmlInit_v2 failed: {rc}")
+        self.handle = ctypes.c_void_p()
+        rc = self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.handle))
+        if rc != 0:
+            raise RuntimeError(f"nvmlDeviceGetHandleByIndex_v2({index}) failed: {rc}")
+        self.pids = self._own_pids()
+        fn = getattr(self.lib, "nvmlDeviceGetComputeRunningProcesses_v3", None)
+        self.procs = fn or self.lib.nvmlDeviceGetComputeRunningProcesses_v2
+
+    @staticmethod
+    def _own_pids():
+        # Inside a PID namespace NVML reports host PIDs: NSpid's first value.
+        pids = {os.getpid()}
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("NSpid:"):
+                        pids.update(int(x) for x in line.split()[1:])
+        except OSError:
+            pass
+        return pids
+
+    def name(self):
+        buf = ctypes.create_string_buffer(96)
+        self.lib.nvmlDeviceGetName(self.handle, buf, 96)
+        return buf.value.decode()
+
+    def driver(self):
+        buf = ctypes.create_string_buffer(96)
+        self.lib.nvmlSystemGetDriverVersion(buf, 96)
+        return buf.value.decode()
+
+    def device_used(self):
+        m = _NvmlMemory()
+        self.lib.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(m))
+        return m.used
+
+    def process_used(self):
+        """This process's bytes on the device (None if NVML cannot say)."""
+        n = ctypes.c_uint(64)
+        arr = (_NvmlProcess * 64)()
+        if self.procs(self.handle, ctypes.byref(n), arr) != 0:
+            return None
+        for i in range(n.value):
+            if arr[i].pid in self.pids:
+                return arr[i].usedGpuMemory
+        return 0
+
+
+# ---- the interposer, in-process ----------------------------------------------
+
+class Interposer:
+    def __init__(self, path, device):
+        lib = ctypes.CDLL(path)  # already preloaded: the same instance
+        self.current_fn = lib.memprobe_interpose_current
+        self.current_fn.restype = ctypes.c_ulonglong
+        self.current_fn.argtypes = [ctypes.c_int]
+        self.claim = lib.memprobe_interpose_mark_claim
+        self.claim.restype = ctypes.c_int
+        self.take_fn = lib.memprobe_interpose_mark_take
+        self.take_fn.restype = ctypes.c_ulonglong
+        self.take_fn.argtypes = [ctypes.c_int, ctypes.c_int]
+        self.release = lib.memprobe_interpose_mark_release
+        self.release.argtypes = [ctypes.c_int]
+        self.device = device
+
+    def current(self):
+        return self.current_fn(self.device)
+
+    def mark(self):
+        slot = self.claim()
+        if slot < 0:
+            raise RuntimeError("no mark slot (is counting off?)")
+        return slot
+
+    def take(self, slot):
+        return self.take_fn(slot, self.device)
+
+
+def nvml_index():
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    first = vis.split(",")[0].strip() if vis else "0"
+    return int(first) if first.isdigit() else 0
+
+
+def find_cudart():
+    names = []
+    for p in sys.path:
+        names += glob.glob(os.path.join(p, "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
+        names += glob.glob(os.path.join(p, "torch", "lib", "libcudart*.so*"))
+    found = ctypes.util.find_library("cudart")
+    if found:
+        names.append(found)
+    if not names:
+        raise RuntimeError("no libcudart found (install PyTorch with CUDA, or the nvidia-cuda-runtime wheel)")
+    return sorted(names)[-1]
+
+
+# ---- experiments (children) --------------------------------------------------
+
+def exp_direct(args, ip, nv):
+    rt = ctypes.CDLL(find_cudart())
+    ok = rt.cudaSetDevice(0)
+    assert ok == 0, f"cudaSetDevice: {ok}"
+    rt.cudaFree(None)  # creates the context
+    time.sleep(0.2)
+    base = ip.current()
+    ctx = nv.process_used()
+    out = {"libcudart": rt._name, "base_bytes": base, "nvml_context_bytes": ctx, "sizes": []}
+    for size in (1 * MIB, 64 * MIB, 256 * MIB, 1000 * MIB + 12345):
+        p = ctypes.c_void_p()
+        rc = rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size))
+        assert rc == 0, f"cudaMalloc({size}): {rc}"
+        held = ip.current() - base
+        time.sleep(0.05)
+        used = nv.process_used()
+        rt.cudaFree(p)
+        after = ip.current() - base
+        out["sizes"].append({
+            "asked": size, "interposer": held, "after_free": after,
+            "nvml_minus_context": None if used is None or ctx is None else used - ctx,
+        })
+    # Spikes: 1 ms each, 50 times, against NVML polling at 10 ms and 1 ms.
+    spike = 256 * MIB
+    slot = ip.mark()
+    out["spikes"] = {}
+    for interval in (0.010, 0.001):
+        state = {"max": 0, "stop": False}
+        lock = threading.Lock()
+
+        def poll():
+            while not state["stop"]:
+                v = nv.process_used() or 0
+                with lock:
+                    state["max"] = max(state["max"], v)
+                time.sleep(interval)
+
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        time.sleep(0.05)
+        nvml_base = nv.process_used() or 0
+        exact, sampled = 0, 0
+        ip.take(slot)
+        for _ in range(50):
+            with lock:
+                state["max"] = 0
+            p = ctypes.c_void_p()
+            assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(spike)) == 0
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:
+                pass
+            rt.cudaFree(p)
+            if ip.take(slot) >= base + spike:
+                exact += 1
+            time.sleep(2 * interval + 0.002)
+            with lock:
+                if state["max"] >= nvml_base + spike * 0.9:
+                    sampled += 1
+        state["stop"] = True
+        t.join()
+        out["spikes"][f"nvml_{int(interval * 1000)}ms"] = {"tries": 50, "interposer_caught": exact,
+                                                          "nvml_caught": sampled}
+    ip.release(slot)
+    return out
+
+
+def train_loop(torch, steps, on_step=None):
+    dev = torch.device("cuda:0")
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(),
+        torch.nn.Linear(128 * 64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(steps):
+        batch = 64 + 32 * (step % 4)  # varying sizes: the allocator grows and reuses
+        x = torch.randn(batch, 3, 96, 96, device=dev)
+        y = torch.randint(0, 10, (batch,), device=dev)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        if on_step:
+            on_step(step)
+
+
+def exp_torch(args, ip, nv):
+    import torch
+    torch.cuda.init()
+    torch.zeros(1, device="cuda:0")
+    torch.cuda.synchronize()
+    slot = ip.mark()
+    rows = []
+
+    def on_step(step):
+        rows.append({
+            "step": step,
+            "interposer_current": ip.current(),
+            "interposer_step_peak": ip.take(slot),
+            "torch_reserved": torch.cuda.memory_reserved(0),
+            "torch_max_reserved": torch.cuda.max_memory_reserved(0),
+            "nvml_process_used": nv.process_used(),
+        })
+        torch.cuda.reset_peak_memory_stats(0)
+
+    train_loop(torch, args.steps, on_step)
+    ip.release(slot)
+    diffs = [r["interposer_current"] - r["torch_reserved"] for r in rows]
+    peak_diffs = [r["interposer_step_peak"] - r["torch_max_reserved"] for r in rows]
+    other = [r["nvml_process_used"] - r["interposer_current"] for r in rows
+             if r["nvml_process_used"] is not None]
+    return {
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "steps": rows,
+        "summary": {
+            "interposer_minus_torch_reserved_median": statistics.median(diffs),
+            "interposer_minus_torch_reserved_min": min(diffs),
+            "interposer_minus_torch_reserved_max": max(diffs),
+            "step_peak_minus_torch_max_reserved_median": statistics.median(peak_diffs),
+            "step_peak_minus_torch_max_reserved_min": min(peak_diffs),
+            "nvml_minus_interposer_median": statistics.median(other) if other else None,
+        },
+    }
+
+
+def exp_throughput(args, ip, nv):
+    import torch
+    train_loop(torch, 10)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    train_loop(torch, args.steps)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return {"steps": args.steps, "seconds": dt, "steps_per_s": args.steps / dt,
+            "interposed": bool(os.environ.get("LD_PRELOAD"))}
+
+
+EXPERIMENTS = {"direct": exp_direct, "torch": exp_torch, "throughput": exp_throughput}
+
+
+def child(args):
+    nv = Nvml(nvml_index())
+    ip = Interposer(args.lib, 0) if os.environ.get("LD_PRELOAD") else None
+    result = EXPERIMENTS[args.child](args, ip, nv)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---- the parent --------------------------------------------------------------
+
+def run_child(args, name, preload=True, extra_env=None):
+    env = dict(os.environ)
+    env.pop("MEMPROBE_GPU_EXACT", None)
+    if preload:
+        env["LD_PRELOAD"] = os.path.abspath(args.lib)
+        env["MEMPROBE_GPU_EXACT_DIR"] = args.regions
+    else:
+        env.pop("LD_PRELOAD", None)
+    env.update(extra_env or {})
+    cmd = [sys.executable, os.path.abspath(__file__), args.lib, "--child", name,
+           "--steps", str(args.steps)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("lib", help="path to libmemprobe_interpose.so")
+    ap.add_argument("--out", help="write the JSON report here")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if not os.path.exists(args.lib):
+        sys.exit(f"{args.lib}: no such file")
+    checks = []
+
+    def check(name, ok, detail):
+        checks.append({"check": name, "ok": bool(ok), "detail": detail})
+        print(f"[{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+
+    nv = Nvml(nvml_index())
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "host": platform.node(), "python": platform.python_version(),
+        "device": nv.name(), "driver": nv.driver(), "interposer": os.path.abspath(args.lib),
+        "experiments": {}, "checks": checks,
+    }
+    with tempfile.TemporaryDirectory(prefix="memprobe-gpu-") as regions:
+        args.regions = regions
+        d = run_child(args, "direct")
+        report["experiments"]["direct"] = d
+        for s in d["sizes"]:
+            check(f"cudaMalloc {s['asked']} B counted exactly", s["interposer"] == s["asked"]
+                  and s["after_free"] == 0, s)
+        for k, v in d["spikes"].items():
+            check(f"1 ms spikes caught by the interposer ({k} pass)", v["interposer_caught"] == v["tries"], v)
+            print(f"      NVML polling caught {v['nvml_caught']} of {v['tries']} ({k})")
+        for name, conf in (("torch-default", ""), ("torch-expandable", "expandable_segments:True"),
+                           ("torch-async", "backend:cudaMallocAsync")):
+            env = {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
+            t = run_child(args, "torch", extra_env=env)
+            report["experiments"][name] = t
+            s = t["summary"]
+            check(f"{name}: interposer current >= torch reserved at every step",
+                  s["interposer_minus_torch_reserved_min"] >= 0, s)
+            check(f"{name}: interposer step peak >= torch max reserved at every step",
+                  s["step_peak_minus_torch_max_reserved_min"] >= 0, s)
+        runs = {"with": [], "without": []}
+        for _ in range(3):
+            runs["without"].append(run_child(args, "throughput", preload=False)["steps_per_s"])
+            runs["with"].append(run_child(args, "throughput", preload=True)["steps_per_s"])
+        w, wo = statistics.median(runs["with"]), statistics.median(runs["without"])
+        slowdown = (wo - w) / wo * 100
+        report["experiments"]["throughput"] = {"steps_per_s": runs, "slowdown_percent": slowdown}
+        check("training throughput with the interposer within 1 % of without", slowdown < 1.0,
+              f"{w:.2f} vs {wo:.2f} steps/s ({slowdown:+.2f} %)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"report: {args.out}")
+    failed = [c["check"] for c in checks if not c["ok"]]
+    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
