@@ -189,7 +189,7 @@ fn clear_refs_not_permitted_degrades_to_sampled() {
     );
     let src = Source::from_sampler(Box::new(s));
     assert_eq!(src.info().fidelity, memprobe_core::PeakFidelity::Sampled);
-    let w = memprobe_core::Window::open(&[src.clone()]).unwrap();
+    let w = memprobe_core::Window::open(std::slice::from_ref(&src)).unwrap();
     let now = src.read().unwrap().used;
     assert!(
         w.peaks().unwrap()[0] >= now,
