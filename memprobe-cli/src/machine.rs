@@ -4,10 +4,10 @@
 
 use crate::columns::render_rows;
 use crate::gpu_readings::{self, GpuReading};
-use crate::report::{version_str, SCHEMA_VERSION};
+use crate::report::SCHEMA_VERSION;
 use crate::unavailable;
 use crate::units;
-use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
+use memprobe_core::cgroup::{CgroupOptions, CgroupSampler};
 use memprobe_core::system::SystemRamSampler;
 use memprobe_core::Sampler;
 use serde::Serialize;
@@ -91,11 +91,11 @@ impl Probes {
                 Ok(r) => {
                     let loc = c.location();
                     Some(CgroupReading {
-                        version: version_str(loc.version),
+                        version: loc.version.as_str(),
                         path: loc.dir.display().to_string(),
                         used_bytes: r.used,
                         limit_bytes: r.limit,
-                        peak_bytes: lifetime_peak(loc.version, &loc.dir),
+                        peak_bytes: c.lifetime_peak(),
                     })
                 }
                 Err(e) => {
@@ -123,20 +123,6 @@ impl Probes {
             unavailable,
         }
     }
-}
-
-/// The cgroup's own high-water mark, read without resetting it
-/// (`memory.peak` in v2, `memory.max_usage_in_bytes` in v1).
-fn lifetime_peak(version: CgroupVersion, dir: &std::path::Path) -> Option<u64> {
-    let name = match version {
-        CgroupVersion::V1 => "memory.max_usage_in_bytes",
-        CgroupVersion::V2 => "memory.peak",
-    };
-    std::fs::read_to_string(dir.join(name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// The human table of a reading: one row per source, then a line per

@@ -7,7 +7,6 @@ use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
 use crate::unavailable;
 use crate::units;
-use memprobe_core::cgroup::CgroupVersion;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -169,13 +168,6 @@ pub(crate) struct PointReport {
     pub(crate) gpu_used_bytes: Vec<Option<u64>>,
 }
 
-pub(crate) fn version_str(v: CgroupVersion) -> &'static str {
-    match v {
-        CgroupVersion::V1 => "v1",
-        CgroupVersion::V2 => "v2",
-    }
-}
-
 fn process_report(p: &ProcessRecord) -> ProcessReport {
     let (peak, source) = p.peak();
     ProcessReport {
@@ -230,7 +222,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
     let cgroup = rec.cgroup.as_ref().map(|c| {
         let exact = c.exact_peak.is_some();
         CgroupReport {
-            version: version_str(c.version),
+            version: c.version.as_str(),
             path: c.path.clone(),
             limit_bytes: c.limit,
             start_bytes: c.start,
@@ -501,6 +493,7 @@ mod tests {
     use super::*;
     use crate::recording::{CgroupRecord, GpuSeries};
     use crate::timeline::Point;
+    use memprobe_core::cgroup::CgroupVersion;
 
     /// A recording with everything a run can hold: two GPUs, a cgroup with
     /// an exact peak, workers, a forwarded signal. Every output must handle
