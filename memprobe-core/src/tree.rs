@@ -271,11 +271,12 @@ impl ProcessTreeSampler {
         Self::at(std::process::id())
     }
 
-    /// The tree rooted at `root`.
+    /// The tree rooted at `root` (a zombie root is accepted: it holds no
+    /// memory, its descendants may).
     pub fn at(root: u32) -> Result<Self> {
-        if StatusFile::open(root).read(&mut Vec::new()).is_none() {
+        if process_rss(root).is_none() {
             return Err(Error::unavailable(format!(
-                "process {root} does not exist or /proc/{root}/status is unreadable"
+                "process {root} does not exist or /proc/{root}/statm is unreadable"
             )));
         }
         Ok(ProcessTreeSampler {
@@ -297,7 +298,9 @@ impl Sampler for ProcessTreeSampler {
         let t0 = monotonic_ns();
         let reading = self.tree.read();
         let root = self.tree.root();
-        if !reading.processes.iter().any(|(pid, _)| *pid == root) {
+        // A zombie root has no status memory lines but is still there (its
+        // statm reads zeros): only a reaped root ends the tree.
+        if !reading.processes.iter().any(|(pid, _)| *pid == root) && process_rss(root).is_none() {
             return Err(Error::unavailable(format!("process {root} has exited")));
         }
         Ok(Sample {
@@ -368,6 +371,16 @@ mod tests {
         let mut s = ProcessTreeSampler::at(kid.id()).unwrap();
         assert!(s.read().unwrap().used > 0);
         kid.kill().unwrap();
+        // Killed, not reaped yet: a zombie holds nothing.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while StatusFile::open(kid.id()).read(&mut Vec::new()).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never became a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(s.read().unwrap().used, 0, "a zombie root");
         kid.wait().unwrap();
         assert!(s.read().is_err());
         assert!(ProcessTreeSampler::at(kid.id()).is_err());
