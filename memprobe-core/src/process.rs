@@ -68,6 +68,14 @@ impl StatusFile {
     }
 }
 
+/// Every process id in `/proc` (this PID namespace's processes).
+pub fn all_pids() -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .collect())
+}
+
 /// The command name of `pid` (`/proc/<pid>/comm`); `None` if it is gone.
 pub fn command_name(pid: u32) -> Option<String> {
     let text = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
@@ -204,6 +212,11 @@ mod tests {
         assert!(StatusFile::open(u32::MAX).read(&mut buf).is_none());
         assert_eq!(command_name(u32::MAX), None);
         assert!(command_name(std::process::id()).is_some_and(|n| !n.is_empty()));
+        let pids = all_pids().unwrap();
+        assert!(
+            pids.contains(&std::process::id()) && pids.contains(&1),
+            "{pids:?}"
+        );
     }
 
     #[test]

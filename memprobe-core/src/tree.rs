@@ -17,7 +17,7 @@
 //! - [`ProcessTreeSampler`] is the tree's source: the sum of the resident sets.
 
 use crate::error::{Error, Result};
-use crate::process::{ProcessStatus, StatusFile};
+use crate::process::{self, ProcessStatus, StatusFile};
 use crate::procfs;
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
@@ -127,11 +127,10 @@ fn read_all_threads(pid: u32, buf: &mut Vec<u8>, out: &mut Vec<u32>) {
 
 /// (pid, ppid) of every process in `/proc`.
 fn scan_parents() -> Vec<(u32, u32)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
+    let Ok(pids) = process::all_pids() else {
         return Vec::new();
     };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    pids.into_iter()
         .filter_map(|pid| {
             let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
             // The command name may contain spaces and parentheses: split after the last ')'.

@@ -18,7 +18,7 @@ use crate::live::{is_tty, terminal_size, truncate};
 use crate::machine::{self, Probes};
 use crate::signals::{self, SigSet};
 use crate::units;
-use memprobe_core::process::command_name;
+use memprobe_core::process::{all_pids, command_name};
 use std::io::{self, Write};
 use std::time::Instant;
 
@@ -133,10 +133,9 @@ fn frame(probes: &mut Probes, args: &WatchArgs, size: Option<(usize, usize)>) ->
 
 /// The `n` processes with the largest resident sets.
 fn top_processes(n: usize) -> String {
-    let mut procs: Vec<(u64, u32)> = match std::fs::read_dir("/proc") {
-        Ok(d) => d
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    let mut procs: Vec<(u64, u32)> = match all_pids() {
+        Ok(pids) => pids
+            .into_iter()
             .filter_map(|pid| Some((memprobe_core::tree::process_rss(pid)?, pid)))
             .filter(|(rss, _)| *rss > 0)
             .collect(),
