@@ -151,13 +151,13 @@ impl State {
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let tree = self.tree.read();
-        for pid in tree.exited {
+        for &pid in &tree.exited {
             self.rec.exited(pid);
         }
         for (pid, status) in &tree.processes {
             self.rec.observe(*pid, status, now);
         }
-        let tree_rss = tree.processes.iter().map(|(_, s)| s.rss).sum();
+        let tree_rss = tree.rss();
         let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);
 
         let cgroup = self.cgroup.as_mut().and_then(|c| {
