@@ -264,6 +264,30 @@ mod tests {
     }
 
     #[test]
+    fn both_file_sinks_refuse_a_directory_when_created() {
+        use crate::sinks::{CsvSink, JsonlSink};
+        let d = scratch("sinks");
+        for dir in [d.as_path(), Path::new("/tmp")] {
+            let e = JsonlSink::create(dir).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            let e = CsvSink::create(dir).unwrap_err();
+            assert!(e.message().contains("is a directory"), "{e}");
+        }
+        let leftover = |d: &Path| {
+            let tag = format!(".tmp-{}-", std::process::id());
+            listing(d).into_iter().any(|n| n.contains(&tag))
+        };
+        assert!(!leftover(&d) && !leftover(Path::new("/tmp")));
+        if let Ok(root) = std::fs::read_dir("/") {
+            let tag = format!("tmp.tmp-{}-", std::process::id());
+            assert!(!root
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&tag)));
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn a_failed_finish_removes_the_temporary_file() {
         let d = scratch("finish-fails");
         let target = d.join("out.jsonl");
