@@ -34,7 +34,8 @@ pub(crate) enum Command {
     /// processes using the most memory (Ctrl-C to quit). When stdout is not
     /// a terminal, one block is printed per interval instead.
     Watch(WatchArgs),
-    /// The GPUs with their memory and processes.
+    /// The GPUs with their memory and processes. Exit status 1 when no GPU
+    /// can be read (with --json the document still says why).
     Gpus(GpusArgs),
     /// A per-node Prometheus exporter: serves GET /metrics with the host's
     /// RAM, the container's cgroup, every GPU (DCGM-compatible gauges) and
@@ -54,7 +55,7 @@ pub(crate) struct ServeArgs {
 /// Options of `memprobe run`.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    /// Sampling interval, 1ms ..= 60s (e.g. 10ms, 1s, 500us).
+    /// Sampling interval, 1ms ..= 60s, with a unit (e.g. 10ms, 1s, 500us).
     #[arg(
         long,
         short = 'i',
@@ -70,7 +71,8 @@ pub(crate) struct RunArgs {
     /// Write the timeline as CSV to FILE.
     #[arg(long, value_name = "FILE")]
     pub(crate) csv: Option<PathBuf>,
-    /// Draw the timeline as an SVG chart to FILE.
+    /// Draw the timeline as an SVG chart to FILE (its name must end in
+    /// .svg: no other format is drawn).
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
     /// Do not draw the live status line (drawn only when stderr is a
@@ -81,6 +83,10 @@ pub(crate) struct RunArgs {
     /// Prometheus text format: its process tree, the container and the GPUs.
     #[arg(long, value_name = "ADDR")]
     pub(crate) serve: Option<SocketAddr>,
+    /// Show the whole reason why a source (the GPUs, the container) could
+    /// not be measured, instead of its first words.
+    #[arg(long, short = 'v')]
+    pub(crate) verbose: bool,
     /// The command to run and its arguments; put them after `--` when an
     /// argument could be taken for one of memprobe's options.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
@@ -93,12 +99,16 @@ pub(crate) struct StatusArgs {
     /// Print JSON (schema: docs/status-output.schema.json) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Show the whole reason why a source (the GPUs, the container) could
+    /// not be measured, instead of its first words.
+    #[arg(long, short = 'v')]
+    pub(crate) verbose: bool,
 }
 
 /// Options of `memprobe watch`.
 #[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
-    /// Refresh interval, 1ms ..= 60s.
+    /// Refresh interval, 1ms ..= 60s, with a unit (e.g. 500ms, 2s).
     #[arg(
         long,
         short = 'i',
@@ -107,12 +117,17 @@ pub(crate) struct WatchArgs {
         value_name = "DURATION"
     )]
     pub(crate) interval: Duration,
+    /// Show the whole reason why a source (the GPUs, the container) could
+    /// not be measured, instead of its first words.
+    #[arg(long, short = 'v')]
+    pub(crate) verbose: bool,
 }
 
 /// Options of `memprobe gpus`.
 #[derive(Debug, Args)]
 pub(crate) struct GpusArgs {
-    /// Print JSON instead of a table.
+    /// Print JSON (schema: docs/gpus-output.schema.json) instead of a
+    /// table; with no GPU readable it lists no devices and says why.
     #[arg(long)]
     pub(crate) json: bool,
 }

@@ -7,17 +7,21 @@ pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(1);
 /// The longest interval `--interval` accepts.
 pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How to write an interval, in every error message.
+const ACCEPTED: &str = "write a duration of 1ms ..= 60s with a unit, e.g. 10ms, 1s or 500us";
+
 /// Parses a duration with a unit (`ns`, `us`/`µs`, `ms`, `s`, `m`), no unit
-/// being an error: a bare `10` could mean anything.
+/// being an error: a bare `10` could mean anything (a bare `0` is no
+/// duration either way, and is reported by [`parse_interval`] as out of range).
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("'{text}' has no unit: write e.g. 10ms, 1s or 500us"))?;
+        .ok_or_else(|| format!("'{text}' has no unit: {ACCEPTED}"))?;
     let (number, unit) = t.split_at(split);
     let value: f64 = number
         .parse()
-        .map_err(|_| format!("'{text}' is not a number followed by a unit"))?;
+        .map_err(|_| format!("'{text}' is not a number followed by a unit: {ACCEPTED}"))?;
     let ns_per_unit = match unit.trim() {
         "ns" => 1.0,
         "us" | "µs" => 1e3,
@@ -26,24 +30,34 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" | "min" => 60e9,
         other => {
             return Err(format!(
-                "unknown unit '{other}' in '{text}': use ns, us, ms, s or m"
+                "unknown unit '{other}' in '{text}' (units: ns, us, ms, s, m): {ACCEPTED}"
             ))
         }
     };
     let ns = (value * ns_per_unit).round();
     if !ns.is_finite() || ns > u64::MAX as f64 {
-        return Err(format!("'{text}' is too long"));
+        return Err(format!("'{text}' is too long: {ACCEPTED}"));
     }
     Ok(Duration::from_nanos(ns as u64))
 }
 
 /// Parses and validates a sampling interval: [`MIN_INTERVAL`] ..= [`MAX_INTERVAL`].
+/// Zero, with a unit or without, gets the one out-of-range message.
 pub(crate) fn parse_interval(text: &str) -> Result<Duration, String> {
-    let d = parse_duration(text)?;
+    let zero = {
+        let t = text.trim();
+        let number = t.trim_end_matches(|c: char| !(c.is_ascii_digit() || c == '.'));
+        !number.is_empty() && number.parse::<f64>().is_ok_and(|v| v == 0.0)
+    };
+    let d = if zero {
+        Duration::ZERO
+    } else {
+        parse_duration(text)?
+    };
     if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
         return Err(format!(
-            "{} is outside the accepted range 1ms ..= 60s",
-            crate::units::duration(d)
+            "'{}' is outside the accepted range 1ms ..= 60s: write it with a unit, e.g. 10ms, 1s or 500us",
+            text.trim()
         ));
     }
     Ok(d)
@@ -77,5 +91,16 @@ mod tests {
         assert!(parse_interval("500us").unwrap_err().contains("outside"));
         assert!(parse_interval("61s").unwrap_err().contains("outside"));
         assert!(parse_interval("0ms").is_err());
+        // Zero, however written, gets one message with the range and an example.
+        let zero = parse_interval("0").unwrap_err();
+        assert_eq!(
+            zero,
+            "'0' is outside the accepted range 1ms ..= 60s: write it with a unit, e.g. 10ms, 1s or 500us"
+        );
+        for z in ["0ms", "0s", "0.0", " 0 "] {
+            let e = parse_interval(z).unwrap_err();
+            assert_eq!(e.replace(&format!("'{}'", z.trim()), "'0'"), zero, "{z}");
+        }
+        assert!(parse_interval("10").unwrap_err().contains("1ms ..= 60s"));
     }
 }

@@ -5,21 +5,21 @@
 
 mod args;
 mod child;
+mod columns;
 mod commands;
-mod csv;
 mod exit;
-mod gpu;
+mod gpu_readings;
 mod interval;
 mod live;
-mod outfile;
+mod machine;
 mod plot;
-mod proc_status;
-mod recorder;
 mod recording;
 mod report;
+mod sampling;
 mod signals;
-mod snapshot;
-mod tree_walk;
+mod timeline;
+mod timeline_csv;
+mod unavailable;
 mod units;
 
 #[cfg(test)]

@@ -248,26 +248,25 @@ fn footer_text(r: &RunReport) -> String {
             p.name
         ));
     }
-    parts.push(format!(
-        "peak tree RSS {} (sampled every {})",
-        units::bytes(r.tree.peak_rss_bytes),
-        units::duration(std::time::Duration::from_secs_f64(r.interval_s))
-    ));
+    parts.push(if r.tree.raised_to_a_process() {
+        format!(
+            "peak tree RSS {} (its largest process's exact peak)",
+            units::bytes(r.tree.peak_rss_bytes)
+        )
+    } else {
+        format!(
+            "peak tree RSS {} (sampled every {})",
+            units::bytes(r.tree.peak_rss_bytes),
+            units::duration(std::time::Duration::from_secs_f64(r.interval_s))
+        )
+    });
     parts.push(format!("exit status {}", r.exit.status));
     parts.push(format!("{} samples", r.samples));
     if r.gpus.is_empty() {
         if let Some(why) = r.unavailable.get("gpus") {
-            // The footer is one line: keep the reason's first clause (the
-            // summary and the JSON carry it whole).
-            let short: String = why
-                .split([';', '('])
-                .next()
-                .unwrap_or(why)
-                .trim()
-                .chars()
-                .take(60)
-                .collect();
-            parts.push(format!("GPUs: {short}"));
+            // The footer is one line: the reason's first clause (the JSON
+            // carries it whole).
+            parts.push(format!("GPUs: {}", crate::unavailable::first_clause(why)));
         }
     }
     parts.join("  ·  ")

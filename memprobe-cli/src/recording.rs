@@ -1,127 +1,13 @@
-//! What `memprobe run` records: the timeline of the tree, the container and
-//! each GPU, and every process's exact peak.
+//! What `memprobe run` records: the [`Timeline`] of the tree, the container
+//! and each GPU, every process's exact peak, the container's and the GPUs'
+//! peaks.
 
-use memprobe_core::cgroup::CgroupVersion;
-use std::collections::BTreeMap;
-
-/// The timeline keeps at most this many points; a longer run is thinned by
-/// merging neighbouring pairs (each series keeps its maximum), so memory and
-/// output sizes stay bounded while no peak disappears.
-pub(crate) const MAX_POINTS: usize = 100_000;
-
-/// One point of the timeline.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Point {
-    /// Nanoseconds since the child was spawned.
-    pub(crate) t_ns: u64,
-    /// Sum of the resident sets of the tree's live processes.
-    pub(crate) tree_rss: u64,
-    /// Live processes in the tree.
-    pub(crate) processes: u32,
-    /// The cgroup's usage; `None` without a cgroup or when the read failed.
-    pub(crate) cgroup: Option<u64>,
-    /// Each GPU's used memory, in [`Recording::gpus`] order; `None` when
-    /// that read failed.
-    pub(crate) gpus: Vec<Option<u64>>,
-}
-
-impl Point {
-    /// Folds `later` into `self`: the earlier time, each series' maximum.
-    fn absorb(&mut self, later: &Point) {
-        self.tree_rss = self.tree_rss.max(later.tree_rss);
-        self.processes = self.processes.max(later.processes);
-        self.cgroup = max_opt(self.cgroup, later.cgroup);
-        for (a, b) in self.gpus.iter_mut().zip(&later.gpus) {
-            *a = max_opt(*a, *b);
-        }
-    }
-}
-
-fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(x.max(y)),
-        (x, None) => x,
-        (None, y) => y,
-    }
-}
-
-/// A bounded timeline (see [`MAX_POINTS`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Timeline {
-    points: Vec<Point>,
-    /// Raw samples per stored point (a power of two).
-    merged: u64,
-    /// Raw samples folded into `pending` so far.
-    pending_count: u64,
-    pending: Option<Point>,
-    max_points: usize,
-}
-
-impl Default for Timeline {
-    fn default() -> Self {
-        Timeline::with_capacity(MAX_POINTS)
-    }
-}
-
-impl Timeline {
-    /// A timeline holding at most `max_points` (at least 2) points.
-    pub(crate) fn with_capacity(max_points: usize) -> Self {
-        Timeline {
-            points: Vec::new(),
-            merged: 1,
-            pending_count: 0,
-            pending: None,
-            max_points: max_points.max(2),
-        }
-    }
-
-    /// Appends one raw sample.
-    pub(crate) fn push(&mut self, p: Point) {
-        match &mut self.pending {
-            Some(acc) => acc.absorb(&p),
-            None => self.pending = Some(p),
-        }
-        self.pending_count += 1;
-        if self.pending_count < self.merged {
-            return;
-        }
-        self.pending_count = 0;
-        if let Some(done) = self.pending.take() {
-            self.points.push(done);
-        }
-        if self.points.len() >= self.max_points {
-            self.halve();
-        }
-    }
-
-    fn halve(&mut self) {
-        let old = std::mem::take(&mut self.points);
-        let mut it = old.into_iter();
-        while let Some(mut a) = it.next() {
-            if let Some(b) = it.next() {
-                a.absorb(&b);
-            }
-            self.points.push(a);
-        }
-        self.merged *= 2;
-    }
-
-    /// The points, including a partly merged last one.
-    pub(crate) fn points(&self) -> impl Iterator<Item = &Point> {
-        self.points.iter().chain(self.pending.iter())
-    }
-
-    /// How many points [`points`](Self::points) yields.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.points.len() + usize::from(self.pending.is_some())
-    }
-
-    /// Raw samples per point: 1 unless the run was long enough to be thinned.
-    pub(crate) fn merged(&self) -> u64 {
-        self.merged
-    }
-}
+use crate::gpu_readings::GpuReading;
+use crate::timeline::{Point, Timeline};
+use memprobe_core::cgroup::{CgroupLocation, CgroupVersion};
+use memprobe_core::process::ProcessStatus;
+use memprobe_core::Sample;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Where a process's peak figure comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +47,34 @@ pub(crate) struct ProcessRecord {
 }
 
 impl ProcessRecord {
+    /// A process first seen at `now`.
+    fn first_seen(pid: u32, now: u64) -> ProcessRecord {
+        ProcessRecord {
+            pid,
+            ppid: None,
+            name: String::new(),
+            first_seen_ns: now,
+            last_seen_ns: now,
+            exited: false,
+            vmhwm: None,
+            max_sampled_rss: 0,
+            rusage_maxrss: None,
+        }
+    }
+
+    /// Folds in one status read at `now`.
+    fn observe(&mut self, s: &ProcessStatus, now: u64) {
+        if self.name != s.name {
+            self.name.clone_from(&s.name);
+        }
+        if s.ppid.is_some() {
+            self.ppid = s.ppid;
+        }
+        self.vmhwm = Some(self.vmhwm.unwrap_or(0).max(s.hwm));
+        self.max_sampled_rss = self.max_sampled_rss.max(s.rss);
+        self.last_seen_ns = now;
+    }
+
     /// The exact peak and where it comes from.
     pub(crate) fn peak(&self) -> (u64, PeakSource) {
         let hwm = self.vmhwm.unwrap_or(0).max(self.max_sampled_rss);
@@ -188,6 +102,38 @@ pub(crate) struct CgroupRecord {
     pub(crate) errors: u64,
 }
 
+impl CgroupRecord {
+    /// The cgroup at `loc`, nothing read yet.
+    pub(crate) fn new(loc: &CgroupLocation) -> CgroupRecord {
+        CgroupRecord {
+            version: loc.version,
+            path: loc.dir.display().to_string(),
+            limit: None,
+            start: None,
+            end: None,
+            sampled_peak: None,
+            exact_peak: None,
+            errors: 0,
+        }
+    }
+
+    /// Folds in one reading taken at `now` (`None`: the read failed) and
+    /// returns the usage for the timeline.
+    pub(crate) fn observe(&mut self, s: Option<Sample>, now: u64) -> Option<u64> {
+        let Some(s) = s else {
+            self.errors += 1;
+            return None;
+        };
+        self.limit = s.limit;
+        self.start.get_or_insert(s.used);
+        self.end = Some(s.used);
+        if self.sampled_peak.map_or(true, |(v, _)| s.used > v) {
+            self.sampled_peak = Some((s.used, now));
+        }
+        Some(s.used)
+    }
+}
+
 /// One GPU over the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GpuSeries {
@@ -201,6 +147,43 @@ pub(crate) struct GpuSeries {
     pub(crate) tree_peak: Option<u64>,
 }
 
+impl GpuSeries {
+    /// The device as read at start.
+    pub(crate) fn new(g: GpuReading) -> GpuSeries {
+        GpuSeries {
+            index: g.index,
+            name: g.name,
+            uuid: g.uuid,
+            total: g.total_bytes,
+            peak: None,
+            tree_peak: None,
+        }
+    }
+
+    /// Folds in this device's reading among `readings` (`None`: the read
+    /// failed), counting the memory of the processes in `tree`; returns the
+    /// device's used memory for the timeline.
+    pub(crate) fn observe(
+        &mut self,
+        readings: Option<&[GpuReading]>,
+        tree: &HashSet<u32>,
+        now: u64,
+    ) -> Option<u64> {
+        let r = readings?.iter().find(|r| r.uuid == self.uuid)?;
+        if self.peak.map_or(true, |(v, _)| r.used_bytes > v) {
+            self.peak = Some((r.used_bytes, now));
+        }
+        let tree_used: u64 = r
+            .processes
+            .iter()
+            .filter(|p| tree.contains(&p.pid))
+            .filter_map(|p| p.used_bytes)
+            .sum();
+        self.tree_peak = Some(self.tree_peak.unwrap_or(0).max(tree_used));
+        Some(r.used_bytes)
+    }
+}
+
 /// Everything recorded by one run.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Recording {
@@ -212,8 +195,10 @@ pub(crate) struct Recording {
     /// The most processes alive at once.
     pub(crate) max_processes: u32,
     /// Processes seen, in order of discovery (bounded: see
-    /// [`MAX_PROCESS_RECORDS`]).
+    /// [`MAX_PROCESS_RECORDS`]); filled by [`finish`](Recording::finish).
     pub(crate) processes: Vec<ProcessRecord>,
+    /// While recording: the processes alive at the last sample.
+    live: HashMap<u32, ProcessRecord>,
     /// Processes seen in all, including records dropped to stay bounded.
     pub(crate) processes_seen: u64,
     pub(crate) cgroup: Option<CgroupRecord>,
@@ -229,6 +214,57 @@ pub(crate) struct Recording {
 pub(crate) const MAX_PROCESS_RECORDS: usize = 4096;
 
 impl Recording {
+    /// Folds in one status read of `pid` at `now`.
+    pub(crate) fn observe(&mut self, pid: u32, s: &ProcessStatus, now: u64) {
+        let seen = &mut self.processes_seen;
+        self.live
+            .entry(pid)
+            .or_insert_with(|| {
+                *seen += 1;
+                ProcessRecord::first_seen(pid, now)
+            })
+            .observe(s, now);
+    }
+
+    /// Marks `pid` as exited and keeps its record, dropping the smallest
+    /// exited one when too many are kept.
+    pub(crate) fn exited(&mut self, pid: u32) {
+        let Some(mut record) = self.live.remove(&pid) else {
+            return;
+        };
+        record.exited = true;
+        if self.processes.len() + self.live.len() >= MAX_PROCESS_RECORDS {
+            if let Some((i, smallest)) = self
+                .processes
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, r)| r.peak().0)
+            {
+                if smallest.peak().0 >= record.peak().0 {
+                    return;
+                }
+                self.processes.swap_remove(i);
+            }
+        }
+        self.processes.push(record);
+    }
+
+    /// Appends one sample's point.
+    pub(crate) fn add_point(&mut self, p: Point) {
+        self.samples += 1;
+        self.max_processes = self.max_processes.max(p.processes);
+        if self.tree_peak.map_or(true, |(v, _)| p.tree_rss > v) {
+            self.tree_peak = Some((p.tree_rss, p.t_ns));
+        }
+        self.timeline.push(p);
+    }
+
+    /// Ends recording: every process record, in order of discovery.
+    pub(crate) fn finish(&mut self) {
+        self.processes.extend(self.live.drain().map(|(_, r)| r));
+        self.processes.sort_by_key(|r| (r.first_seen_ns, r.pid));
+    }
+
     /// The process with the largest exact peak.
     pub(crate) fn peak_process(&self) -> Option<&ProcessRecord> {
         self.processes.iter().max_by_key(|p| p.peak().0)
@@ -238,44 +274,6 @@ impl Recording {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pt(t: u64, v: u64) -> Point {
-        Point {
-            t_ns: t,
-            tree_rss: v,
-            processes: 1,
-            cgroup: Some(v * 2),
-            gpus: vec![None, Some(v)],
-        }
-    }
-
-    #[test]
-    fn thinning_keeps_peaks_and_bounds() {
-        let mut tl = Timeline::with_capacity(8);
-        for i in 0..100 {
-            let v = if i == 37 { 1_000 } else { i };
-            tl.push(pt(i, v));
-        }
-        assert!(tl.len() <= 8, "{}", tl.len());
-        assert!(tl.merged() >= 16);
-        let max = tl.points().map(|p| p.tree_rss).max().unwrap();
-        assert_eq!(max, 1_000);
-        assert_eq!(tl.points().map(|p| p.cgroup).max().unwrap(), Some(2_000));
-        assert_eq!(tl.points().map(|p| p.gpus[1]).max().unwrap(), Some(1_000));
-        let times: Vec<u64> = tl.points().map(|p| p.t_ns).collect();
-        assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
-        assert_eq!(times[0], 0);
-    }
-
-    #[test]
-    fn short_runs_are_untouched() {
-        let mut tl = Timeline::default();
-        for i in 0..10 {
-            tl.push(pt(i, i));
-        }
-        assert_eq!(tl.len(), 10);
-        assert_eq!(tl.merged(), 1);
-    }
 
     #[test]
     fn rusage_wins_only_when_larger() {

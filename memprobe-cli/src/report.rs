@@ -5,8 +5,8 @@
 use crate::child::ExitInfo;
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
+use crate::unavailable;
 use crate::units;
-use memprobe_core::cgroup::CgroupVersion;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -70,10 +70,43 @@ pub(crate) struct ExitReport {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct TreeReport {
+    /// The largest sum sampled, raised to the largest exact single-process
+    /// peak when that is larger: a tree never holds less than one of its
+    /// processes did.
     pub(crate) peak_rss_bytes: u64,
     pub(crate) peak_at_s: Option<f64>,
     pub(crate) peak_fidelity: &'static str,
     pub(crate) max_processes: u32,
+    /// The largest sum sampled (the JSON's `peak_rss_bytes` unless a
+    /// process's exact peak raised it).
+    #[serde(skip)]
+    pub(crate) sampled_peak_bytes: u64,
+}
+
+impl TreeReport {
+    /// The tree's peak from the samples and the largest exact
+    /// single-process peak.
+    fn new(sampled: Option<(u64, u64)>, exact: Option<u64>, max_processes: u32) -> TreeReport {
+        let sampled_bytes = sampled.map_or(0, |(v, _)| v);
+        let (peak_rss_bytes, peak_at_s) = match exact {
+            // No sample caught a moment as high as this process alone: the
+            // tree's peak is at least its peak, at a time nobody saw.
+            Some(e) if e > sampled_bytes => (e, None),
+            _ => (sampled_bytes, sampled.map(|(_, t)| s(t))),
+        };
+        TreeReport {
+            peak_rss_bytes,
+            peak_at_s,
+            peak_fidelity: "sampled",
+            max_processes,
+            sampled_peak_bytes: sampled_bytes,
+        }
+    }
+
+    /// Whether a process's exact peak, not a sample, gives the peak.
+    pub(crate) fn raised_to_a_process(&self) -> bool {
+        self.peak_rss_bytes > self.sampled_peak_bytes
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -135,13 +168,6 @@ pub(crate) struct PointReport {
     pub(crate) gpu_used_bytes: Vec<Option<u64>>,
 }
 
-pub(crate) fn version_str(v: CgroupVersion) -> &'static str {
-    match v {
-        CgroupVersion::V1 => "v1",
-        CgroupVersion::V2 => "v2",
-    }
-}
-
 fn process_report(p: &ProcessRecord) -> ProcessReport {
     let (peak, source) = p.peak();
     ProcessReport {
@@ -196,7 +222,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
     let cgroup = rec.cgroup.as_ref().map(|c| {
         let exact = c.exact_peak.is_some();
         CgroupReport {
-            version: version_str(c.version),
+            version: c.version.as_str(),
             path: c.path.clone(),
             limit_bytes: c.limit,
             start_bytes: c.start,
@@ -226,12 +252,11 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             signal_name: facts.exit.signal.map(signals::name),
             core_dumped: facts.exit.core_dumped,
         },
-        tree: TreeReport {
-            peak_rss_bytes: rec.tree_peak.map_or(0, |(v, _)| v),
-            peak_at_s: rec.tree_peak.map(|(_, t)| s(t)),
-            peak_fidelity: "sampled",
-            max_processes: rec.max_processes,
-        },
+        tree: TreeReport::new(
+            rec.tree_peak,
+            rec.peak_process().map(|p| p.peak().0),
+            rec.max_processes,
+        ),
         peak_process: rec.peak_process().map(process_report),
         processes: rec.processes.iter().map(process_report).collect(),
         processes_seen: rec.processes_seen,
@@ -309,8 +334,12 @@ pub(crate) fn command_line(argv: &[String], max: usize) -> String {
     }
 }
 
-/// The end-of-run summary (several lines, each ending in a newline).
-pub(crate) fn summary(r: &RunReport) -> String {
+/// The end-of-run summary (several lines, each ending in a newline); with
+/// `verbose`, the whole reason of every source not measured.
+pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
+    let why = |name: &str| {
+        unavailable::shown(r.unavailable.get(name).map_or("", String::as_str), verbose)
+    };
     let mut out = String::new();
     let how = match (r.exit.code, &r.exit.signal_name) {
         (Some(c), _) => format!("exited with code {c}"),
@@ -334,19 +363,30 @@ pub(crate) fn summary(r: &RunReport) -> String {
     let row = |out: &mut String, label: &str, text: String| {
         let _ = writeln!(out, "  {label:<22}{text}");
     };
+    let most = format!(
+        "{} process{} at most",
+        r.tree.max_processes,
+        if r.tree.max_processes == 1 { "" } else { "es" }
+    );
     row(
         &mut out,
         "peak tree RSS",
-        format!(
-            "{}{}  (sampled; {} process{} at most)",
-            units::bytes(r.tree.peak_rss_bytes),
-            r.tree
-                .peak_at_s
-                .map(|t| format!(" at {}", units::secs(t)))
-                .unwrap_or_default(),
-            r.tree.max_processes,
-            if r.tree.max_processes == 1 { "" } else { "es" }
-        ),
+        if r.tree.raised_to_a_process() {
+            format!(
+                "{}  (at least its largest process's exact peak; samples saw {}, {most})",
+                units::bytes(r.tree.peak_rss_bytes),
+                units::bytes(r.tree.sampled_peak_bytes),
+            )
+        } else {
+            format!(
+                "{}{}  (sampled; {most})",
+                units::bytes(r.tree.peak_rss_bytes),
+                r.tree
+                    .peak_at_s
+                    .map(|t| format!(" at {}", units::secs(t)))
+                    .unwrap_or_default(),
+            )
+        },
     );
     match &r.peak_process {
         Some(p) => {
@@ -384,19 +424,17 @@ pub(crate) fn summary(r: &RunReport) -> String {
         None => row(
             &mut out,
             "container (cgroup)",
-            format!(
-                "unavailable: {}",
-                r.unavailable.get("cgroup").map_or("", String::as_str)
-            ),
+            format!("unavailable: {}", why("cgroup")),
         ),
     }
     if r.gpus.is_empty() {
         row(
             &mut out,
             "GPUs",
-            match r.unavailable.get("gpus") {
-                Some(why) => format!("unavailable: {why}"),
-                None => "none".into(),
+            if r.unavailable.contains_key("gpus") {
+                format!("unavailable: {}", why("gpus"))
+            } else {
+                "none".into()
             },
         );
     }
@@ -453,7 +491,9 @@ pub(crate) fn summary(r: &RunReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::{CgroupRecord, GpuSeries, Point};
+    use crate::recording::{CgroupRecord, GpuSeries};
+    use crate::timeline::Point;
+    use memprobe_core::cgroup::CgroupVersion;
 
     /// A recording with everything a run can hold: two GPUs, a cgroup with
     /// an exact peak, workers, a forwarded signal. Every output must handle
@@ -568,7 +608,7 @@ mod tests {
         );
         assert!(json["timeline"][3].get("cgroup_bytes").is_none());
 
-        let csv = crate::csv::render(&r);
+        let csv = crate::timeline_csv::render(&r);
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
@@ -589,7 +629,7 @@ mod tests {
             assert!(svg.contains(needle), "no {needle:?} in the SVG");
         }
 
-        let text = summary(&r);
+        let text = summary(&r, false);
         assert!(text.contains("GPU 1"), "{text}");
         assert!(text.contains("killed by SIGTERM (status 143)"), "{text}");
         assert!(text.contains("400 MiB peak (exact)"), "{text}");

@@ -173,7 +173,9 @@ impl Forwarder {
                     // unreaped child, so it names no other process.
                     unsafe { libc::kill(pid, r.signal) };
                 }
-                drop(guard);
+                // Recorded before the target's lock is released: `disarm`
+                // takes that lock first, so a signal that ended the child is
+                // always in the list it returns.
                 if let Ok(mut ev) = e.lock() {
                     ev.push(SignalEvent {
                         signal: r.signal,
@@ -181,6 +183,7 @@ impl Forwarder {
                         forwarded: forward,
                     });
                 }
+                drop(guard);
             })?;
         Ok(Forwarder { target, events })
     }

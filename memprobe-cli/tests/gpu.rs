@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "cli/schema.rs"]
+mod schema;
+
 fn fake_nvml(script: &str, name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -51,6 +54,9 @@ fn gpus_json_lists_devices_as_cuda_numbers_them() {
     let o = memprobe(&lib, &["gpus", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    schema::assert_valid("docs/gpus-output.schema.json", &v);
+    assert_eq!(v["gpus"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(v["unavailable"], serde_json::json!({}));
     let text = v.to_string();
     assert!(text.contains("NVIDIA H100 80GB HBM3"), "{text}");
     assert!(

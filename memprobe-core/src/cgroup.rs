@@ -30,6 +30,16 @@ pub enum CgroupVersion {
     V2,
 }
 
+impl CgroupVersion {
+    /// `"v1"` or `"v2"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
+}
+
 /// Where this process's memory cgroup lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupLocation {
@@ -196,14 +206,7 @@ impl CgroupSampler {
 
     /// Opens the cgroup at `location`.
     pub fn at(location: CgroupLocation, options: CgroupOptions) -> Result<Self> {
-        let (usage, limit, peak) = match location.version {
-            CgroupVersion::V1 => (
-                "memory.usage_in_bytes",
-                "memory.limit_in_bytes",
-                "memory.max_usage_in_bytes",
-            ),
-            CgroupVersion::V2 => ("memory.current", "memory.max", "memory.peak"),
-        };
+        let (usage, limit, peak) = files(location.version);
         let usage = ProcFile::open(location.dir.join(usage))?;
         let limit = ProcFile::open(location.dir.join(limit))?;
         let peak = if options.reset_peak {
@@ -226,6 +229,15 @@ impl CgroupSampler {
         &self.location
     }
 
+    /// The cgroup's own high-water mark since it was created (or last reset,
+    /// by anyone), read without resetting it: v2 `memory.peak`, v1
+    /// `memory.max_usage_in_bytes`. `None` where unreadable (v2 before
+    /// Linux 5.19 has no `memory.peak`).
+    pub fn lifetime_peak(&self) -> Option<u64> {
+        let text = std::fs::read(self.location.dir.join(files(self.location.version).2)).ok()?;
+        procfs::parse_u64(&text)
+    }
+
     fn read_limit(&mut self) -> Result<Option<u64>> {
         let text = self.limit.read()?;
         let trimmed = text.trim_ascii();
@@ -235,6 +247,18 @@ impl CgroupSampler {
         let v = procfs::parse_u64(trimmed)
             .ok_or_else(|| procfs::malformed(self.limit.path(), "not a number or 'max'"))?;
         Ok((v < V1_UNLIMITED).then_some(v))
+    }
+}
+
+/// The usage, limit and high-water-mark files of a cgroup version.
+fn files(version: CgroupVersion) -> (&'static str, &'static str, &'static str) {
+    match version {
+        CgroupVersion::V1 => (
+            "memory.usage_in_bytes",
+            "memory.limit_in_bytes",
+            "memory.max_usage_in_bytes",
+        ),
+        CgroupVersion::V2 => ("memory.current", "memory.max", "memory.peak"),
     }
 }
 

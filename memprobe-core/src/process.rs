@@ -1,11 +1,86 @@
-//! This process's resident set: `/proc/self/statm` kept open (one `pread` per
-//! reading), with an exact peak from the kernel high-water mark.
+//! One process's memory. This process's resident set: `/proc/self/statm`
+//! kept open (one `pread` per reading), with an exact peak from the kernel
+//! high-water mark ([`ProcessSampler`]). Any process's status: its
+//! `/proc/<pid>/status` kept open ([`StatusFile`]), which gives the resident
+//! set, the kernel high-water mark, the name, the parent and the thread count
+//! in one read.
 
 use crate::error::{Error, Result};
 use crate::kernel_hwm::KernelHwm;
 use crate::procfs::{self, ProcFile};
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
+use std::fs::File;
+
+/// What one read of `/proc/<pid>/status` says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProcessStatus {
+    /// `Name:`, the command name (at most 15 bytes, as the kernel keeps it).
+    pub name: String,
+    /// `PPid:`, the parent.
+    pub ppid: Option<u32>,
+    /// `VmRSS:`, the resident set, bytes (the same figure as `statm`'s).
+    pub rss: u64,
+    /// `VmHWM:`, the peak resident set of the process's life so far, bytes.
+    pub hwm: u64,
+    /// `Threads:`, 0 if absent.
+    pub threads: u32,
+}
+
+/// A process's `/proc/<pid>/status`, kept open and re-read with one `pread`.
+///
+/// The descriptor belongs to the process it was opened for, not to the
+/// number: once that process is gone reads fail, even if the pid is reused,
+/// so readings never mix two processes.
+#[derive(Debug)]
+pub struct StatusFile {
+    pid: u32,
+    /// `None` when no descriptor could be had (the descriptor limit): the
+    /// path is then opened at each read.
+    file: Option<File>,
+}
+
+impl StatusFile {
+    /// Opens the status file of `pid` (never fails: see [`read`](Self::read)).
+    pub fn open(pid: u32) -> StatusFile {
+        StatusFile {
+            pid,
+            file: File::open(format!("/proc/{pid}/status")).ok(),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Reads the process, using `buf` as scratch space; `None` once it has
+    /// exited (a zombie has no memory lines) or cannot be read.
+    pub fn read(&self, buf: &mut Vec<u8>) -> Option<ProcessStatus> {
+        let len = match &self.file {
+            Some(f) => procfs::read_whole(f, buf).ok()?,
+            None => {
+                let f = File::open(format!("/proc/{}/status", self.pid)).ok()?;
+                procfs::read_whole(&f, buf).ok()?
+            }
+        };
+        procfs::parse_status(&buf[..len])
+    }
+}
+
+/// Every process id in `/proc` (this PID namespace's processes).
+pub fn all_pids() -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .collect())
+}
+
+/// The command name of `pid` (`/proc/<pid>/comm`); `None` if it is gone.
+pub fn command_name(pid: u32) -> Option<String> {
+    let text = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    Some(String::from_utf8_lossy(text.trim_ascii()).into_owned())
+}
 
 /// How the process sampler treats the kernel's `VmHWM`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -120,5 +195,45 @@ impl Sampler for ProcessSampler {
             read_ns: monotonic_ns() - t0,
             ..Sample::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process_and_refuses_a_missing_one() {
+        let mut buf = Vec::new();
+        let me = StatusFile::open(std::process::id());
+        let r = me.read(&mut buf).unwrap();
+        assert!(r.rss > 0 && r.hwm >= r.rss && r.threads >= 1, "{r:?}");
+        assert_eq!(r.ppid, Some(std::os::unix::process::parent_id()));
+        assert!(StatusFile::open(u32::MAX).read(&mut buf).is_none());
+        assert_eq!(command_name(u32::MAX), None);
+        assert!(command_name(std::process::id()).is_some_and(|n| !n.is_empty()));
+        let pids = all_pids().unwrap();
+        assert!(
+            pids.contains(&std::process::id()) && pids.contains(&1),
+            "{pids:?}"
+        );
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_read_through_the_old_descriptor() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let f = StatusFile::open(child.id());
+        let mut buf = Vec::new();
+        assert!(f.read(&mut buf).is_some());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            f.read(&mut buf),
+            None,
+            "reaped: the descriptor reads nothing"
+        );
     }
 }

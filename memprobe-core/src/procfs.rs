@@ -1,10 +1,33 @@
-//! Kept-open `/proc` files read with one `pread`, reopened after `fork()`.
+//! Reading `/proc`: kept-open files read with one `pread` (reopened after
+//! `fork()`), and the parsers of its formats (numbers, fields, `key: value`
+//! lines, `/proc/<pid>/status`). Every `/proc` reader in memprobe goes
+//! through here.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::fork;
+use crate::process::ProcessStatus;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// Reads the whole of `file` from offset 0 into `buf` (one `pread` when it
+/// fits; the buffer grows otherwise and is kept for the next read) and
+/// returns the length read.
+pub(crate) fn read_whole(file: &File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    if buf.len() < 4096 {
+        buf.resize(4096, 0);
+    }
+    let mut len = 0;
+    loop {
+        let n = file.read_at(&mut buf[len..], len as u64)?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            return Ok(len);
+        }
+        let grow = buf.len();
+        buf.resize(grow * 2, 0);
+    }
+}
 
 /// A file kept open and re-read from offset 0 with a single `pread`.
 pub(crate) struct ProcFile {
@@ -39,19 +62,8 @@ impl ProcFile {
                 .map_err(|e| Error::io(format!("reopen {}", self.path.display()), &e))?;
             self.generation = fork::generation();
         }
-        let mut len = 0;
-        loop {
-            let n = self
-                .file
-                .read_at(&mut self.buf[len..], len as u64)
-                .map_err(|e| Error::io(format!("read {}", self.path.display()), &e))?;
-            len += n;
-            if n == 0 || len < self.buf.len() {
-                break;
-            }
-            let grow = self.buf.len();
-            self.buf.resize(grow * 2, 0);
-        }
+        let len = read_whole(&self.file, &mut self.buf)
+            .map_err(|e| Error::io(format!("read {}", self.path.display()), &e))?;
         Ok(&self.buf[..len])
     }
 }
@@ -97,6 +109,58 @@ pub(crate) fn keyed_u64(text: &[u8], key: &[u8]) -> Option<u64> {
     })
 }
 
+/// Parses a `/proc/<pid>/status` file; `None` without `VmRSS` and `VmHWM`
+/// (zombies and kernel threads have no memory).
+pub(crate) fn parse_status(text: &[u8]) -> Option<ProcessStatus> {
+    let mut r = ProcessStatus::default();
+    let (mut have_rss, mut have_hwm) = (false, false);
+    for line in text.split(|&c| c == b'\n') {
+        let Some(colon) = line.iter().position(|&c| c == b':') else {
+            continue;
+        };
+        let (key, value) = (&line[..colon], &line[colon + 1..]);
+        match key {
+            b"Name" => r.name = String::from_utf8_lossy(trim_ascii(value)).into_owned(),
+            b"PPid" => r.ppid = parse_u64(value).and_then(|p| u32::try_from(p).ok()),
+            b"VmHWM" => {
+                r.hwm = parse_u64(value)?.saturating_mul(1024);
+                have_hwm = true;
+            }
+            b"VmRSS" => {
+                r.rss = parse_u64(value)?.saturating_mul(1024);
+                have_rss = true;
+            }
+            b"Threads" => {
+                r.threads = parse_u64(value)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .unwrap_or(0);
+                // Nothing after Threads is needed.
+                break;
+            }
+            _ => {}
+        }
+    }
+    (have_rss && have_hwm).then_some(r)
+}
+
+fn trim_ascii(s: &[u8]) -> &[u8] {
+    let s = trim_ascii_start(s);
+    let end = s
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    &s[..end]
+}
+
+/// The whitespace-separated pids of a `children` file, appended to `out`.
+pub(crate) fn parse_pids(text: &[u8], out: &mut Vec<u32>) {
+    out.extend(
+        text.split(|c| c.is_ascii_whitespace())
+            .filter_map(parse_u64)
+            .filter_map(|v| u32::try_from(v).ok()),
+    );
+}
+
 /// A parse error naming the file.
 pub(crate) fn malformed(path: &Path, what: &str) -> Error {
     Error::new(ErrorKind::Parse, format!("{}: {what}", path.display()))
@@ -132,5 +196,34 @@ mod tests {
             "overflow is no value"
         );
         assert_eq!(parse_u64(b"  42\n"), Some(42));
+        let mut pids = Vec::new();
+        parse_pids(b"12 345 \n", &mut pids);
+        parse_pids(b"", &mut pids);
+        assert_eq!(pids, vec![12, 345]);
+    }
+
+    const LIVE: &[u8] = b"Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t42\n\
+Ngid:\t0\nPid:\t42\nPPid:\t7\nTracerPid:\t0\nVmPeak:\t  300000 kB\nVmSize:\t  200000 kB\n\
+VmLck:\t       0 kB\nVmPin:\t       0 kB\nVmHWM:\t  262144 kB\nVmRSS:\t    2048 kB\n\
+RssAnon:\t    1024 kB\nThreads:\t3\nSigQ:\t0/100\n";
+
+    #[test]
+    fn parses_a_live_status() {
+        let r = parse_status(LIVE).unwrap();
+        assert_eq!(r.name, "python3");
+        assert_eq!(r.ppid, Some(7));
+        assert_eq!(r.hwm, 256 << 20);
+        assert_eq!(r.rss, 2 << 20);
+        assert_eq!(r.threads, 3);
+        let spaced = parse_status(b"Name:\tmy worker \nVmHWM: 1 kB\nVmRSS: 1 kB\n").unwrap();
+        assert_eq!(spaced.name, "my worker");
+    }
+
+    #[test]
+    fn a_zombie_or_a_malformed_status_has_no_reading() {
+        let zombie = b"Name:\tworker\nState:\tZ (zombie)\nPid:\t43\nPPid:\t42\nThreads:\t1\n";
+        assert_eq!(parse_status(zombie), None);
+        assert_eq!(parse_status(b"VmHWM: lots\nVmRSS: 1 kB\n"), None);
+        assert_eq!(parse_status(b""), None);
     }
 }

@@ -61,6 +61,8 @@ fn hybrid_layout_uses_the_v1_memory_controller() {
     assert_eq!(r.limit, None, "9223372036854771712 is 'no limit'");
     assert_eq!(r.free, None);
     assert_eq!(s.info().kind, SourceKind::Cgroup);
+    assert_eq!(s.lifetime_peak(), Some(1015148544), "read, never reset");
+    assert_eq!(s.lifetime_peak(), Some(1015148544));
 }
 
 #[test]
@@ -77,6 +79,9 @@ fn v2_with_limit_and_namespace_root() {
     let mut s = CgroupSampler::at(loc, CgroupOptions { reset_peak: false }).unwrap();
     let r = s.read().unwrap();
     assert_eq!((r.used, r.limit, r.free), (1000, Some(4000), Some(3000)));
+    assert_eq!(s.lifetime_peak(), None, "no memory.peak before Linux 5.19");
+    write(&root, "sys/fs/cgroup/memory.peak", "5000\n");
+    assert_eq!(s.lifetime_peak(), Some(5000));
     write(&root, "sys/fs/cgroup/memory.max", "max\n");
     assert_eq!(s.read().unwrap().limit, None, "'max' is no limit");
     write(&root, "sys/fs/cgroup/memory.current", "garbage\n");
@@ -189,7 +194,7 @@ fn clear_refs_not_permitted_degrades_to_sampled() {
     );
     let src = Source::from_sampler(Box::new(s));
     assert_eq!(src.info().fidelity, memprobe_core::PeakFidelity::Sampled);
-    let w = memprobe_core::Window::open(&[src.clone()]).unwrap();
+    let w = memprobe_core::Window::open(std::slice::from_ref(&src)).unwrap();
     let now = src.read().unwrap().used;
     assert!(
         w.peaks().unwrap()[0] >= now,

@@ -131,3 +131,8 @@ fn soname_and_exported_symbols() {
 fn metrics_exporter() {
     check_all_ways("test_metrics.c", &[("MEMPROBE_GPU_BACKEND", "none")]);
 }
+
+#[test]
+fn file_sinks_refuse_directories_and_leave_no_temporary_files() {
+    check_all_ways("test_sink_paths.c", &[]);
+}

@@ -1,89 +1,53 @@
 //! `memprobe gpus`: every GPU with its memory and processes.
+//!
+//! With no GPU readable, the table form prints the reason on stderr; the
+//! JSON form prints its document all the same (no devices, the reason in
+//! `unavailable.gpus`). Either way the status is [`NO_GPU`].
 
 use crate::args::GpusArgs;
 use crate::exit;
-use crate::gpu::{self, GpuReading};
-use crate::proc_status;
-use crate::snapshot::render_rows;
+use crate::gpu_readings::{self, GpuReading};
+use crate::report::SCHEMA_VERSION;
 use crate::units;
-use std::io::Write;
+use serde::Serialize;
+use std::collections::BTreeMap;
 
-pub(crate) fn main(args: GpusArgs) -> i32 {
-    let gpus = match gpu::read_gpus() {
-        Ok(g) => g,
-        Err(why) => {
-            eprintln!("memprobe: {why}");
-            return exit::FAILURE;
-        }
-    };
-    let text = if args.json {
-        match serde_json::to_string_pretty(&gpus) {
-            Ok(s) => s + "\n",
-            Err(e) => {
-                eprintln!("memprobe: cannot encode JSON: {e}");
-                return exit::FAILURE;
-            }
-        }
-    } else {
-        table(&gpus)
-    };
-    match std::io::stdout().write_all(text.as_bytes()) {
-        Ok(()) => 0,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
-        Err(e) => {
-            eprintln!("memprobe: writing to stdout: {e}");
-            exit::FAILURE
-        }
-    }
+/// The exit status when no GPU can be read.
+pub(crate) const NO_GPU: i32 = exit::FAILURE;
+
+/// The JSON document of `gpus` (schema: `docs/gpus-output.schema.json`).
+#[derive(Debug, Serialize)]
+struct GpusReport {
+    schema_version: u32,
+    kind: &'static str,
+    memprobe_version: &'static str,
+    taken_at_unix_s: f64,
+    gpus: Vec<GpuReading>,
+    /// `gpus` → why none could be read.
+    unavailable: BTreeMap<String, String>,
 }
 
-/// Devices, then each device's processes.
-pub(crate) fn table(gpus: &[GpuReading]) -> String {
-    if gpus.is_empty() {
-        return "no GPUs\n".into();
-    }
-    let mut rows = vec![[
-        "GPU".to_string(),
-        "NAME".into(),
-        "USED".into(),
-        "TOTAL".into(),
-        "FREE".into(),
-        "RESERVED".into(),
-        "UUID".into(),
-    ]];
-    for g in gpus {
-        rows.push([
-            g.index.to_string(),
-            g.name.clone(),
-            units::bytes(g.used_bytes),
-            units::bytes(g.total_bytes),
-            units::bytes(g.free_bytes),
-            units::opt_bytes(g.reserved_bytes),
-            g.uuid.clone(),
-        ]);
-    }
-    let mut out = render_rows(&rows);
-    let mut procs = vec![[
-        "GPU".to_string(),
-        "PID".into(),
-        "NAME".into(),
-        "USED".into(),
-    ]];
-    for g in gpus {
-        for p in &g.processes {
-            procs.push([
-                g.index.to_string(),
-                p.pid.to_string(),
-                proc_status::comm(p.pid).unwrap_or_else(|| "?".into()),
-                units::opt_bytes(p.used_bytes),
-            ]);
+pub(crate) fn main(args: GpusArgs) -> i32 {
+    let taken_at_unix_s = units::unix_now_s();
+    let (gpus, unavailable) = match gpu_readings::read_gpus() {
+        Ok(g) => (g, BTreeMap::new()),
+        Err(why) if args.json => (Vec::new(), BTreeMap::from([("gpus".to_string(), why)])),
+        Err(why) => {
+            eprintln!("memprobe: {why}");
+            return NO_GPU;
         }
+    };
+    let none = !unavailable.is_empty();
+    let doc = GpusReport {
+        schema_version: SCHEMA_VERSION,
+        kind: "gpus",
+        memprobe_version: env!("CARGO_PKG_VERSION"),
+        taken_at_unix_s,
+        gpus,
+        unavailable,
+    };
+    match super::print(args.json, &doc, || gpu_readings::table(&doc.gpus)) {
+        0 if none => NO_GPU,
+        status => status,
     }
-    out.push('\n');
-    if procs.len() > 1 {
-        out.push_str(&render_rows(&procs));
-    } else {
-        out.push_str("no GPU processes\n");
-    }
-    out
 }

@@ -14,24 +14,25 @@
 use crate::args::RunArgs;
 use crate::child;
 use crate::exit;
-use crate::gpu;
+use crate::gpu_readings;
 use crate::live::{is_tty, LiveLine, LiveState};
-use crate::outfile::PendingFile;
 use crate::plot;
-use crate::recorder::{Recorder, Setup};
 use crate::report::{self, RunFacts};
+use crate::sampling::{SamplingThread, Setup};
 use crate::signals::{self, Forwarder, SigSet};
 use crate::units;
 use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
+use memprobe_core::sinks::AtomicFile;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The reserved output files.
+/// The reserved output files: each one's temporary file exists from before
+/// the command starts, and is removed if memprobe ends without writing it.
 struct Outputs {
-    json: Option<PendingFile>,
-    csv: Option<PendingFile>,
-    plot: Option<PendingFile>,
+    json: Option<AtomicFile>,
+    csv: Option<AtomicFile>,
+    plot: Option<AtomicFile>,
 }
 
 impl Outputs {
@@ -50,9 +51,18 @@ impl Outputs {
                 }
             }
         }
+        if let Some(p) = &args.plot {
+            if !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+                return Err(format!(
+                    "--plot {}: the chart is drawn as SVG only; name the file with .svg (e.g. {})",
+                    p.display(),
+                    p.with_extension("svg").display()
+                ));
+            }
+        }
         let reserve = |what: &str, p: &Option<std::path::PathBuf>| {
             p.as_deref()
-                .map(|p| PendingFile::reserve(p, what))
+                .map(|p| AtomicFile::create(p).map_err(|e| format!("{what} {}", e.message())))
                 .transpose()
         };
         Ok(Outputs {
@@ -96,7 +106,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         return exit::FAILURE;
     }
     let cgroup = open_cgroup();
-    let gpus = gpu::read_gpus();
+    let gpus = gpu_readings::read_gpus();
     let command: Vec<String> = args
         .command
         .iter()
@@ -120,7 +130,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         }
     };
     let live_state = (!args.no_live && is_tty(2)).then(|| Arc::new(LiveState::new()));
-    let recorder = Recorder::start(Setup {
+    let sampling = SamplingThread::start(Setup {
         root: pid,
         interval: args.interval,
         t0,
@@ -137,7 +147,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
 
     let waited = child::wait_terminated(pid);
     let duration_s = t0.elapsed().as_secs_f64();
-    let recording = recorder.map(Recorder::finish);
+    let recording = sampling.map(SamplingThread::finish);
     drop(exporter);
     if let Some(l) = live {
         l.stop();
@@ -173,13 +183,18 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     };
     report::add_rusage(&mut recording, &facts);
     let rep = report::build(&recording, &facts);
-    eprint!("{}", report::summary(&rep));
+    eprint!("{}", report::summary(&rep, args.verbose));
 
     let mut failed = false;
-    let mut write = |file: Option<PendingFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
+    let mut write = |file: Option<AtomicFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
         let Some(file) = file else { return };
-        let target = file.target().display().to_string();
-        match render().and_then(|bytes| file.commit(&bytes)) {
+        let target = file.path().display().to_string();
+        let written = render().and_then(|bytes| {
+            file.write(&bytes)
+                .and_then(|()| file.finish())
+                .map_err(|e| e.message().to_string())
+        });
+        match written {
             Ok(()) => eprintln!("memprobe: wrote {target}"),
             Err(e) => {
                 eprintln!("memprobe: {target}: {e}");
@@ -192,7 +207,9 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         v.push(b'\n');
         Ok(v)
     });
-    write(outputs.csv, &|| Ok(crate::csv::render(&rep).into_bytes()));
+    write(outputs.csv, &|| {
+        Ok(crate::timeline_csv::render(&rep).into_bytes())
+    });
     write(outputs.plot, &|| plot::render(&rep).map(String::into_bytes));
 
     let status = rep.exit.status;

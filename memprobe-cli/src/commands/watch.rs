@@ -11,14 +11,16 @@
 //! headed by a `--- memprobe watch <time> ---` line.
 
 use crate::args::WatchArgs;
-use crate::commands::gpus;
+use crate::columns::render_rows;
 use crate::exit;
+use crate::gpu_readings;
 use crate::live::{is_tty, terminal_size, truncate};
+use crate::machine::{self, Probes};
 use crate::signals::{self, SigSet};
-use crate::snapshot::{self, render_rows, Probes};
 use crate::units;
+use memprobe_core::process::{all_pids, command_name};
 use std::io::{self, Write};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const HIDE_CURSOR: &str = "\x1b[?25l";
 const SHOW_CURSOR: &str = "\x1b[?25h";
@@ -66,7 +68,7 @@ pub(crate) fn main(args: WatchArgs) -> i32 {
     let mut next = Instant::now();
     loop {
         let size = if tty { terminal_size(1) } else { None };
-        let text = frame(&mut probes, args.interval, size);
+        let text = frame(&mut probes, &args, size);
         let bytes = if tty {
             let width = size.map_or(usize::MAX, |s| s.0);
             let mut s = String::from(HOME);
@@ -105,17 +107,17 @@ fn write_failed(e: &io::Error) -> i32 {
 
 /// One frame's text. `size` (columns, rows) limits the process list on a
 /// terminal.
-fn frame(probes: &mut Probes, interval: Duration, size: Option<(usize, usize)>) -> String {
+fn frame(probes: &mut Probes, args: &WatchArgs, size: Option<(usize, usize)>) -> String {
     let r = probes.read();
     let mut out = format!(
         "--- memprobe watch {} --- every {} (Ctrl-C to quit)\n\n",
         units::time_of_day(r.taken_at_unix_s),
-        units::duration(interval)
+        units::duration(args.interval)
     );
-    out.push_str(&snapshot::table(&r));
+    out.push_str(&machine::table(&r, args.verbose));
     if !r.gpus.is_empty() {
         out.push('\n');
-        out.push_str(&gpus::table(&r.gpus));
+        out.push_str(&gpu_readings::table(&r.gpus));
     }
     // The list header (3 lines) and one spare row so the last newline does
     // not scroll the screen.
@@ -131,10 +133,9 @@ fn frame(probes: &mut Probes, interval: Duration, size: Option<(usize, usize)>) 
 
 /// The `n` processes with the largest resident sets.
 fn top_processes(n: usize) -> String {
-    let mut procs: Vec<(u64, u32)> = match std::fs::read_dir("/proc") {
-        Ok(d) => d
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    let mut procs: Vec<(u64, u32)> = match all_pids() {
+        Ok(pids) => pids
+            .into_iter()
             .filter_map(|pid| Some((memprobe_core::tree::process_rss(pid)?, pid)))
             .filter(|(rss, _)| *rss > 0)
             .collect(),
@@ -147,7 +148,7 @@ fn top_processes(n: usize) -> String {
         rows.push([
             pid.to_string(),
             units::bytes(rss),
-            crate::proc_status::comm(pid).unwrap_or_else(|| "?".into()),
+            command_name(pid).unwrap_or_else(|| "?".into()),
         ]);
     }
     let mut out = String::from("TOP PROCESSES BY RSS\n");

@@ -37,21 +37,122 @@ fn status_table() {
     );
 }
 
-/// Without a readable GPU (today: a build without GPU support), `gpus`
-/// prints the reason `status` reports and exits with 1.
+/// No NVML library: the GPUs cannot be read, whatever the machine has.
+const NO_NVML: (&str, &str) = ("MEMPROBE_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
+
+/// Without a readable GPU, `gpus` prints the reason `status` reports on
+/// stderr and exits with 1; `gpus --json` prints its JSON document all the
+/// same (no devices, the reason) on stdout, nothing on stderr, status 1.
 #[test]
 fn gpus_without_a_gpu_is_1_with_the_reason() {
-    let status = memprobe().args(["status", "--json"]).output().unwrap();
+    let status = memprobe()
+        .args(["status", "--json"])
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    let Some(why) = v["unavailable"]["gpus"].as_str() else {
-        return; // This machine has GPUs.
+    let why = v["unavailable"]["gpus"]
+        .as_str()
+        .expect("no GPU without NVML");
+    let out = memprobe()
+        .arg("gpus")
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert_eq!(stderr(&out), format!("memprobe: {why}\n"));
+
+    let out = memprobe()
+        .args(["gpus", "--json"])
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    assert_valid("docs/gpus-output.schema.json", &doc);
+    assert_eq!(doc["kind"], "gpus");
+    assert_eq!(doc["gpus"], serde_json::json!([]));
+    assert_eq!(doc["unavailable"]["gpus"], why);
+}
+
+/// The reason the GPUs are unavailable is a paragraph; text for people shows
+/// one short line (the whole reason with -v), in `status`, `watch` and the
+/// summary of `run`. The JSON keeps it whole.
+#[test]
+fn unavailable_gpus_take_one_short_line_unless_verbose() {
+    let gpu_line = |text: &str| -> String {
+        text.lines()
+            .find(|l| l.trim_start().starts_with("GPUs"))
+            .unwrap_or_else(|| panic!("no GPUs line in {text}"))
+            .to_string()
     };
-    for args in [vec!["gpus"], vec!["gpus", "--json"]] {
-        let out = memprobe().args(&args).output().unwrap();
-        assert_eq!(out.status.code(), Some(1));
-        assert!(out.stdout.is_empty());
-        assert_eq!(stderr(&out), format!("memprobe: {why}\n"));
+    let status = memprobe()
+        .arg("status")
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
+    let line = gpu_line(&String::from_utf8_lossy(&status.stdout));
+    assert!(line.len() <= 100 && line.contains("-v"), "{line}");
+    let verbose = memprobe()
+        .args(["status", "-v"])
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
+    let long = gpu_line(&String::from_utf8_lossy(&verbose.stdout));
+    assert!(
+        long.len() > 150 && long.contains("MEMPROBE_NVML_LIBRARY"),
+        "{long}"
+    );
+
+    let run = memprobe()
+        .args(["run", "--", "true"])
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
+    let line = gpu_line(&stderr(&run));
+    assert!(line.len() <= 100 && line.contains("-v"), "{line}");
+    let run = memprobe()
+        .args(["run", "--verbose", "--", "true"])
+        .env(NO_NVML.0, NO_NVML.1)
+        .output()
+        .unwrap();
+    assert!(gpu_line(&stderr(&run)).contains("MEMPROBE_NVML_LIBRARY"));
+
+    let out = memprobe()
+        .args(["watch", "--interval", "50ms"])
+        .env(NO_NVML.0, NO_NVML.1)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first_block = read_first_watch_block(out);
+    let line = gpu_line(&first_block);
+    assert!(line.len() <= 100 && line.contains("-v"), "{line}");
+}
+
+/// The first block `watch` prints, then SIGINT.
+fn read_first_watch_block(mut c: std::process::Child) -> String {
+    let stdout = c.stdout.take().unwrap();
+    let mut block = String::new();
+    let mut seen = 0;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if line.starts_with("--- memprobe watch ") {
+            seen += 1;
+            if seen == 2 {
+                break;
+            }
+        }
+        block.push_str(&line);
+        block.push('\n');
     }
+    // SAFETY: kill has no memory preconditions; the pid is our child.
+    unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+    let status = wait_timeout(&mut c, Duration::from_secs(5));
+    assert_eq!(status.code(), Some(0));
+    block
 }
 
 /// With stdout a pipe, `watch` prints one block per interval; SIGINT ends

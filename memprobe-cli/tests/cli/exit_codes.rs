@@ -188,6 +188,69 @@ fn bad_intervals_are_2_with_a_reason() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Zero, with or without a unit, gets one message: the accepted range and
+/// an example with a unit (not "no unit" for one and a range for the other).
+#[test]
+fn zero_interval_is_one_clear_message() {
+    let mut reasons = Vec::new();
+    for (cmd, value) in [
+        ("run", "0"),
+        ("run", "0ms"),
+        ("watch", "0"),
+        ("run", "0.0s"),
+    ] {
+        let mut c = memprobe();
+        c.args([cmd, "--interval", value]);
+        if cmd == "run" {
+            c.args(["--", "true"]);
+        }
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{value}");
+        let err = stderr(&out);
+        assert!(err.contains("1ms ..= 60s"), "{value}: {err}");
+        assert!(err.contains("e.g. 10ms"), "{value}: {err}");
+        assert!(!err.contains("no unit"), "{value}: {err}");
+        let reason = err
+            .lines()
+            .next()
+            .unwrap()
+            .rsplit(": ")
+            .next()
+            .unwrap()
+            .to_string();
+        reasons.push(reason);
+    }
+    assert!(reasons.windows(2).all(|w| w[0] == w[1]), "{reasons:?}");
+}
+
+/// `--plot` draws SVG only: any other name is refused before the command
+/// runs, rather than writing SVG into a `.png`.
+#[test]
+fn plot_to_a_non_svg_name_is_refused_before_the_child_runs() {
+    let dir = scratch("plotpng");
+    let marker = dir.join("marker");
+    for name in ["x.png", "x.PDF", "x"] {
+        let plot = dir.join(name);
+        let out = run_helper(
+            &["--plot", plot.to_str().unwrap()],
+            &["marker", marker.to_str().unwrap()],
+        );
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("SVG only") && err.contains(".svg"), "{err}");
+        assert!(!marker.exists(), "the child ran for {name}");
+        assert!(listing(&dir).is_empty(), "{:?}", listing(&dir));
+    }
+    let plot = dir.join("x.SVG");
+    let out = run_helper(
+        &["--plot", plot.to_str().unwrap()],
+        &["marker", marker.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An output that cannot be written stops memprobe before the command
 /// starts: the command would have created the marker.
 #[test]

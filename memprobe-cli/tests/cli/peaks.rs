@@ -31,9 +31,11 @@ fn spike_right_before_exit_is_exact() {
     assert_eq!(u(&peak["pid"]), u(&json["pid"]));
     assert_eq!(peak["peak_source"], "rusage");
     assert!(
-        u(&json["tree"]["peak_rss_bytes"]) < SPIKE_MIB * MIB,
+        max_sampled(&json) < SPIKE_MIB * MIB,
         "a sample caught it, so this proves nothing: {json}"
     );
+    // The tree's peak is never below a member's exact peak.
+    assert!(u(&json["tree"]["peak_rss_bytes"]) >= u(&peak["peak_rss_bytes"]));
     let err = stderr(&out);
     assert!(err.contains("peak single process"), "{err}");
     assert!(err.contains("exact"), "{err}");
@@ -76,9 +78,56 @@ fn worker_spike_is_exact() {
     );
     assert_eq!(json["peak_process"]["pid"], worker["pid"]);
     assert!(
-        u(&json["tree"]["peak_rss_bytes"]) < SPIKE_MIB * MIB,
+        max_sampled(&json) < SPIKE_MIB * MIB,
         "a sample caught the spike, so this proves nothing"
     );
+    assert!(u(&json["tree"]["peak_rss_bytes"]) >= u(&worker["peak_rss_bytes"]));
+}
+
+/// The largest tree RSS any sample saw.
+fn max_sampled(json: &Value) -> u64 {
+    json["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u(&p["tree_rss_bytes"]))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A command that ends before any sample sees it whole (`false`): the
+/// tree's peak is still at least the command's exact peak from `wait4`,
+/// never the near-zero the samples saw.
+#[test]
+fn tree_peak_is_never_below_a_process_peak() {
+    for _ in 0..5 {
+        let (out, json) = run_json(&["--interval", "1s"], &["false".into()], None);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        crate::schema::assert_valid("docs/run-output.schema.json", &json);
+        let exact = u(&json["peak_process"]["peak_rss_bytes"]);
+        assert!(exact > 0, "{json}");
+        let tree = &json["tree"];
+        assert!(
+            u(&tree["peak_rss_bytes"]) >= exact,
+            "tree {tree} below the process's exact {exact}"
+        );
+        let max = json["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| u(&p["peak_rss_bytes"]))
+            .max()
+            .unwrap();
+        assert!(u(&tree["peak_rss_bytes"]) >= max, "{json}");
+        if u(&tree["peak_rss_bytes"]) > max_sampled(&json) {
+            assert!(tree["peak_at_s"].is_null(), "no sample saw it: {tree}");
+            assert!(
+                stderr(&out).contains("at least its largest process's exact peak"),
+                "{}",
+                stderr(&out)
+            );
+        }
+    }
 }
 
 /// Workers forked by the child count in the tree and have their own peaks.

@@ -1,11 +1,13 @@
-//! One reading of the machine without a process of interest: system RAM,
-//! the container's cgroup and the GPUs. `status` prints it; `watch` redraws
-//! it. JSON schema: `docs/status-output.schema.json`.
+//! One reading of the machine, no process in particular: system RAM, the
+//! container's cgroup and the GPUs. `status` prints it; `watch` redraws it.
+//! JSON schema: `docs/status-output.schema.json`.
 
-use crate::gpu::{self, GpuReading};
-use crate::report::{version_str, SCHEMA_VERSION};
+use crate::columns::render_rows;
+use crate::gpu_readings::{self, GpuReading};
+use crate::report::SCHEMA_VERSION;
+use crate::unavailable;
 use crate::units;
-use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
+use memprobe_core::cgroup::{CgroupOptions, CgroupSampler};
 use memprobe_core::system::SystemRamSampler;
 use memprobe_core::Sampler;
 use serde::Serialize;
@@ -89,11 +91,11 @@ impl Probes {
                 Ok(r) => {
                     let loc = c.location();
                     Some(CgroupReading {
-                        version: version_str(loc.version),
+                        version: loc.version.as_str(),
                         path: loc.dir.display().to_string(),
                         used_bytes: r.used,
                         limit_bytes: r.limit,
-                        peak_bytes: lifetime_peak(loc.version, &loc.dir),
+                        peak_bytes: c.lifetime_peak(),
                     })
                 }
                 Err(e) => {
@@ -106,7 +108,7 @@ impl Probes {
                 None
             }
         };
-        let gpus = gpu::read_gpus().unwrap_or_else(|why| {
+        let gpus = gpu_readings::read_gpus().unwrap_or_else(|why| {
             unavailable.insert("gpus".to_string(), why);
             Vec::new()
         });
@@ -123,22 +125,12 @@ impl Probes {
     }
 }
 
-/// The cgroup's own high-water mark, read without resetting it
-/// (`memory.peak` in v2, `memory.max_usage_in_bytes` in v1).
-fn lifetime_peak(version: CgroupVersion, dir: &std::path::Path) -> Option<u64> {
-    let name = match version {
-        CgroupVersion::V1 => "memory.max_usage_in_bytes",
-        CgroupVersion::V2 => "memory.peak",
+/// The human table of a reading: one row per source, then a line per
+/// source that could not be read (the whole reason with `verbose`).
+pub(crate) fn table(r: &StatusReport, verbose: bool) -> String {
+    let why = |name: &str| {
+        unavailable::shown(r.unavailable.get(name).map_or("", String::as_str), verbose)
     };
-    std::fs::read_to_string(dir.join(name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// The human table of a reading: one row per source.
-pub(crate) fn table(r: &StatusReport) -> String {
     let mut rows: Vec<[String; 5]> = vec![[
         "SOURCE".into(),
         "USED".into(),
@@ -155,10 +147,7 @@ pub(crate) fn table(r: &StatusReport) -> String {
             units::bytes(s.available_bytes),
             "-".into(),
         ]),
-        None => notes.push(format!(
-            "system RAM: unavailable: {}",
-            r.unavailable.get("system").map_or("", String::as_str)
-        )),
+        None => notes.push(format!("system RAM: unavailable: {}", why("system"))),
     }
     match &r.cgroup {
         Some(c) => rows.push([
@@ -172,10 +161,7 @@ pub(crate) fn table(r: &StatusReport) -> String {
             ),
             units::opt_bytes(c.peak_bytes),
         ]),
-        None => notes.push(format!(
-            "container: unavailable: {}",
-            r.unavailable.get("cgroup").map_or("", String::as_str)
-        )),
+        None => notes.push(format!("container: unavailable: {}", why("cgroup"))),
     }
     for g in &r.gpus {
         rows.push([
@@ -187,9 +173,10 @@ pub(crate) fn table(r: &StatusReport) -> String {
         ]);
     }
     if r.gpus.is_empty() {
-        notes.push(match r.unavailable.get("gpus") {
-            Some(why) => format!("GPUs: unavailable: {why}"),
-            None => "GPUs: none".into(),
+        notes.push(if r.unavailable.contains_key("gpus") {
+            format!("GPUs: unavailable: {}", why("gpus"))
+        } else {
+            "GPUs: none".into()
         });
     }
     let mut out = render_rows(&rows);
@@ -214,30 +201,6 @@ pub(crate) fn table(r: &StatusReport) -> String {
     out
 }
 
-/// Left-aligned columns, two spaces apart.
-pub(crate) fn render_rows<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut widths = [0usize; N];
-    for r in rows {
-        for (w, cell) in widths.iter_mut().zip(r) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (i, cell) in r.iter().enumerate() {
-            if i + 1 == N {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,7 +208,7 @@ mod tests {
     #[test]
     fn table_has_a_row_per_source() {
         let r = Probes::open().read();
-        let t = table(&r);
+        let t = table(&r, false);
         assert!(t.starts_with("SOURCE"), "{t}");
         assert!(t.contains("system RAM"), "{t}");
         assert!(t.contains("GPUs"), "{t}");
@@ -266,11 +229,11 @@ mod tests {
             free_bytes: 70 << 30,
             reserved_bytes: Some(512 << 20),
             processes: vec![
-                gpu::GpuProcess {
+                gpu_readings::GpuProcess {
                     pid: 1,
                     used_bytes: Some(9 << 30),
                 },
-                gpu::GpuProcess {
+                gpu_readings::GpuProcess {
                     pid: 2,
                     used_bytes: None,
                 },
@@ -282,10 +245,10 @@ mod tests {
             &json,
         );
         assert!(errors.is_empty(), "{errors:#?}");
-        let t = table(&r);
+        let t = table(&r, false);
         assert!(t.contains("GPU 0"), "{t}");
         assert!(t.contains("512 MiB reserved"), "{t}");
-        let g = crate::commands::gpus::table(&r.gpus);
+        let g = gpu_readings::table(&r.gpus);
         assert!(g.contains("Test GPU") && g.contains("9.00 GiB"), "{g}");
     }
 }

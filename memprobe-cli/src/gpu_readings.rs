@@ -1,11 +1,11 @@
-//! The seam between the command and the GPU crate.
-//!
-//! Everything GPU-related that the command needs goes through [`read_gpus`]:
-//! `run` calls it once at start (to learn the devices, or why there are none)
-//! and then at every tick; `status`, `watch` and `gpus` call it per reading.
-//! The JSON, CSV, SVG and summary code already handle any number of devices,
-//! so wiring a GPU backend in changes only this file.
+//! The GPUs as the command sees them: [`read_gpus`] reads every device with
+//! its processes through memprobe-gpu (`run` once at start, to learn the
+//! devices or why there are none, then at every tick; `status`, `watch` and
+//! `gpus` once per reading), and [`table`] shows them to people.
 
+use crate::columns::render_rows;
+use crate::units;
+use memprobe_core::process::command_name;
 use serde::Serialize;
 
 /// One reading of one GPU device. Bytes everywhere.
@@ -97,4 +97,55 @@ pub(crate) fn read_gpus() -> Result<Vec<GpuReading>, String> {
         (true, Some(e)) => Err(e),
         _ => Ok(readings),
     }
+}
+
+/// Devices, then each device's processes.
+pub(crate) fn table(gpus: &[GpuReading]) -> String {
+    if gpus.is_empty() {
+        return "no GPUs\n".into();
+    }
+    let mut rows = vec![[
+        "GPU".to_string(),
+        "NAME".into(),
+        "USED".into(),
+        "TOTAL".into(),
+        "FREE".into(),
+        "RESERVED".into(),
+        "UUID".into(),
+    ]];
+    for g in gpus {
+        rows.push([
+            g.index.to_string(),
+            g.name.clone(),
+            units::bytes(g.used_bytes),
+            units::bytes(g.total_bytes),
+            units::bytes(g.free_bytes),
+            units::opt_bytes(g.reserved_bytes),
+            g.uuid.clone(),
+        ]);
+    }
+    let mut out = render_rows(&rows);
+    let mut procs = vec![[
+        "GPU".to_string(),
+        "PID".into(),
+        "NAME".into(),
+        "USED".into(),
+    ]];
+    for g in gpus {
+        for p in &g.processes {
+            procs.push([
+                g.index.to_string(),
+                p.pid.to_string(),
+                command_name(p.pid).unwrap_or_else(|| "?".into()),
+                units::opt_bytes(p.used_bytes),
+            ]);
+        }
+    }
+    out.push('\n');
+    if procs.len() > 1 {
+        out.push_str(&render_rows(&procs));
+    } else {
+        out.push_str("no GPU processes\n");
+    }
+    out
 }

@@ -1,0 +1,189 @@
+//! The sampling thread of `run`: at every tick (absolute deadlines, no drift)
+//! it reads the child's process tree (memprobe-core's [`ProcessTree`]: each
+//! process's resident set and kernel high-water mark in one `pread`), the
+//! container ([`CgroupSampler`]) and the GPUs, and appends a point to the
+//! [`Recording`].
+//!
+//! Why a loop of its own rather than the core's monitor: the monitor polls
+//! only *sampled* sources with a window open and fans each reading into
+//! windows, one source at a time. A run needs every series at every tick,
+//! exact ones included (the container's usage on cgroup v2), as one timeline
+//! point; a per-process record for a set of processes that changes from tick
+//! to tick; the ticks it missed; and one last sample after the command ends.
+//! So the loop below only schedules ticks; every reading comes from a core
+//! sampler (or the GPU crate), and the bookkeeping is the [`Recording`]'s.
+//!
+//! A process's exact peak is the last `VmHWM` read while it lived; a spike in
+//! the last interval before a worker exits is the one thing this can miss
+//! (the direct child is covered by `wait4`'s `ru_maxrss`, see
+//! [`crate::child::reap`]).
+
+use crate::gpu_readings::{self, GpuReading};
+use crate::live::LiveState;
+use crate::recording::{CgroupRecord, GpuSeries, Recording};
+use crate::timeline::Point;
+use memprobe_core::cgroup::CgroupSampler;
+use memprobe_core::tree::ProcessTree;
+use memprobe_core::Sampler;
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// What the sampling thread starts from.
+pub(crate) struct Setup {
+    /// The child's pid: the root of the tree.
+    pub(crate) root: u32,
+    pub(crate) interval: Duration,
+    /// When the child was spawned: time zero of the timeline.
+    pub(crate) t0: Instant,
+    /// The container's cgroup, or why there is none.
+    pub(crate) cgroup: Result<CgroupSampler, String>,
+    /// The GPUs at start, or why there are none.
+    pub(crate) gpus: Result<Vec<GpuReading>, String>,
+    /// Where the live status line reads from, if there is one.
+    pub(crate) live: Option<Arc<LiveState>>,
+}
+
+/// The running sampling thread.
+pub(crate) struct SamplingThread {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Recording>,
+}
+
+impl SamplingThread {
+    /// Starts sampling; the first sample is taken at once.
+    pub(crate) fn start(setup: Setup) -> io::Result<SamplingThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let handle = thread::Builder::new()
+            .name("memprobe-sampler".into())
+            .spawn(move || State::new(setup).run(&s))?;
+        Ok(SamplingThread { stop, handle })
+    }
+
+    /// Takes one last sample, stops and returns the recording.
+    pub(crate) fn finish(self) -> Recording {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle.thread().unpark();
+        self.handle.join().unwrap_or_else(|_| {
+            let mut r = Recording::default();
+            r.unavailable
+                .insert("tree".into(), "the sampling thread panicked".into());
+            r
+        })
+    }
+}
+
+struct State {
+    tree: ProcessTree,
+    interval: Duration,
+    t0: Instant,
+    cgroup: Option<CgroupSampler>,
+    live: Option<Arc<LiveState>>,
+    rec: Recording,
+}
+
+impl State {
+    fn new(setup: Setup) -> State {
+        let mut rec = Recording::default();
+        let cgroup = match setup.cgroup {
+            Ok(c) => {
+                rec.cgroup = Some(CgroupRecord::new(c.location()));
+                Some(c)
+            }
+            Err(why) => {
+                rec.unavailable.insert("cgroup".into(), why);
+                None
+            }
+        };
+        match setup.gpus {
+            Ok(list) => rec.gpus = list.into_iter().map(GpuSeries::new).collect(),
+            Err(why) => {
+                rec.unavailable.insert("gpus".into(), why);
+            }
+        }
+        State {
+            tree: ProcessTree::new(setup.root),
+            interval: setup.interval,
+            t0: setup.t0,
+            cgroup,
+            live: setup.live,
+            rec,
+        }
+    }
+
+    fn run(mut self, stop: &AtomicBool) -> Recording {
+        let mut deadline = Instant::now();
+        loop {
+            let stopping = stop.load(Ordering::SeqCst);
+            self.tick();
+            if stopping {
+                break;
+            }
+            deadline += self.interval;
+            let now = Instant::now();
+            if deadline <= now {
+                // Fell behind (descheduled, slow reads): skip the missed
+                // ticks instead of bursting, and stay on the original grid.
+                let behind = now.duration_since(deadline).as_nanos();
+                let skip = behind / self.interval.as_nanos() + 1;
+                self.rec.missed_ticks += u64::try_from(skip).unwrap_or(u64::MAX);
+                deadline += self.interval * u32::try_from(skip).unwrap_or(u32::MAX);
+            }
+            while !stop.load(Ordering::SeqCst) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                thread::park_timeout(deadline - now);
+            }
+        }
+        if let (Some(s), Some(rec)) = (self.cgroup.as_mut(), self.rec.cgroup.as_mut()) {
+            rec.exact_peak = s.read_peak().ok().flatten();
+        }
+        self.rec.finish();
+        self.rec
+    }
+
+    fn tick(&mut self) {
+        let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let tree = self.tree.read();
+        for &pid in &tree.exited {
+            self.rec.exited(pid);
+        }
+        for (pid, status) in &tree.processes {
+            self.rec.observe(*pid, status, now);
+        }
+        let tree_rss = tree.rss();
+        let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);
+
+        let cgroup = self.cgroup.as_mut().and_then(|c| {
+            let rec = self.rec.cgroup.as_mut()?;
+            rec.observe(c.read().ok(), now)
+        });
+        let gpus = if self.rec.gpus.is_empty() {
+            Vec::new()
+        } else {
+            let pids: HashSet<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();
+            let readings = gpu_readings::read_gpus().ok();
+            self.rec
+                .gpus
+                .iter_mut()
+                .map(|series| series.observe(readings.as_deref(), &pids, now))
+                .collect()
+        };
+        self.rec.add_point(Point {
+            t_ns: now,
+            tree_rss,
+            processes,
+            cgroup,
+            gpus,
+        });
+        if let Some(l) = &self.live {
+            l.publish(tree_rss, processes, cgroup);
+        }
+    }
+}
