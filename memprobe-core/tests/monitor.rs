@@ -29,7 +29,7 @@ fn sampled_peak_is_caught_and_sinks_see_samples() {
     let sink = Arc::new(SnapshotSink::new());
     monitor::add_sink(sink.clone()).unwrap();
     let (src, v) = value_source("cb");
-    let w = Window::open(&[src.clone()]).unwrap();
+    let w = Window::open(std::slice::from_ref(&src)).unwrap();
     assert!(
         monitor::stats().unwrap().running,
         "monitor starts lazily on a sampled window"
@@ -130,6 +130,7 @@ fn fork_with_monitor_running_child_works() {
                 // 64 MiB spike in the child is seen by a window in the child.
                 let w = Window::open(&[rss.clone(), src.clone()]).unwrap();
                 let start = w.starts()[0].used;
+                // SAFETY: an anonymous private mapping, checked below.
                 let p = unsafe {
                     libc::mmap(
                         std::ptr::null_mut(),
@@ -140,24 +141,30 @@ fn fork_with_monitor_running_child_works() {
                         0,
                     )
                 } as *mut u8;
+                assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
                 for i in (0..(64 << 20)).step_by(4096) {
+                    // SAFETY: `i` is within the 64 MiB mapping.
                     unsafe { p.add(i).write_volatile(1) };
                 }
+                // SAFETY: unmaps exactly the mapping made above.
                 unsafe { libc::munmap(p as *mut _, 64 << 20) };
                 let peak = w.peaks().unwrap()[0];
                 let stats = monitor::stats().unwrap();
                 peak >= start + (62 << 20) && parent_rss > 0 && stats.running
             });
+            // SAFETY: ends the forked child without running the parent's atexit handlers.
             unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 3 }) };
         }
         let t = Instant::now();
         let mut status = 0;
         loop {
+            // SAFETY: `pid` is our child and `status` a valid, writable int.
             let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             if r == pid {
                 break;
             }
             if t.elapsed() > Duration::from_secs(20) {
+                // SAFETY: kills our own child, which has not been reaped.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 panic!("child deadlocked after fork");
             }

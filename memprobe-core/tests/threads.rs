@@ -75,7 +75,7 @@ fn sixteen_threads_nested_windows_with_monitor() {
                 for round in 0..20 {
                     // Boundaries race each other here.
                     let outer = Window::open(&[rss.clone(), sampled.clone()]).unwrap();
-                    let mut inner = Window::open(&[rss.clone()]).unwrap();
+                    let mut inner = Window::open(std::slice::from_ref(&rss)).unwrap();
                     barrier.wait();
                     // Every thread allocates at once; no boundary runs.
                     value.fetch_add(1, Ordering::Relaxed);
