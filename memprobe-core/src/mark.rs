@@ -3,7 +3,7 @@
 //! Frameworks keep marks of their own: PyTorch's caching allocator keeps the
 //! peak of allocated, reserved and active bytes per device since the last
 //! `reset_peak_memory_stats`. Such a mark is as good as the kernel's `VmHWM`:
-//! a [`Source`] over it folds the mark into every open window and resets it
+//! a [`Source`](crate::Source) over it folds the mark into every open window and resets it
 //! at each window boundary, so one global counter becomes any number of
 //! concurrent, nested, independently resettable windows (fidelity
 //! [`Exact`](crate::PeakFidelity::Exact), no polling).
@@ -19,14 +19,13 @@ use crate::error::{Error, Result};
 use crate::lock::Lock;
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
-use crate::source::Source;
 use std::sync::Arc;
 
 /// The caller's marks: the three functions a [`MarkGroup`] calls, each
 /// under the group's lock (never two at once for one group).
 ///
 /// `index` is the caller's own number for one mark (e.g. device × 3 +
-/// allocated / reserved / active), given to [`MarkGroup::source`]. An error
+/// allocated / reserved / active), given to [`Source::over_mark`](crate::Source::over_mark). An error
 /// returned by any function fails the memprobe call that needed it (a read,
 /// a window boundary) and leaves every window's peak intact.
 pub trait Marks: Send {
@@ -50,7 +49,7 @@ pub trait Marks: Send {
 /// # Example
 ///
 /// ```
-/// use memprobe_core::{MarkGroup, Marks, Result, SourceKind, Window};
+/// use memprobe_core::{MarkGroup, Marks, Result, Source, SourceKind, Window};
 /// use std::sync::{Arc, Mutex};
 ///
 /// /// A stand-in for a framework's allocator: two marks, one reset.
@@ -79,8 +78,8 @@ pub trait Marks: Send {
 /// # fn main() -> Result<()> {
 /// let alloc = Arc::new(Mutex::new(Allocator::default()));
 /// let group = MarkGroup::new(Box::new(Shared(alloc.clone())));
-/// let allocated = group.source(0, "alloc:0", SourceKind::GpuProcess)?;
-/// let reserved = group.source(1, "reserved:0", SourceKind::GpuProcess)?;
+/// let allocated = Source::over_mark(&group, 0, "alloc:0", SourceKind::GpuProcess)?;
+/// let reserved = Source::over_mark(&group, 1, "reserved:0", SourceKind::GpuProcess)?;
 ///
 /// let epoch = Window::open(&[allocated.clone(), reserved.clone()])?;
 /// alloc.lock().unwrap().set(1, 8 << 20); // the cache grows...
@@ -130,28 +129,25 @@ impl MarkGroup {
         }
     }
 
-    /// The exact source over mark `index`, named `name` (1 to 64 printable
-    /// bytes) and labelled `kind` in reports. No function of the marks is
-    /// called until the source is read or a window opens over it.
+    /// The sampler of member `index`, registered in the group until it
+    /// drops. Used by [`Source::over_mark`].
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a bad name, or when `index`
-    /// already has a source in this group (dropping that source frees it).
-    pub fn source(&self, index: usize, name: &str, kind: SourceKind) -> Result<Source> {
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a
+    /// bad name, or when `index` already has a source in this group.
+    pub(crate) fn member(&self, index: usize, name: &str, kind: SourceKind) -> Result<MarkSampler> {
         crate::sample::check_name("a source name", name)?;
-        {
-            let mut st = self.shared.state.lock()?;
-            if st.members.iter().any(|m| m.index == index) {
-                return Err(Error::invalid(format!(
-                    "mark {index} already has a source in this group"
-                )));
-            }
-            st.members.push(Member {
-                index,
-                carried: None,
-            });
+        let mut st = self.shared.state.lock()?;
+        if st.members.iter().any(|m| m.index == index) {
+            return Err(Error::invalid(format!(
+                "mark {index} already has a source in this group"
+            )));
         }
-        Ok(Source::over_mark(Box::new(MarkSampler {
+        st.members.push(Member {
+            index,
+            carried: None,
+        });
+        Ok(MarkSampler {
             group: Arc::clone(&self.shared),
             index,
             info: SourceInfo {
@@ -159,7 +155,7 @@ impl MarkGroup {
                 kind,
                 fidelity: PeakFidelity::Exact,
             },
-        })))
+        })
     }
 
     /// How many sources of this group exist.
@@ -176,14 +172,6 @@ impl MarkGroup {
 impl std::fmt::Debug for MarkGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MarkGroup").finish_non_exhaustive()
-    }
-}
-
-impl Source {
-    /// An exact source over one mark with a reset of its own: a
-    /// [`MarkGroup`] of one, whose mark has index 0.
-    pub fn mark(name: &str, kind: SourceKind, marks: Box<dyn Marks>) -> Result<Source> {
-        MarkGroup::new(marks).source(0, name, kind)
     }
 }
 
@@ -225,8 +213,8 @@ impl GroupState {
     }
 }
 
-/// One member of a group, owned by its [`Source`].
-struct MarkSampler {
+/// One member of a group, owned by its source.
+pub(crate) struct MarkSampler {
     group: Arc<Group>,
     index: usize,
     info: SourceInfo,
@@ -293,6 +281,7 @@ impl Drop for MarkSampler {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
+    use crate::source::Source;
 
     struct Fixed;
     impl Marks for Fixed {
@@ -310,15 +299,17 @@ mod tests {
     #[test]
     fn an_index_has_one_source_at_a_time() {
         let g = MarkGroup::new(Box::new(Fixed));
-        let a = g.source(3, "a", SourceKind::Custom).unwrap();
-        let e = g.source(3, "b", SourceKind::Custom).unwrap_err();
+        let a = Source::over_mark(&g, 3, "a", SourceKind::Custom).unwrap();
+        let e = Source::over_mark(&g, 3, "b", SourceKind::Custom).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert_eq!(g.len().unwrap(), 1);
         drop(a);
         assert!(g.is_empty().unwrap());
-        g.source(3, "b", SourceKind::Custom).unwrap();
+        Source::over_mark(&g, 3, "b", SourceKind::Custom).unwrap();
         assert_eq!(
-            g.source(4, "", SourceKind::Custom).unwrap_err().kind(),
+            Source::over_mark(&g, 4, "", SourceKind::Custom)
+                .unwrap_err()
+                .kind(),
             ErrorKind::InvalidArgument
         );
     }

@@ -27,6 +27,7 @@ use crate::callback::{CallbackSampler, ReadFn};
 use crate::cgroup::{CgroupOptions, CgroupSampler};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lock::Lock;
+use crate::mark::{MarkGroup, Marks};
 use crate::monitor::{self, Polled};
 use crate::process::{HwmMode, ProcessSampler};
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
@@ -122,14 +123,6 @@ impl Source {
         Self::build(info, Some(sampler), keeps_mark, false)
     }
 
-    /// Wraps an exact sampler over a caller's mark, known to exist without
-    /// reading it: a failing first read must not demote it to sampled.
-    pub(crate) fn over_mark(sampler: Box<dyn Sampler>) -> Source {
-        let info = sampler.info();
-        debug_assert_eq!(info.fidelity, PeakFidelity::Exact);
-        Self::build(info, Some(sampler), true, true)
-    }
-
     /// A source whose values the caller pushes (e.g. a framework allocator's
     /// allocated bytes). Its peak is exact as long as every change is pushed.
     pub fn pushed(name: &str) -> Result<Source> {
@@ -195,6 +188,33 @@ impl Source {
         Ok(Source::from_sampler(Box::new(CallbackSampler::new(
             name, read,
         )?)))
+    }
+
+    /// The exact source over mark `index` of `group` (the caller's own
+    /// number for the mark, passed back to its [`Marks`] functions), named
+    /// `name` (1 to 64 printable bytes) and labelled `kind` in reports. No
+    /// function of the marks is called until the source is read or a window
+    /// opens over it. The source never demotes itself to sampled: a failing
+    /// function fails the call that needed it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a bad name, or when `index`
+    /// already has a live source in this group (dropping it frees `index`).
+    pub fn over_mark(
+        group: &MarkGroup,
+        index: usize,
+        name: &str,
+        kind: SourceKind,
+    ) -> Result<Source> {
+        let sampler = group.member(index, name, kind)?;
+        let info = sampler.info();
+        Ok(Self::build(info, Some(Box::new(sampler)), true, true))
+    }
+
+    /// An exact source over one caller's mark with a reset of its own: a
+    /// [`MarkGroup`] of one, whose mark has index 0.
+    pub fn mark(name: &str, kind: SourceKind, marks: Box<dyn Marks>) -> Result<Source> {
+        Self::over_mark(&MarkGroup::new(marks), 0, name, kind)
     }
 
     fn build(

@@ -238,7 +238,7 @@ fn a_shared_reset_through_one_source_never_loses_the_others_peaks() {
     let sources: Vec<Source> = names
         .iter()
         .enumerate()
-        .map(|(i, n)| group.source(i, n, SourceKind::GpuProcess).unwrap())
+        .map(|(i, n)| Source::over_mark(&group, i, n, SourceKind::GpuProcess).unwrap())
         .collect();
     assert_eq!(group.len().unwrap(), 6);
     for i in 0..6 {
@@ -296,8 +296,8 @@ fn a_shared_reset_through_one_source_never_loses_the_others_peaks() {
 fn failing_callbacks_fail_the_call_and_keep_every_peak() {
     let fw = Framework::new(2);
     let group = fw.group();
-    let a = group.source(0, "a", SourceKind::Custom).unwrap();
-    let b = group.source(1, "b", SourceKind::Custom).unwrap();
+    let a = Source::over_mark(&group, 0, "a", SourceKind::Custom).unwrap();
+    let b = Source::over_mark(&group, 1, "b", SourceKind::Custom).unwrap();
     let mut wa = one(&a);
     let wb = one(&b);
 
@@ -376,11 +376,7 @@ fn callbacks_of_one_group_never_run_concurrently() {
     let fw = Framework::new(4);
     let group = fw.group();
     let sources: Vec<Source> = (0..4)
-        .map(|i| {
-            group
-                .source(i, &format!("m{i}"), SourceKind::Custom)
-                .unwrap()
-        })
+        .map(|i| Source::over_mark(&group, i, &format!("m{i}"), SourceKind::Custom).unwrap())
         .collect();
     let threads: Vec<_> = sources
         .iter()
@@ -413,12 +409,9 @@ fn callbacks_of_one_group_never_run_concurrently() {
 fn a_tracker_reports_exact_peaks_per_step_and_per_epoch() {
     let fw = Framework::new(2);
     let group = fw.group();
-    let alloc = group
-        .source(0, "torch_alloc:0", SourceKind::GpuProcess)
-        .unwrap();
-    let reserved = group
-        .source(1, "torch_reserved:0", SourceKind::GpuProcess)
-        .unwrap();
+    let alloc = Source::over_mark(&group, 0, "torch_alloc:0", SourceKind::GpuProcess).unwrap();
+    let reserved =
+        Source::over_mark(&group, 1, "torch_reserved:0", SourceKind::GpuProcess).unwrap();
     fw.alloc(0, GIB);
     fw.alloc(1, 2 * GIB);
     let mut t = Tracker::new(&[alloc, reserved]).unwrap();
