@@ -24,6 +24,11 @@ use std::sync::Arc;
 /// The caller's marks: the three functions a [`MarkGroup`] calls, each
 /// under the group's lock (never two at once for one group).
 ///
+/// A boundary reads a mark, then resets it: an allocation that rises and
+/// falls on another thread between the two is in neither interval, as with
+/// the kernel's `VmHWM`. Allocations made by the thread that makes the
+/// boundaries (a training loop's) are always counted.
+///
 /// `index` is the caller's own number for one mark (e.g. device × 3 +
 /// allocated / reserved / active), given to [`Source::over_mark`](crate::Source::over_mark). An error
 /// returned by any function fails the memprobe call that needed it (a read,

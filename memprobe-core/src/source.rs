@@ -7,7 +7,7 @@
 //!
 //! Each source keeps a high-water mark "since the last boundary":
 //! - exact sources: the mark the kernel (`VmHWM`, the cgroup's peak) or a
-//!   caller ([`MarkGroup`](crate::MarkGroup)) keeps, through the sampler's
+//!   caller ([`MarkGroup`]) keeps, through the sampler's
 //!   `read_peak` / `reset_peak`;
 //! - pushed sources: the largest value pushed since the last boundary;
 //! - sampled sources: the largest value the monitor (or any read) saw.

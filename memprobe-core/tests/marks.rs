@@ -371,6 +371,12 @@ fn a_mark_below_the_current_value_is_raised_to_it() {
     assert_eq!(w.peaks().unwrap(), vec![50]);
 }
 
+/// Four threads make boundaries over the four marks of one group at once:
+/// the framework never sees two calls at once, nothing fails or deadlocks,
+/// and afterwards the group is as exact as before. (Peaks are not checked
+/// while other threads reset: an allocation that rises and falls between a
+/// boundary's read of the mark and its reset is, as with `VmHWM`, in neither
+/// interval.)
 #[test]
 fn callbacks_of_one_group_never_run_concurrently() {
     let fw = Framework::new(4);
@@ -388,21 +394,26 @@ fn callbacks_of_one_group_never_run_concurrently() {
             std::thread::spawn(move || {
                 let outer = Window::open(&all).unwrap();
                 let mut w = one(&src);
-                for n in 0..200u64 {
-                    fw.blip(i, n + 1);
-                    let d = w.reset().unwrap();
-                    assert!(d[0].peak >= n + 1, "lost a blip: {d:?}");
+                for n in 1..=200u64 {
+                    fw.blip(i, n);
+                    w.reset().unwrap();
                     src.read().unwrap();
+                    outer.peaks().unwrap();
                 }
-                assert!(outer.peaks().unwrap()[i] >= 200);
             })
         })
         .collect();
     for t in threads {
         t.join().unwrap();
     }
-    assert!(fw.calls.load(Ordering::SeqCst) > 4 * 200 * 4);
+    assert!(fw.calls.load(Ordering::SeqCst) > 4 * 200 * 6);
     assert_eq!(fw.overlaps.load(Ordering::SeqCst), 0);
+
+    let w = Window::open(&sources).unwrap();
+    for i in 0..4 {
+        fw.blip(i, 10 * (i as u64 + 1));
+    }
+    assert_eq!(w.peaks().unwrap(), vec![10, 20, 30, 40]);
 }
 
 #[test]
