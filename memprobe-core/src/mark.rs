@@ -3,9 +3,9 @@
 //! Frameworks keep marks of their own: PyTorch's caching allocator keeps the
 //! peak of allocated, reserved and active bytes per device since the last
 //! `reset_peak_memory_stats`. Such a mark is as good as the kernel's `VmHWM`:
-//! a [`Source`](crate::Source) over it folds the mark into every open window and resets it
-//! at each window boundary, so one global counter becomes any number of
-//! concurrent, nested, independently resettable windows (fidelity
+//! a [`Source`](crate::Source) over it folds the mark into every open window
+//! and resets it at each window boundary, so one global counter becomes any
+//! number of concurrent, nested, independently resettable windows (fidelity
 //! [`Exact`](crate::PeakFidelity::Exact), no polling).
 //!
 //! One framework reset usually clears several marks at once, so the marks
@@ -30,16 +30,18 @@ use std::sync::Arc;
 /// boundaries (a training loop's) are always counted.
 ///
 /// `index` is the caller's own number for one mark (e.g. device × 3 +
-/// allocated / reserved / active), given to [`Source::over_mark`](crate::Source::over_mark). An error
-/// returned by any function fails the memprobe call that needed it (a read,
-/// a window boundary) and leaves every window's peak intact.
+/// allocated / reserved / active), given to
+/// [`Source::over_mark`](crate::Source::over_mark). An error returned by any
+/// function fails the memprobe call that needed it (a read, a window
+/// boundary) and leaves every window's peak intact.
 pub trait Marks: Send {
     /// Bytes in use now for mark `index`.
     fn current(&mut self, index: usize) -> Result<u64>;
 
     /// The high-water mark of `index` since the last [`reset`](Marks::reset),
-    /// in bytes. A value below [`current`](Marks::current) (a framework bug)
-    /// is raised to it.
+    /// in bytes. A mark below the current value (a framework bug) does not
+    /// lower a window's peak: memprobe also reads [`current`](Marks::current)
+    /// whenever it reports a peak, and a peak is never below a reading.
     fn peak(&mut self, index: usize) -> Result<u64>;
 
     /// Resets every mark of the group to its current value.
@@ -275,7 +277,8 @@ impl Sampler for MarkSampler {
 impl Drop for MarkSampler {
     fn drop(&mut self) {
         // Refused only on re-entry from one of the group's own functions;
-        // the member then stays, costing one extra peak read per reset.
+        // the member then stays: one extra peak read per reset, and its
+        // index stays taken.
         if let Ok(mut st) = self.group.state.lock() {
             st.members.retain(|m| m.index != self.index);
         }
