@@ -48,10 +48,32 @@ fn sampled_peak_is_caught_and_sinks_see_samples() {
         .iter()
         .any(|(n, s)| n == "cb" && s.used == 500));
     monitor::clear_sinks().unwrap();
-    drop(w);
+    // With an hour between polls, a stop that waited for the next tick
+    // would take an hour; a prompt one wakes the thread. Let the monitor
+    // settle into its hour-long sleep first (its tick count stops moving),
+    // then stop it with a bound that only separates the two.
+    monitor::set_interval(monitor::MAX_INTERVAL).unwrap();
     let t = Instant::now();
-    monitor::stop().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(1), "stop is prompt");
+    let mut ticks = monitor::stats().unwrap().ticks;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = monitor::stats().unwrap().ticks;
+        if now == ticks || t.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        ticks = now;
+    }
+    let stopping = std::thread::spawn(monitor::stop);
+    let t = Instant::now();
+    while !stopping.is_finished() && t.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        stopping.is_finished(),
+        "stop waited for the polling interval"
+    );
+    stopping.join().unwrap().unwrap();
+    drop(w);
     assert!(!monitor::stats().unwrap().running);
     monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
 }
