@@ -30,8 +30,9 @@ impl Part {
 /// An open peak window over a set of sources.
 ///
 /// Opening, resetting or closing a window never disturbs any other window,
-/// whichever sources they share. For exact sources the peak is the kernel's
-/// high-water mark, folded in at every boundary: no polling, no missed spike.
+/// whichever sources they share. For exact sources the peak is a high-water
+/// mark (the kernel's, or a caller's: see [`MarkGroup`](crate::MarkGroup)),
+/// folded in at every boundary: no polling, no missed spike.
 /// Dropping a window closes it.
 ///
 /// # Example
