@@ -1,7 +1,7 @@
 //! Fork safety: a process-wide gate that `fork()` closes, and a generation
 //! counter that tells samplers to reopen `/proc/self` descriptors in the child.
 //!
-//! Every memprobe lock is taken through [`Gate::lock`]-style guards that hold a
+//! Every memprobe lock ([`Lock`](crate::lock::Lock)) holds a `GateGuard`: a
 //! read lock on one process-wide `pthread_rwlock`. A `pthread_atfork` prepare
 //! handler takes it for writing, so `fork()` waits until no memprobe call is in
 //! progress: no memprobe mutex is held at the instant of the fork, and the

@@ -7,8 +7,9 @@
 //! - A [`Source`] wraps a sampler (or takes pushed values) and keeps the peak
 //!   state of every window open over it.
 //! - [`Window`]s are concurrent, nestable, independently resettable peak
-//!   intervals; for kernel high-water-mark sources their peaks are exact with
-//!   no polling.
+//!   intervals; for sources over a resettable high-water mark — the
+//!   kernel's, or a caller's ([`MarkGroup`]) — their peaks are exact with no
+//!   polling.
 //! - The [`monitor`] polls sampled sources in the background.
 //! - [`Trace`] is fastai's GPUMemTrace over any sources; [`delta`] holds its
 //!   definitions; [`sink`]s receive samples and records.
@@ -23,6 +24,7 @@ pub mod fork;
 mod kernel_hwm;
 pub mod leak;
 pub mod lock;
+mod mark;
 pub mod monitor;
 pub mod phase;
 pub mod process;
@@ -33,8 +35,7 @@ pub mod sampler;
 pub mod sink;
 pub mod sinks;
 pub mod smaps;
-mod source;
-pub mod sources;
+pub mod source;
 pub mod system;
 pub mod trace;
 pub mod tracker;
@@ -43,6 +44,7 @@ mod window;
 
 pub use delta::{b2mb, deltas, SourceDelta};
 pub use error::{Error, ErrorKind, Result};
+pub use mark::{MarkGroup, Marks};
 pub use phase::{PhaseInfo, PhaseKind};
 pub use sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 pub use sampler::Sampler;

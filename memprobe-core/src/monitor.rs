@@ -6,13 +6,16 @@
 //! parks (no wake-ups, no CPU) while no such window is open; [`stop`] ends the
 //! thread promptly. Exact and pushed sources are never polled. After `fork()`
 //! the child has no monitor thread; it starts again lazily on the next window.
+//!
+//! The monitor knows sources only through `Polled`, held weakly: it drives
+//! the polls and fans readings out to its sinks, while the source keeps its
+//! own window state. Dropping a source's last handle unwatches it.
 
 use crate::error::{Error, Result};
 use crate::fork;
 use crate::lock::Lock;
 use crate::sample::{Sample, SourceInfo};
 use crate::sink::Sink;
-use crate::source::Shared;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Weak};
 use std::thread::{self, JoinHandle, Thread};
@@ -26,13 +29,27 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// The default polling interval: 10 ms.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(10);
 
+/// What the monitor polls: a sampled source with its windows. Implemented by
+/// the source; the monitor never sees its state.
+pub(crate) trait Polled: Send + Sync {
+    /// What is polled (given to the sinks with each reading).
+    fn info(&self) -> &SourceInfo;
+
+    /// Takes one reading and folds it into the open windows. `None` when no
+    /// window is open (nothing was read).
+    fn poll(&self) -> Option<Result<Sample>>;
+}
+
+/// A watched source: its id (to unwatch it) and a weak handle.
+type Watched = (u64, Weak<dyn Polled>);
+
 struct Runner {
     handle: Option<JoinHandle<()>>,
     thread: Option<Thread>,
     generation: u64,
 }
 
-static WATCHED: Lock<Vec<Weak<Shared>>> = Lock::new(Vec::new());
+static WATCHED: Lock<Vec<Watched>> = Lock::new(Vec::new());
 static SINKS: Lock<Vec<Arc<dyn Sink>>> = Lock::new(Vec::new());
 static RUNNER: Lock<Runner> = Lock::new(Runner {
     handle: None,
@@ -143,18 +160,20 @@ pub fn stop() -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn watch(source: Weak<Shared>) {
+/// Starts polling `source` (and the monitor thread, if needed).
+pub(crate) fn watch(id: u64, source: Weak<dyn Polled>) {
     if let Ok(mut w) = WATCHED.lock() {
-        w.retain(|s| s.strong_count() > 0);
-        w.push(source);
+        w.retain(|(_, s)| s.strong_count() > 0);
+        w.push((id, source));
     }
     ensure_running();
     wake();
 }
 
+/// Stops polling the source `id`.
 pub(crate) fn unwatch(id: u64) {
     if let Ok(mut w) = WATCHED.lock() {
-        w.retain(|s| s.upgrade().is_some_and(|s| s.id() != id));
+        w.retain(|(i, s)| *i != id && s.strong_count() > 0);
     }
 }
 
@@ -168,6 +187,7 @@ fn wake() {
     }
 }
 
+/// Starts the monitor thread unless it runs (restarts it in a forked child).
 pub(crate) fn ensure_running() {
     let Ok(mut r) = RUNNER.lock() else { return };
     let gen = fork::generation();
@@ -245,8 +265,8 @@ fn run() {
 /// other allocators (AddressSanitizer's among them) do not.
 fn tick() -> usize {
     let _gate = fork::GateGuard::enter();
-    let sources: Vec<Arc<Shared>> = match WATCHED.lock() {
-        Ok(w) => w.iter().filter_map(Weak::upgrade).collect(),
+    let sources: Vec<Arc<dyn Polled>> = match WATCHED.lock() {
+        Ok(w) => w.iter().filter_map(|(_, s)| s.upgrade()).collect(),
         Err(_) => return 0,
     };
     if sources.is_empty() {
@@ -256,15 +276,14 @@ fn tick() -> usize {
     let mut readings: Vec<(&SourceInfo, Sample)> = Vec::with_capacity(sources.len());
     let mut polled = 0;
     for s in &sources {
-        let Ok(mut st) = s.state.lock() else { continue };
-        match st.poll() {
-            Ok(Some(sample)) => {
+        match s.poll() {
+            Some(Ok(sample)) => {
                 polled += 1;
                 READS.fetch_add(1, Ordering::Relaxed);
                 readings.push((s.info(), sample));
             }
-            Ok(None) => {}
-            Err(_) => {
+            None => {}
+            Some(Err(_)) => {
                 polled += 1;
                 ERRORS.fetch_add(1, Ordering::Relaxed);
             }

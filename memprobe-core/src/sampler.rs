@@ -12,7 +12,8 @@ use crate::sample::{Sample, SourceInfo};
 /// Peak fidelity (see [`SourceInfo::fidelity`]):
 /// - [`Exact`](crate::PeakFidelity::Exact) samplers implement
 ///   [`read_peak`](Sampler::read_peak) and [`reset_peak`](Sampler::reset_peak)
-///   over a high-water mark the kernel or driver keeps.
+///   over a high-water mark the kernel, a driver or a framework keeps
+///   (see [`MarkGroup`](crate::MarkGroup) for a caller's marks).
 /// - [`Sampled`](crate::PeakFidelity::Sampled) samplers only implement
 ///   [`read`](Sampler::read); the monitor polls them.
 /// - [`Pushed`](crate::PeakFidelity::Pushed) sources are fed by the caller.

@@ -1,29 +1,74 @@
-//! A source: one sampler plus the peak state of every window open over it.
+//! A source: one sampler plus the peak state of every window open over it,
+//! and the constructors of the built-in sources.
 //!
 //! Peaks are kept per source, not per window, so that one window's boundary
 //! can fold the source's high-water mark into *every* open window before it
 //! resets it — opening, resetting or closing one window never disturbs another.
 //!
 //! Each source keeps a high-water mark "since the last boundary":
-//! - exact sources: the kernel's (the sampler's `read_peak` / `reset_peak`);
+//! - exact sources: the mark the kernel (`VmHWM`, the cgroup's peak) or a
+//!   caller ([`MarkGroup`]) keeps, through the sampler's
+//!   `read_peak` / `reset_peak`;
 //! - pushed sources: the largest value pushed since the last boundary;
 //! - sampled sources: the largest value the monitor (or any read) saw.
 //!
 //! A window's peak is the max of what was folded into its slot and the
 //! current high-water mark.
+//!
+//! Sources backed by a process-wide kernel counter (this process's `VmHWM`,
+//! the cgroup's peak) are shared: every call returns the same [`Source`], so
+//! all windows over it fold into one another correctly.
+//!
+//! Sampled sources are polled by the [`monitor`], which sees them only as
+//! `Polled`: readings flow from the sampler through the source into its
+//! windows, never back.
 
+use crate::callback::{CallbackSampler, ReadFn};
+use crate::cgroup::{CgroupOptions, CgroupSampler};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lock::Lock;
-use crate::monitor;
+use crate::mark::{MarkGroup, Marks};
+use crate::monitor::{self, Polled};
+use crate::process::{HwmMode, ProcessSampler};
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
+use crate::smaps::{SmapsMetric, SmapsSampler};
+use crate::system::SystemRamSampler;
+use crate::tree::ProcessTreeSampler;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+static PROCESS: Lock<Option<Source>> = Lock::new(None);
+static CGROUP: Lock<Option<Source>> = Lock::new(None);
+
+/// Set to `1` to keep `VmHWM` untouched process-wide: [`Source::process`]
+/// then samples its peak instead of resetting the kernel mark.
+pub const PRESERVE_VMHWM_ENV: &str = "MEMPROBE_PRESERVE_VMHWM";
+
 /// A shared handle to one source of readings. Cloning is cheap and every
 /// clone refers to the same source, its windows and its peak state.
+///
+/// # Example
+///
+/// ```
+/// use memprobe_core::{PeakFidelity, Source};
+///
+/// # fn main() -> memprobe_core::Result<()> {
+/// // This process's RSS: shared process-wide, exact peaks from the kernel.
+/// let rss = Source::process()?;
+/// assert_eq!(rss.info().name, "rss");
+/// assert!(rss.read()?.used > 0);
+///
+/// // A source whose values the caller pushes.
+/// let alloc = Source::pushed("alloc")?;
+/// alloc.push(4096)?;
+/// assert_eq!(alloc.read()?.used, 4096);
+/// assert_eq!(alloc.info().fidelity, PeakFidelity::Pushed);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Source {
     pub(crate) shared: Arc<Shared>,
@@ -32,14 +77,19 @@ pub struct Source {
 pub(crate) struct Shared {
     id: u64,
     info: SourceInfo,
-    pub(crate) state: Lock<State>,
+    state: Lock<State>,
 }
 
 pub(crate) struct State {
     /// `None` for pushed sources.
     sampler: Option<Box<dyn Sampler>>,
-    /// Exact: the sampler keeps a high-water mark the kernel maintains.
-    kernel_hwm: bool,
+    /// Exact: the sampler keeps a resettable high-water mark (the kernel's,
+    /// or a caller's).
+    keeps_mark: bool,
+    /// A caller's mark may trail the current value (a framework bug); the
+    /// kernel's cannot. When set, a peak read without a boundary also reads
+    /// `used`, so a peak is never below the current value.
+    check_mark: bool,
     /// Pushed/sampled: max value seen since the last boundary.
     pending: Option<u64>,
     /// Peak folded into each open window; `None` marks a free slot.
@@ -60,9 +110,9 @@ impl Source {
     /// kept: `Exact` samplers must implement `read_peak`/`reset_peak`.
     pub fn from_sampler(mut sampler: Box<dyn Sampler>) -> Source {
         let info = sampler.info();
-        let kernel_hwm =
+        let keeps_mark =
             info.fidelity == PeakFidelity::Exact && matches!(sampler.read_peak(), Ok(Some(_)));
-        let info = if info.fidelity == PeakFidelity::Exact && !kernel_hwm {
+        let info = if info.fidelity == PeakFidelity::Exact && !keeps_mark {
             SourceInfo {
                 fidelity: PeakFidelity::Sampled,
                 ..info
@@ -70,7 +120,7 @@ impl Source {
         } else {
             info
         };
-        Self::build(info, Some(sampler), kernel_hwm)
+        Self::build(info, Some(sampler), keeps_mark, false)
     }
 
     /// A source whose values the caller pushes (e.g. a framework allocator's
@@ -82,16 +132,104 @@ impl Source {
             kind: SourceKind::Custom,
             fidelity: PeakFidelity::Pushed,
         };
-        Ok(Self::build(info, None, false))
+        Ok(Self::build(info, None, false, false))
     }
 
-    fn build(info: SourceInfo, sampler: Option<Box<dyn Sampler>>, kernel_hwm: bool) -> Source {
+    /// This process's RSS, with an exact peak from the kernel high-water mark
+    /// (unless `MEMPROBE_PRESERVE_VMHWM=1`, or the mark cannot be reset: then
+    /// sampled). Shared process-wide.
+    pub fn process() -> Result<Source> {
+        shared(&PROCESS, || {
+            let preserve = std::env::var(PRESERVE_VMHWM_ENV).is_ok_and(|v| v == "1");
+            let mode = if preserve {
+                HwmMode::Preserve
+            } else {
+                HwmMode::Reset
+            };
+            Ok(Source::from_sampler(Box::new(ProcessSampler::new(mode)?)))
+        })
+    }
+
+    /// This process's RSS with `VmHWM` left untouched: peaks are sampled by
+    /// the monitor. A new, independent source each call.
+    pub fn process_preserving_hwm() -> Result<Source> {
+        Ok(Source::from_sampler(Box::new(ProcessSampler::new(
+            HwmMode::Preserve,
+        )?)))
+    }
+
+    /// This process and its descendants (sampled).
+    pub fn process_tree() -> Result<Source> {
+        Ok(Source::from_sampler(Box::new(ProcessTreeSampler::new()?)))
+    }
+
+    /// The machine's RAM (sampled).
+    pub fn system_ram() -> Result<Source> {
+        Ok(Source::from_sampler(Box::new(SystemRamSampler::new()?)))
+    }
+
+    /// The container's memory cgroup (exact where the kernel's peak can be
+    /// reset, else sampled). Shared process-wide.
+    pub fn cgroup() -> Result<Source> {
+        shared(&CGROUP, || {
+            Ok(Source::from_sampler(Box::new(CgroupSampler::new(
+                CgroupOptions::default(),
+            )?)))
+        })
+    }
+
+    /// PSS or USS from smaps_rollup (opt-in: costs milliseconds per GiB).
+    pub fn smaps(metric: SmapsMetric) -> Result<Source> {
+        Ok(Source::from_sampler(Box::new(SmapsSampler::new(metric)?)))
+    }
+
+    /// A custom source read by calling `read` (sampled by the monitor).
+    pub fn callback(name: &str, read: ReadFn) -> Result<Source> {
+        Ok(Source::from_sampler(Box::new(CallbackSampler::new(
+            name, read,
+        )?)))
+    }
+
+    /// The exact source over mark `index` of `group` (the caller's own
+    /// number for the mark, passed back to its [`Marks`] functions), named
+    /// `name` (1 to 64 printable bytes) and labelled `kind` in reports. No
+    /// function of the marks is called until the source is read or a window
+    /// opens over it. The source never demotes itself to sampled: a failing
+    /// function fails the call that needed it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a bad name, or when `index`
+    /// already has a live source in this group (dropping it frees `index`).
+    pub fn over_mark(
+        group: &MarkGroup,
+        index: usize,
+        name: &str,
+        kind: SourceKind,
+    ) -> Result<Source> {
+        let sampler = group.member(index, name, kind)?;
+        let info = sampler.info();
+        Ok(Self::build(info, Some(Box::new(sampler)), true, true))
+    }
+
+    /// An exact source over one caller's mark with a reset of its own: a
+    /// [`MarkGroup`] of one, whose mark has index 0.
+    pub fn mark(name: &str, kind: SourceKind, marks: Box<dyn Marks>) -> Result<Source> {
+        Self::over_mark(&MarkGroup::new(marks), 0, name, kind)
+    }
+
+    fn build(
+        info: SourceInfo,
+        sampler: Option<Box<dyn Sampler>>,
+        keeps_mark: bool,
+        check_mark: bool,
+    ) -> Source {
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             info,
             state: Lock::new(State {
                 sampler,
-                kernel_hwm,
+                keeps_mark,
+                check_mark,
                 pending: None,
                 slots: Vec::new(),
                 open: 0,
@@ -175,7 +313,8 @@ impl Source {
         };
         if self.needs_polling() {
             if first {
-                monitor::watch(Arc::downgrade(&self.shared));
+                let polled: Arc<dyn Polled> = self.shared.clone();
+                monitor::watch(self.shared.id, Arc::downgrade(&polled));
             } else {
                 // Cheap when running; restarts the thread in a forked child.
                 monitor::ensure_running();
@@ -207,12 +346,12 @@ impl Source {
         Ok((folded.max(hwm).max(now.used), now))
     }
 
-    /// The peak of one slot so far. For exact sources this takes no new
-    /// reading of `used` (the kernel's mark already covers it).
+    /// The peak of one slot so far. For the kernel's marks this takes no new
+    /// reading of `used` (the mark already covers it).
     pub(crate) fn peek_peak(&self, slot: SlotId) -> Result<u64> {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
-        let now = if st.kernel_hwm {
+        let now = if st.keeps_mark && !st.check_mark {
             0
         } else {
             st.read_now()?.used
@@ -241,13 +380,18 @@ impl Source {
     }
 }
 
-impl Shared {
-    pub(crate) fn id(&self) -> u64 {
-        self.id
+impl Polled for Shared {
+    fn info(&self) -> &SourceInfo {
+        &self.info
     }
 
-    pub(crate) fn info(&self) -> &SourceInfo {
-        &self.info
+    fn poll(&self) -> Option<Result<Sample>> {
+        // A lock refused (re-entry from a sink) skips this round.
+        let mut st = self.state.lock().ok()?;
+        if st.open == 0 {
+            return None;
+        }
+        Some(st.read_now())
     }
 }
 
@@ -271,7 +415,7 @@ impl State {
         }
     }
 
-    pub(crate) fn read_now(&mut self) -> Result<Sample> {
+    fn read_now(&mut self) -> Result<Sample> {
         self.check_fork();
         match self.sampler.as_mut() {
             None => Ok(self.last.unwrap_or_else(|| Sample::used(0))),
@@ -303,8 +447,8 @@ impl State {
     fn current_hwm(&mut self) -> Result<u64> {
         self.check_fork();
         let pending = self.pending.unwrap_or(0);
-        if self.kernel_hwm {
-            let s = self.sampler.as_mut().expect("kernel hwm implies a sampler");
+        if self.keeps_mark {
+            let s = self.sampler.as_mut().expect("a mark implies a sampler");
             Ok(s.read_peak()?.unwrap_or(0).max(pending))
         } else {
             Ok(pending)
@@ -326,8 +470,8 @@ impl State {
             }
         }
         self.pending = None;
-        if self.kernel_hwm {
-            let s = self.sampler.as_mut().expect("kernel hwm implies a sampler");
+        if self.keeps_mark {
+            let s = self.sampler.as_mut().expect("a mark implies a sampler");
             let t0 = monotonic_ns();
             let mut sample = s.reset_peak()?;
             if sample.taken_at_ns == 0 {
@@ -347,14 +491,6 @@ impl State {
             _ => Err(Error::wrong_order("window is not open on this source")),
         }
     }
-
-    /// Called by the monitor: one poll, folded into the pending mark.
-    pub(crate) fn poll(&mut self) -> Result<Option<Sample>> {
-        if self.open == 0 {
-            return Ok(None);
-        }
-        self.read_now().map(Some)
-    }
 }
 
 impl std::fmt::Debug for Source {
@@ -364,4 +500,15 @@ impl std::fmt::Debug for Source {
             .field("info", &self.shared.info)
             .finish()
     }
+}
+
+/// The process-wide source in `cell`, made on first use.
+fn shared(cell: &Lock<Option<Source>>, make: impl FnOnce() -> Result<Source>) -> Result<Source> {
+    let mut slot = cell.lock()?;
+    if let Some(s) = slot.as_ref() {
+        return Ok(s.clone());
+    }
+    let s = make()?;
+    *slot = Some(s.clone());
+    Ok(s)
 }

@@ -51,6 +51,35 @@ enum State {
 }
 
 /// Measures delta used and delta peaked of a set of sources.
+///
+/// # Example
+///
+/// ```
+/// use memprobe_core::{Source, Trace, TraceOptions};
+///
+/// # fn main() -> memprobe_core::Result<()> {
+/// let options = TraceOptions {
+///     ctx: Some("load".into()),
+///     silent: true, // print nothing; report() still returns the line
+///     ..TraceOptions::default()
+/// };
+/// let mut trace = Trace::new(&[Source::process()?], options)?;
+/// let data = vec![1u8; 32 << 20]; // kept: 32 MiB more in use
+/// let line = trace.report(Some("after load"))?;
+/// assert!(line.starts_with("△Used Peaked MB:"));
+/// assert!(line.ends_with("(load: after load)"));
+/// let d = &trace.data()?[0];
+/// assert!(d.used_end >= d.used_start + (24 << 20), "{d:?}");
+/// assert!(d.delta_used >= 24 << 20);
+///
+/// // Scoped use: the guard reports (note `exit`) when it goes out of scope.
+/// let guard = trace.guard();
+/// assert!(guard.is_running());
+/// drop(guard);
+/// drop(data);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Trace {
     sources: Vec<Source>,
     state: State,

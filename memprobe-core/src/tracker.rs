@@ -63,6 +63,40 @@ impl OomReport {
 }
 
 /// Tracks the phases of a training loop over a set of sources.
+///
+/// # Example
+///
+/// ```
+/// use memprobe_core::{PeakFidelity, PhaseKind, Source, Tracker};
+///
+/// # fn main() -> memprobe_core::Result<()> {
+/// let rss = Source::process()?;
+/// let exact = rss.info().fidelity == PeakFidelity::Exact;
+/// let mut tracker = Tracker::new(&[rss])?;
+/// tracker.begin(PhaseKind::Epoch, None)?;
+/// tracker.begin(PhaseKind::Step, None)?;
+/// for i in 0..3 {
+///     let activations = vec![1u8; 32 << 20]; // a step's temporary memory
+///     drop(activations);
+///     // Ends step i and begins step i + 1 at the same instant.
+///     let step = tracker.next(PhaseKind::Step, None)?;
+///     assert_eq!(step.phase.as_ref().unwrap().index, i);
+///     let d = &step.sources[0];
+///     if exact {
+///         assert!(d.peak >= d.used_start + (24 << 20), "{d:?}");
+///     }
+/// }
+/// tracker.end(PhaseKind::Step, None)?;
+/// let epoch = tracker.end(PhaseKind::Epoch, None)?;
+/// assert_eq!(epoch.label, "epoch");
+/// if exact {
+///     // The epoch's peak covers its steps' spikes.
+///     let d = &epoch.sources[0];
+///     assert!(d.peak >= d.used_start + (24 << 20), "{d:?}");
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct Tracker {
     sources: Vec<Source>,
     stack: Vec<Open>,

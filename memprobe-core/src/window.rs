@@ -30,9 +30,41 @@ impl Part {
 /// An open peak window over a set of sources.
 ///
 /// Opening, resetting or closing a window never disturbs any other window,
-/// whichever sources they share. For exact sources the peak is the kernel's
-/// high-water mark, folded in at every boundary: no polling, no missed spike.
+/// whichever sources they share. For exact sources the peak is a high-water
+/// mark (the kernel's, or a caller's: see [`MarkGroup`](crate::MarkGroup)),
+/// folded in at every boundary: no polling, no missed spike.
 /// Dropping a window closes it.
+///
+/// # Example
+///
+/// ```
+/// use memprobe_core::{PeakFidelity, Source, Window};
+///
+/// # fn main() -> memprobe_core::Result<()> {
+/// let rss = Source::process()?;
+/// let mut epoch = Window::open(std::slice::from_ref(&rss))?;
+/// let mut step = Window::open(std::slice::from_ref(&rss))?;
+/// let start = step.starts()[0].used;
+///
+/// let batch = vec![1u8; 64 << 20]; // 64 MiB, every page touched
+/// drop(batch);
+///
+/// // The step ends and the next begins at the same instant; the epoch,
+/// // which shares the source, keeps the spike.
+/// let ended = step.reset()?;
+/// let next = step.peaks()?[0];
+/// let epoch_peak = epoch.peaks()?[0];
+/// if rss.info().fidelity == PeakFidelity::Exact {
+///     // The kernel's high-water mark caught the spike, without polling.
+///     assert!(ended[0].peak >= start + (48 << 20));
+///     assert!(epoch_peak >= start + (48 << 20));
+///     assert!(next < start + (32 << 20));
+/// }
+/// let epoch_total = epoch.reset()?;
+/// assert_eq!(epoch_total[0].name, "rss");
+/// # Ok(())
+/// # }
+/// ```
 pub struct Window {
     parts: Vec<Part>,
     started_at_ns: u64,

@@ -176,7 +176,6 @@ fn process_tree_includes_children() {
         let _ = k.kill();
         let _ = k.wait();
     }
-    assert!(memprobe_core::sources::PRESERVE_VMHWM_ENV.starts_with("MEMPROBE"));
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn sampled_peak_is_caught_and_sinks_see_samples() {
     let sink = Arc::new(SnapshotSink::new());
     monitor::add_sink(sink.clone()).unwrap();
     let (src, v) = value_source("cb");
-    let w = Window::open(&[src.clone()]).unwrap();
+    let w = Window::open(std::slice::from_ref(&src)).unwrap();
     assert!(
         monitor::stats().unwrap().running,
         "monitor starts lazily on a sampled window"
@@ -48,10 +48,32 @@ fn sampled_peak_is_caught_and_sinks_see_samples() {
         .iter()
         .any(|(n, s)| n == "cb" && s.used == 500));
     monitor::clear_sinks().unwrap();
-    drop(w);
+    // With an hour between polls, a stop that waited for the next tick
+    // would take an hour; a prompt one wakes the thread. Let the monitor
+    // settle into its hour-long sleep first (its tick count stops moving),
+    // then stop it with a bound that only separates the two.
+    monitor::set_interval(monitor::MAX_INTERVAL).unwrap();
     let t = Instant::now();
-    monitor::stop().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(1), "stop is prompt");
+    let mut ticks = monitor::stats().unwrap().ticks;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = monitor::stats().unwrap().ticks;
+        if now == ticks || t.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        ticks = now;
+    }
+    let stopping = std::thread::spawn(monitor::stop);
+    let t = Instant::now();
+    while !stopping.is_finished() && t.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        stopping.is_finished(),
+        "stop waited for the polling interval"
+    );
+    stopping.join().unwrap().unwrap();
+    drop(w);
     assert!(!monitor::stats().unwrap().running);
     monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
 }
@@ -130,6 +152,7 @@ fn fork_with_monitor_running_child_works() {
                 // 64 MiB spike in the child is seen by a window in the child.
                 let w = Window::open(&[rss.clone(), src.clone()]).unwrap();
                 let start = w.starts()[0].used;
+                // SAFETY: an anonymous private mapping, checked below.
                 let p = unsafe {
                     libc::mmap(
                         std::ptr::null_mut(),
@@ -140,24 +163,30 @@ fn fork_with_monitor_running_child_works() {
                         0,
                     )
                 } as *mut u8;
+                assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
                 for i in (0..(64 << 20)).step_by(4096) {
+                    // SAFETY: `i` is within the 64 MiB mapping.
                     unsafe { p.add(i).write_volatile(1) };
                 }
+                // SAFETY: unmaps exactly the mapping made above.
                 unsafe { libc::munmap(p as *mut _, 64 << 20) };
                 let peak = w.peaks().unwrap()[0];
                 let stats = monitor::stats().unwrap();
                 peak >= start + (62 << 20) && parent_rss > 0 && stats.running
             });
+            // SAFETY: ends the forked child without running the parent's atexit handlers.
             unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 3 }) };
         }
         let t = Instant::now();
         let mut status = 0;
         loop {
+            // SAFETY: `pid` is our child and `status` a valid, writable int.
             let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             if r == pid {
                 break;
             }
             if t.elapsed() > Duration::from_secs(20) {
+                // SAFETY: kills our own child, which has not been reaped.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 panic!("child deadlocked after fork");
             }

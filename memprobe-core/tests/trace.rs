@@ -9,7 +9,7 @@ fn traced(ctx: Option<&str>) -> (Source, Trace, Buf) {
     let src = Source::pushed("gpu").unwrap();
     src.push(100 * MIB).unwrap();
     let mut t = Trace::new(
-        &[src.clone()],
+        std::slice::from_ref(&src),
         TraceOptions {
             ctx: ctx.map(Into::into),
             ..Default::default()

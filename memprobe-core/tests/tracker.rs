@@ -21,7 +21,7 @@ fn pushed(name: &str, v: u64) -> Source {
 #[test]
 fn every_phase_kind_nests_and_records() {
     let cpu = pushed("cpu", 100 * MIB);
-    let mut t = Tracker::new(&[cpu.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&cpu)).unwrap();
     let snap = Arc::new(SnapshotSink::new());
     t.add_sink(snap.clone());
     t.begin(PhaseKind::Stream, None).unwrap();
@@ -129,7 +129,7 @@ fn wrong_nesting_is_an_error_and_changes_nothing() {
 #[test]
 fn next_is_end_plus_begin_and_indexes_count() {
     let cpu = pushed("cpu", 10);
-    let mut t = Tracker::new(&[cpu.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&cpu)).unwrap();
     t.begin(PhaseKind::Epoch, None).unwrap();
     t.begin(PhaseKind::Step, None).unwrap();
     for i in 0..5u64 {
@@ -242,7 +242,7 @@ fn jsonl_and_csv_files_appear_complete() {
 #[test]
 fn clear_cache_every_n_follows_index_plus_one_mod_n() {
     let cpu = pushed("cpu", 100);
-    let mut t = Tracker::new(&[cpu.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&cpu)).unwrap();
     let cache = Arc::new(AtomicU64::new(0));
     let gc = Arc::new(AtomicU64::new(0));
     let (c2, g2, src) = (cache.clone(), gc.clone(), cpu.clone());
@@ -395,7 +395,7 @@ fn threshold_policy_fires_when_free_memory_is_low() {
 #[test]
 fn oom_retry_releases_and_retries() {
     let cpu = pushed("cpu", 100);
-    let mut t = Tracker::new(&[cpu.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&cpu)).unwrap();
     let src = cpu.clone();
     t.add_release(
         "empty_cache",
@@ -436,7 +436,7 @@ fn oom_retry_releases_and_retries() {
 #[test]
 fn leak_flag_on_and_off() {
     let cpu = pushed("cpu", 100 * MIB);
-    let mut t = Tracker::new(&[cpu.clone()]).unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&cpu)).unwrap();
     t.set_leak_policy(Some(LeakPolicy {
         threshold: MIB,
         epochs: 2,

@@ -14,8 +14,8 @@ fn spike_is_caught_in_window_and_outer_not_in_later_sibling() {
         PeakFidelity::Exact,
         "VmHWM reset must work on this machine"
     );
-    let outer = Window::open(&[rss.clone()]).unwrap();
-    let inner = Window::open(&[rss.clone()]).unwrap();
+    let outer = Window::open(std::slice::from_ref(&rss)).unwrap();
+    let inner = Window::open(std::slice::from_ref(&rss)).unwrap();
     let start = inner.starts()[0].used;
     spike(256 * MIB as usize);
     let inner_peak = inner.peaks().unwrap()[0];
@@ -24,7 +24,7 @@ fn spike_is_caught_in_window_and_outer_not_in_later_sibling() {
         "inner peak {inner_peak} < start {start} + 256 MiB"
     );
     drop(inner);
-    let sibling = Window::open(&[rss.clone()]).unwrap();
+    let sibling = Window::open(std::slice::from_ref(&rss)).unwrap();
     let sib_peak = sibling.peaks().unwrap()[0];
     assert!(
         sib_peak < start + 128 * MIB,
@@ -45,9 +45,9 @@ fn spike_is_caught_in_window_and_outer_not_in_later_sibling() {
 fn resetting_one_window_leaves_the_others_intact() {
     let _g = serial();
     let rss = Source::process().unwrap();
-    let a = Window::open(&[rss.clone()]).unwrap();
-    let mut b = Window::open(&[rss.clone()]).unwrap();
-    let c = Window::open(&[rss.clone()]).unwrap();
+    let a = Window::open(std::slice::from_ref(&rss)).unwrap();
+    let mut b = Window::open(std::slice::from_ref(&rss)).unwrap();
+    let c = Window::open(std::slice::from_ref(&rss)).unwrap();
     let start = a.starts()[0].used;
     spike(128 * MIB as usize);
     b.reset().unwrap();
@@ -71,11 +71,11 @@ fn sixty_four_nested_windows_all_see_a_spike_in_the_innermost() {
     let _g = serial();
     let rss = Source::process().unwrap();
     let windows: Vec<Window> = (0..64)
-        .map(|_| Window::open(&[rss.clone()]).unwrap())
+        .map(|_| Window::open(std::slice::from_ref(&rss)).unwrap())
         .collect();
     let start = windows[63].starts()[0].used;
     spike(64 * MIB as usize);
-    let later = Window::open(&[rss.clone()]).unwrap();
+    let later = Window::open(std::slice::from_ref(&rss)).unwrap();
     for (i, w) in windows.iter().enumerate() {
         let p = w.peaks().unwrap()[0];
         assert!(p >= start + 64 * MIB - SLACK, "window {i}: {p}");
@@ -91,7 +91,7 @@ fn sixty_four_nested_windows_all_see_a_spike_in_the_innermost() {
 fn pushed_source_follows_fastai_deltas_including_negative_used() {
     let src = Source::pushed("alloc").unwrap();
     src.push(100 * MIB).unwrap();
-    let w = Window::open(&[src.clone()]).unwrap();
+    let w = Window::open(std::slice::from_ref(&src)).unwrap();
     for v in [120, 180, 90, 110] {
         src.push(v * MIB).unwrap();
     }
@@ -111,16 +111,16 @@ fn pushed_source_follows_fastai_deltas_including_negative_used() {
 fn pushed_windows_are_independent() {
     let src = Source::pushed("p").unwrap();
     src.push(10).unwrap();
-    let outer = Window::open(&[src.clone()]).unwrap();
+    let outer = Window::open(std::slice::from_ref(&src)).unwrap();
     src.push(50).unwrap();
-    let mut inner = Window::open(&[src.clone()]).unwrap();
+    let mut inner = Window::open(std::slice::from_ref(&src)).unwrap();
     src.push(30).unwrap();
     assert_eq!(inner.peaks().unwrap(), vec![50]);
     inner.reset().unwrap();
     src.push(20).unwrap();
     assert_eq!(inner.peaks().unwrap(), vec![30]);
     assert_eq!(outer.peaks().unwrap(), vec![50]);
-    let sibling = Window::open(&[src.clone()]).unwrap();
+    let sibling = Window::open(std::slice::from_ref(&src)).unwrap();
     assert_eq!(sibling.peaks().unwrap(), vec![20]);
 }
 

@@ -17,7 +17,8 @@ pub(crate) fn serial() -> MutexGuard<'static, ()> {
 }
 
 /// Maps `bytes`, touches every page, unmaps: a spike held for the time of one
-/// munmap (well under 1 ms once the pages are in).
+/// munmap (well under 1 ms once the pages are in, on an idle machine; how
+/// long is never asserted: exact peaks do not depend on it).
 pub(crate) fn spike(bytes: usize) {
     // SAFETY: anonymous private mapping, touched within bounds, then unmapped.
     unsafe {
@@ -37,13 +38,7 @@ pub(crate) fn spike(bytes: usize) {
             base.add(off).write_volatile(1);
             off += page;
         }
-        let t = std::time::Instant::now();
-        libc::munmap(p, bytes);
-        assert!(
-            t.elapsed() < std::time::Duration::from_millis(50),
-            "munmap took {:?}",
-            t.elapsed()
-        );
+        assert_eq!(libc::munmap(p, bytes), 0);
     }
 }
 

@@ -1,0 +1,324 @@
+//! Exact sources over a caller's resettable high-water marks.
+//!
+//! Frameworks keep marks of their own: PyTorch's caching allocator keeps the
+//! peak of allocated, reserved and active bytes per device since the last
+//! `reset_peak_memory_stats`. Such a mark is as good as the kernel's `VmHWM`:
+//! a [`Source`](crate::Source) over it folds the mark into every open window
+//! and resets it at each window boundary, so one global counter becomes any
+//! number of concurrent, nested, independently resettable windows (fidelity
+//! [`Exact`](crate::PeakFidelity::Exact), no polling).
+//!
+//! One framework reset usually clears several marks at once, so the marks
+//! come as a [`MarkGroup`]: the caller's three functions ([`Marks`]) behind
+//! one lock, and one source per mark. Before the shared reset that any
+//! member's boundary makes, the group reads the mark of every other member
+//! and carries it until that member's own next fold: a reset through one
+//! source never loses another's peak.
+
+use crate::error::{Error, Result};
+use crate::lock::Lock;
+use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
+use crate::sampler::Sampler;
+use std::sync::Arc;
+
+/// The caller's marks: the three functions a [`MarkGroup`] calls, each
+/// under the group's lock (never two at once for one group).
+///
+/// A boundary reads a mark, then resets it: an allocation that rises and
+/// falls on another thread between the two is in neither interval, as with
+/// the kernel's `VmHWM`. Allocations made by the thread that makes the
+/// boundaries (a training loop's) are always counted.
+///
+/// `index` is the caller's own number for one mark (e.g. device × 3 +
+/// allocated / reserved / active), given to
+/// [`Source::over_mark`](crate::Source::over_mark). An error returned by any
+/// function fails the memprobe call that needed it (a read, a window
+/// boundary) and leaves every window's peak intact.
+pub trait Marks: Send {
+    /// Bytes in use now for mark `index`.
+    fn current(&mut self, index: usize) -> Result<u64>;
+
+    /// The high-water mark of `index` since the last [`reset`](Marks::reset),
+    /// in bytes. A mark below the current value (a framework bug) does not
+    /// lower a window's peak: memprobe also reads [`current`](Marks::current)
+    /// whenever it reports a peak, and a peak is never below a reading.
+    fn peak(&mut self, index: usize) -> Result<u64>;
+
+    /// Resets every mark of the group to its current value.
+    fn reset(&mut self) -> Result<()>;
+}
+
+/// A group of exact sources over marks that share one reset.
+///
+/// Cloning is cheap; every clone names the same group. The group lives as
+/// long as any of its clones or sources.
+///
+/// # Example
+///
+/// ```
+/// use memprobe_core::{MarkGroup, Marks, Result, Source, SourceKind, Window};
+/// use std::sync::{Arc, Mutex};
+///
+/// /// A stand-in for a framework's allocator: two marks, one reset.
+/// #[derive(Default)]
+/// struct Allocator { now: [u64; 2], peak: [u64; 2] }
+///
+/// impl Allocator {
+///     fn set(&mut self, i: usize, bytes: u64) {
+///         self.now[i] = bytes;
+///         self.peak[i] = self.peak[i].max(bytes);
+///     }
+/// }
+///
+/// struct Shared(Arc<Mutex<Allocator>>);
+///
+/// impl Marks for Shared {
+///     fn current(&mut self, i: usize) -> Result<u64> { Ok(self.0.lock().unwrap().now[i]) }
+///     fn peak(&mut self, i: usize) -> Result<u64> { Ok(self.0.lock().unwrap().peak[i]) }
+///     fn reset(&mut self) -> Result<()> {
+///         let mut a = self.0.lock().unwrap();
+///         a.peak = a.now;
+///         Ok(())
+///     }
+/// }
+///
+/// # fn main() -> Result<()> {
+/// let alloc = Arc::new(Mutex::new(Allocator::default()));
+/// let group = MarkGroup::new(Box::new(Shared(alloc.clone())));
+/// let allocated = Source::over_mark(&group, 0, "alloc:0", SourceKind::GpuProcess)?;
+/// let reserved = Source::over_mark(&group, 1, "reserved:0", SourceKind::GpuProcess)?;
+///
+/// let epoch = Window::open(&[allocated.clone(), reserved.clone()])?;
+/// alloc.lock().unwrap().set(1, 8 << 20); // the cache grows...
+/// alloc.lock().unwrap().set(1, 2 << 20); // ...and is emptied
+///
+/// // Opening a window over `allocated` resets both marks, yet the epoch
+/// // keeps the reserved peak: it was carried before the reset.
+/// let step = Window::open(&[allocated.clone()])?;
+/// alloc.lock().unwrap().set(0, 1 << 20);
+/// alloc.lock().unwrap().set(0, 0);
+/// assert_eq!(step.peaks()?, vec![1 << 20]);
+/// assert_eq!(epoch.peaks()?, vec![1 << 20, 8 << 20]);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MarkGroup {
+    shared: Arc<Group>,
+}
+
+struct Group {
+    state: Lock<GroupState>,
+}
+
+struct GroupState {
+    marks: Box<dyn Marks>,
+    members: Vec<Member>,
+}
+
+struct Member {
+    index: usize,
+    /// The highest mark read for this member at other members' resets since
+    /// its own last boundary: folded into its windows at its next fold.
+    carried: Option<u64>,
+}
+
+impl MarkGroup {
+    /// A group over the caller's `marks`.
+    pub fn new(marks: Box<dyn Marks>) -> MarkGroup {
+        MarkGroup {
+            shared: Arc::new(Group {
+                state: Lock::new(GroupState {
+                    marks,
+                    members: Vec::new(),
+                }),
+            }),
+        }
+    }
+
+    /// The sampler of member `index`, registered in the group until it
+    /// drops. Used by [`Source::over_mark`].
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a
+    /// bad name, or when `index` already has a source in this group.
+    pub(crate) fn member(&self, index: usize, name: &str, kind: SourceKind) -> Result<MarkSampler> {
+        crate::sample::check_name("a source name", name)?;
+        let mut st = self.shared.state.lock()?;
+        if st.members.iter().any(|m| m.index == index) {
+            return Err(Error::invalid(format!(
+                "mark {index} already has a source in this group"
+            )));
+        }
+        st.members.push(Member {
+            index,
+            carried: None,
+        });
+        Ok(MarkSampler {
+            group: Arc::clone(&self.shared),
+            index,
+            info: SourceInfo {
+                name: name.to_owned(),
+                kind,
+                fidelity: PeakFidelity::Exact,
+            },
+        })
+    }
+
+    /// How many sources of this group exist.
+    pub fn len(&self) -> Result<usize> {
+        Ok(self.shared.state.lock()?.members.len())
+    }
+
+    /// Whether the group has no source.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+}
+
+impl std::fmt::Debug for MarkGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MarkGroup").finish_non_exhaustive()
+    }
+}
+
+/// Names the failing function and the source in a caller's error.
+fn context(e: Error, what: &str, info: &SourceInfo, index: usize) -> Error {
+    Error::new(
+        e.kind(),
+        format!(
+            "source '{}': {what} of mark {index} failed: {}",
+            info.name,
+            e.message()
+        ),
+    )
+}
+
+impl GroupState {
+    /// Carries every other member's mark, then resets the group. On error
+    /// the marks are not reset (or were, with every other mark carried).
+    fn reset(&mut self, index: usize, info: &SourceInfo) -> Result<()> {
+        for i in 0..self.members.len() {
+            let other = self.members[i].index;
+            if other == index {
+                continue;
+            }
+            let peak = self
+                .marks
+                .peak(other)
+                .map_err(|e| context(e, "reading the peak", info, other))?;
+            let m = &mut self.members[i];
+            m.carried = Some(m.carried.map_or(peak, |c| c.max(peak)));
+        }
+        self.marks
+            .reset()
+            .map_err(|e| context(e, "the shared reset", info, index))?;
+        if let Some(m) = self.members.iter_mut().find(|m| m.index == index) {
+            m.carried = None;
+        }
+        Ok(())
+    }
+}
+
+/// One member of a group, owned by its source.
+pub(crate) struct MarkSampler {
+    group: Arc<Group>,
+    index: usize,
+    info: SourceInfo,
+}
+
+impl MarkSampler {
+    fn current(&self, st: &mut GroupState) -> Result<Sample> {
+        let t0 = monotonic_ns();
+        let used = st
+            .marks
+            .current(self.index)
+            .map_err(|e| context(e, "reading the current value", &self.info, self.index))?;
+        Ok(Sample {
+            used,
+            taken_at_ns: t0,
+            read_ns: monotonic_ns().saturating_sub(t0),
+            ..Sample::default()
+        })
+    }
+}
+
+impl Sampler for MarkSampler {
+    fn info(&self) -> SourceInfo {
+        self.info.clone()
+    }
+
+    fn read(&mut self) -> Result<Sample> {
+        let mut st = self.group.state.lock()?;
+        self.current(&mut st)
+    }
+
+    fn read_peak(&mut self) -> Result<Option<u64>> {
+        let mut st = self.group.state.lock()?;
+        let peak = st
+            .marks
+            .peak(self.index)
+            .map_err(|e| context(e, "reading the peak", &self.info, self.index))?;
+        let carried = st
+            .members
+            .iter()
+            .find(|m| m.index == self.index)
+            .and_then(|m| m.carried);
+        Ok(Some(carried.map_or(peak, |c| c.max(peak))))
+    }
+
+    fn reset_peak(&mut self) -> Result<Sample> {
+        let mut st = self.group.state.lock()?;
+        st.reset(self.index, &self.info)?;
+        self.current(&mut st)
+    }
+}
+
+impl Drop for MarkSampler {
+    fn drop(&mut self) {
+        // Refused only on re-entry from one of the group's own functions;
+        // the member then stays: one extra peak read per reset, and its
+        // index stays taken.
+        if let Ok(mut st) = self.group.state.lock() {
+            st.members.retain(|m| m.index != self.index);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::source::Source;
+
+    struct Fixed;
+    impl Marks for Fixed {
+        fn current(&mut self, _: usize) -> Result<u64> {
+            Ok(1)
+        }
+        fn peak(&mut self, _: usize) -> Result<u64> {
+            Ok(1)
+        }
+        fn reset(&mut self) -> Result<()> {
+            Err(Error::new(ErrorKind::Io, "unreachable"))
+        }
+    }
+
+    #[test]
+    fn an_index_has_one_source_at_a_time() {
+        let g = MarkGroup::new(Box::new(Fixed));
+        let a = Source::over_mark(&g, 3, "a", SourceKind::Custom).unwrap();
+        let e = Source::over_mark(&g, 3, "b", SourceKind::Custom).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(g.len().unwrap(), 1);
+        drop(a);
+        assert!(g.is_empty().unwrap());
+        Source::over_mark(&g, 3, "b", SourceKind::Custom).unwrap();
+        assert_eq!(
+            Source::over_mark(&g, 4, "", SourceKind::Custom)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+}
