@@ -991,7 +991,8 @@ memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **o
  * `"0.0.0.0:9464"` to be scraped from other machines; NULL: `127.0.0.1`
  * on a free port, see memprobe_exporter_port). Rank labels come from
  * `RANK`, `LOCAL_RANK` and `WORLD_SIZE` when set. Scrapes are answered by
- * the exporter's own threads; a malformed address is INVALID_ARGUMENT, a
+ * the exporter's own thread (one poll loop: idle or slow connections never
+ * delay a scrape); a malformed address is INVALID_ARGUMENT, a
  * port in use IO ("cannot listen on ...: Address already in use").
  */
 memprobe_status memprobe_exporter_start(const char *listen_addr, memprobe_exporter **out);

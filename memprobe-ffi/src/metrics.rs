@@ -31,7 +31,8 @@ impl Handle for memprobe_exporter {
 /// `"0.0.0.0:9464"` to be scraped from other machines; NULL: `127.0.0.1`
 /// on a free port, see memprobe_exporter_port). Rank labels come from
 /// `RANK`, `LOCAL_RANK` and `WORLD_SIZE` when set. Scrapes are answered by
-/// the exporter's own threads; a malformed address is INVALID_ARGUMENT, a
+/// the exporter's own thread (one poll loop: idle or slow connections never
+/// delay a scrape); a malformed address is INVALID_ARGUMENT, a
 /// port in use IO ("cannot listen on ...: Address already in use").
 #[no_mangle]
 pub extern "C" fn memprobe_exporter_start(
