@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c test bench header clean
+.PHONY: all lib examples demo demo-c lint test bench header clean
 
 all: lib examples
 
@@ -44,9 +44,16 @@ demo:
 demo-c: $(BUILD)/trainer
 	$(BUILD)/trainer 3 4 256 16
 
-# Every test: Rust unit and integration tests, the C ABI from C (plain, under
-# AddressSanitizer and valgrind), the header check, the examples.
-test:
+# The lint and doc gate, first in `make test`: clippy and rustdoc deny every
+# warning (go vet and gofmt run with the Go tests, which need the installed
+# prefix to find memprobe through pkg-config).
+lint:
+	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -j$(JOBS) --workspace --no-deps
+
+# Every test: the lint gate, Rust unit and integration tests, the C ABI from C
+# (plain, under AddressSanitizer and valgrind), the header check, the examples.
+test: lint
 	$(CARGO) build -j$(JOBS) -p memprobe-ffi
 	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
 	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
@@ -55,6 +62,8 @@ test:
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
 	@command -v pkg-config >/dev/null || { echo "make test: pkg-config is required for bindings/go (it finds memprobe through memprobe.pc); install it (Debian: apt-get install pkg-config)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
+	cd bindings/go && test -z "$$(gofmt -l .)" || { echo "make test: gofmt would change: $$(gofmt -l .)" >&2; exit 1; }
+	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" GOTOOLCHAIN=local $(GO) vet ./...
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
@@ -63,6 +72,7 @@ bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-gpu --bench gpu_read
 	$(CARGO) bench -j$(JOBS) -p memprobe-cli --bench overhead
 	$(CARGO) bench -j$(JOBS) -p memprobe-metrics --bench scrape
+	$(CARGO) bench -j$(JOBS) -p memprobe-interpose --bench interpose_overhead
 
 # Regenerates include/memprobe.h from memprobe-ffi (then commit it).
 header:
