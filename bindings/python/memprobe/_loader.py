@@ -59,12 +59,18 @@ class LibraryNotFoundError(ImportError):
 
 
 def _prefix_dirs() -> List[Path]:
-    dirs = [Path(sys.prefix) / "lib", Path.home() / ".local" / "lib"]
+    return _prefix_dirs_for(Path.home())
+
+
+def _prefix_dirs_for(home: Path) -> List[Path]:
+    """The prefixes' library directories searched, in order."""
+    dirs = [Path(sys.prefix) / "lib", Path(home) / ".local" / "lib"]
     for prefix in ("/usr/local", "/usr", "/opt/memprobe"):
         dirs += [Path(prefix) / "lib", Path(prefix) / "lib64"]
     dirs.append(Path("/usr/lib/x86_64-linux-gnu"))
     dirs.append(Path("/usr/lib/aarch64-linux-gnu"))
-    seen, out = set(), []
+    seen: set = set()
+    out: List[Path] = []
     for d in dirs:
         if d not in seen:
             seen.add(d)

@@ -1,11 +1,11 @@
 """Integrations: framework-free engines through the real library; the
 framework-bound parts are skipped (with the reason) when the framework is
-not installed."""
+not installed, and fail instead in CI (CI=true), which installs them."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import PKG, MiB, run_python, spike
+from conftest import PKG, MiB, require_module, run_python, spike
 
 import memprobe
 from memprobe import Source
@@ -184,7 +184,7 @@ def test_no_metrics_asked_needs_no_framework():
 
 
 def test_torch_empty_cache_release():
-    pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    require_module("torch", "torch")
     from memprobe.integrations.torch import empty_cache_release
 
     release = empty_cache_release(gc_collect=True)
@@ -193,13 +193,11 @@ def test_torch_empty_cache_release():
 
 
 def test_lightning_callback_in_a_real_trainer(tmp_path, rss):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    torch = require_module("torch", "torch")
     try:
         import lightning.pytorch as pl
     except ImportError:
-        pl = pytest.importorskip(
-            "pytorch_lightning", reason="PyTorch Lightning is not installed (pip install lightning)"
-        )
+        pl = require_module("pytorch_lightning", "lightning")
     from memprobe.integrations.lightning import MemprobeCallback
 
     class Tiny(pl.LightningModule):
