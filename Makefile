@@ -41,13 +41,16 @@ demo-c: $(BUILD)/trainer
 	$(BUILD)/trainer 3 4 256 16
 
 # Every test: Rust unit and integration tests, the C ABI from C (plain, under
-# AddressSanitizer and valgrind), the header check, the examples.
+# AddressSanitizer and valgrind), the header check, the examples; the Python
+# type check (mypy) and tests (the release build is shared with the
+# pip-install and wheel tests through CARGO_TARGET_DIR).
 test:
 	$(CARGO) build -j$(JOBS) -p memprobe-ffi
 	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
 	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
-	@$(PYTHON) -c 'import pytest' 2>/dev/null || { echo "make test: pytest is missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest" >&2; exit 1; }
-	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
+	@$(PYTHON) -c 'import pytest, mypy' 2>/dev/null || { echo "make test: pytest and mypy are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest mypy" >&2; exit 1; }
+	cd bindings/python && $(PYTHON) -m mypy --cache-dir $(abspath $(BUILD))/mypy-cache
+	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 CGO_LDFLAGS="-L$(TEST_PREFIX)/lib" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 

@@ -96,12 +96,10 @@ _CLASSES: Dict[str, type] = {}
 
 def _generic_plugin_metric() -> type:
     try:
-        from avalanche.evaluation import GenericPluginMetric  # type: ignore[import-not-found]
+        from avalanche.evaluation import GenericPluginMetric
     except ImportError:
         try:
-            from avalanche.evaluation.metric_definitions import (  # type: ignore[import-not-found]
-                GenericPluginMetric,
-            )
+            from avalanche.evaluation.metric_definitions import GenericPluginMetric
         except ImportError as e:
             raise ImportError(
                 "memprobe.integrations.avalanche plugin metrics need Avalanche: "
@@ -113,7 +111,7 @@ def _generic_plugin_metric() -> type:
 def _plugin_class(name: str) -> type:
     if name in _CLASSES:
         return _CLASSES[name]
-    base = _generic_plugin_metric()
+    base: Any = _generic_plugin_metric()
     metric_name, reset_at, emit_at, mode = _PLUGINS[name]
 
     def __init__(self: Any, every: Optional[float] = None, sources: Union[Source, Iterable[Source], None] = None) -> None:

@@ -160,10 +160,10 @@ class MemprobeHooks:
 
 def _lightning_callback_base() -> type:
     try:
-        import lightning.pytorch as pl  # type: ignore[import-not-found]
+        import lightning.pytorch as pl
     except ImportError:
         try:
-            import pytorch_lightning as pl  # type: ignore[import-not-found,no-redef]
+            import pytorch_lightning as pl
         except ImportError as e:
             raise ImportError(
                 "memprobe.integrations.lightning.MemprobeCallback needs PyTorch "

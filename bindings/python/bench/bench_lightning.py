@@ -1,0 +1,143 @@
+"""What MemprobeCallback costs a Lightning training loop of ~3 ms steps.
+
+Runs the same CPU training (one torch thread, a CSV logger, the model
+logging its loss every step as models do) without the callback, with it at
+its defaults (metrics logged at the trainer's interval, every step measured
+and kept in ``history``), and with it logging every step
+(``log_every_n_steps=1``). The variants alternate, round after round, in a
+rotating order; each run times its steady steps (after a warm-up) and the
+report gives the median per-step time of each variant and its overhead
+against the run without the callback. Figures: docs/bindings-benchmarks.md.
+
+    python bench/bench_lightning.py [--rounds 9] [--steps 400] [--hidden 640]
+
+Needs torch and lightning, and libmemprobe (the installed package, or
+MEMPROBE_LIBRARY).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from memprobe.integrations.lightning import MemprobeCallback  # noqa: E402
+
+
+class Model(pl.LightningModule):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class StepTimer(pl.Callback):
+    """Wall time of the steps after ``warmup``, per step."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+        self.t0 = 0.0
+        self.t1 = 0.0
+        self.n = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.warmup:
+            self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > self.warmup:
+            self.t1 = time.perf_counter()
+            self.n = trainer.global_step - self.warmup
+
+    def per_step(self) -> float:
+        return (self.t1 - self.t0) / self.n
+
+
+def run(variant: str, steps: int, hidden: int, data, root: str) -> float:
+    timer = StepTimer(warmup=50)
+    callbacks: list = [timer]
+    cb = None
+    if variant == "defaults":
+        cb = MemprobeCallback()
+    elif variant == "every step":
+        cb = MemprobeCallback(log_every_n_steps=1)
+    if cb is not None:
+        callbacks.append(cb)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        callbacks=callbacks,
+        logger=CSVLogger(root, name=variant.replace(" ", "_")),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    torch.manual_seed(0)
+    trainer.fit(Model(hidden), data)
+    if cb is not None:
+        assert [p for p, _, _ in cb.history].count("step") == steps  # every step measured
+    return timer.per_step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--hidden", type=int, default=640, help="model width (sets the step time)")
+    ap.add_argument("--batch", type=int, default=256)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    n = args.batch * 64
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
+        batch_size=args.batch,
+    )
+    variants = ["without", "defaults", "every step"]
+    times: dict = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as root:
+        run("without", 60, args.hidden, data, root)  # warm caches and imports
+        for r in range(args.rounds):
+            order = variants[r % 3:] + variants[: r % 3]
+            for v in order:
+                times[v].append(run(v, args.steps, args.hidden, data, root))
+    base = statistics.median(times["without"])
+    print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; "
+          f"{args.rounds} rounds x {args.steps} steps (median of per-run step times)")
+    print(f"{'variant':<34} {'ms/step':>8} {'overhead':>9} {'runs (ms/step)'}")
+    for v in variants:
+        med = statistics.median(times[v])
+        runs = " ".join(f"{t * 1e3:.3f}" for t in times[v])
+        label = {"without": "no callback", "defaults": "MemprobeCallback() (defaults)",
+                 "every step": "MemprobeCallback(log_every_n_steps=1)"}[v]
+        print(f"{label:<34} {med * 1e3:8.3f} {(med / base - 1) * 100:+8.2f}% {runs}")
+
+
+if __name__ == "__main__":
+    main()
