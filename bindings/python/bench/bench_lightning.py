@@ -9,7 +9,7 @@ rotating order; each run times its steady steps (after a warm-up) and the
 report gives the median per-step time of each variant and its overhead
 against the run without the callback. Figures: docs/bindings-benchmarks.md.
 
-    python bench/bench_lightning.py [--rounds 9] [--steps 400] [--hidden 640]
+    python bench/bench_lightning.py [--rounds 9] [--steps 400] [--hidden 384]
 
 Needs torch and lightning, and libmemprobe (the installed package, or
 MEMPROBE_LIBRARY).
@@ -103,11 +103,29 @@ def run(variant: str, steps: int, hidden: int, data, root: str) -> float:
     return timer.per_step()
 
 
+def hooks_cost_us(n: int = 20000) -> float:
+    """The callback's own per-step work (two window resets, the history
+    entry, the logging decision), outside Lightning: microseconds."""
+
+    class Trainer:
+        log_every_n_steps = 50
+
+    cb = MemprobeCallback()
+    t = Trainer()
+    start = time.perf_counter()
+    for i in range(n):
+        cb.on_train_batch_start(t, None, None, i)
+        cb.on_train_batch_end(t, None, None, None, i)
+    took = time.perf_counter() - start
+    cb.teardown(t, None)
+    return took / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--hidden", type=int, default=640, help="model width (sets the step time)")
+    ap.add_argument("--hidden", type=int, default=384, help="model width (sets the step time)")
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
 
@@ -128,15 +146,19 @@ def main() -> None:
             for v in order:
                 times[v].append(run(v, args.steps, args.hidden, data, root))
     base = statistics.median(times["without"])
-    print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs; "
-          f"{args.rounds} rounds x {args.steps} steps (median of per-run step times)")
-    print(f"{'variant':<34} {'ms/step':>8} {'overhead':>9} {'runs (ms/step)'}")
+    print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.steps} steps")
+    print("overhead: of the medians of per-run step times; paired: the median over rounds of "
+          "(this variant / no callback) in the same round")
+    print(f"{'variant':<38} {'ms/step':>8} {'overhead':>9} {'paired':>8}  runs (ms/step)")
     for v in variants:
         med = statistics.median(times[v])
+        paired = statistics.median(t / b for t, b in zip(times[v], times["without"]))
         runs = " ".join(f"{t * 1e3:.3f}" for t in times[v])
         label = {"without": "no callback", "defaults": "MemprobeCallback() (defaults)",
                  "every step": "MemprobeCallback(log_every_n_steps=1)"}[v]
-        print(f"{label:<34} {med * 1e3:8.3f} {(med / base - 1) * 100:+8.2f}% {runs}")
+        print(f"{label:<38} {med * 1e3:8.3f} {(med / base - 1) * 100:+8.2f}% {(paired - 1) * 100:+7.2f}%  {runs}")
+    print(f"the callback's hooks alone (no Lightning, no logging): {hooks_cost_us():.1f} us per step")
 
 
 if __name__ == "__main__":
