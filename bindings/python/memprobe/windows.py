@@ -115,6 +115,11 @@ class Window(Owned):
     def measures(self) -> List[Delta]:
         return [self.measure(i) for i in range(len(self._sources))]
 
+    def restart(self) -> None:
+        """Starts a new interval now, discarding the one that ends (the
+        cheapest boundary: no result is built)."""
+        check(C.memprobe_window_reset(self._handle, None, 0))
+
     def reset(self) -> List[Delta]:
         """Ends the interval and starts the next at the same instant; returns
         the ended interval of every source. Other windows keep their peaks."""

@@ -61,7 +61,7 @@ class MaxRAM:
         if self._window is None:
             self._window = Window(self._sources)
         else:
-            self._window.reset()
+            self._window.restart()
 
     def result(self) -> float:
         """The highest peak over the sources since the last reset, MiB."""
