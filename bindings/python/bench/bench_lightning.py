@@ -5,9 +5,10 @@ logging its loss every step as models do) without the callback, with it at
 its defaults (metrics logged at the trainer's interval, every step measured
 and kept in ``history``), and with it logging every step
 (``log_every_n_steps=1``). The variants alternate, round after round, in a
-rotating order; each run times its steady steps (after a warm-up) and the
-report gives the median per-step time of each variant and its overhead
-against the run without the callback. Figures: docs/bindings-benchmarks.md.
+rotating order; each run times its steady steps (after a warm-up), in wall
+time and in CPU time of the training thread, and the report gives the
+median per-step time of each variant and its overhead against the runs
+without the callback. Figures: docs/bindings-benchmarks.md.
 
     python bench/bench_lightning.py [--rounds 9] [--steps 400] [--hidden 384]
 
@@ -26,6 +27,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -54,28 +56,32 @@ class Model(pl.LightningModule):
 
 
 class StepTimer(pl.Callback):
-    """Wall time of the steps after ``warmup``, per step."""
+    """Per-step wall time and training-thread CPU time of the steps after
+    ``warmup``. The CPU time of the thread running the loop is what the
+    callback adds to; unlike wall time it does not count the time other
+    processes hold the CPU, so it stays comparable on a loaded machine."""
 
     def __init__(self, warmup: int):
         self.warmup = warmup
-        self.t0 = 0.0
-        self.t1 = 0.0
+        self.t0 = self.t1 = self.c0 = self.c1 = 0.0
         self.n = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.warmup:
             self.t0 = time.perf_counter()
+            self.c0 = time.thread_time()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step > self.warmup:
             self.t1 = time.perf_counter()
+            self.c1 = time.thread_time()
             self.n = trainer.global_step - self.warmup
 
-    def per_step(self) -> float:
-        return (self.t1 - self.t0) / self.n
+    def per_step(self) -> Tuple[float, float]:
+        return (self.t1 - self.t0) / self.n, (self.c1 - self.c0) / self.n
 
 
-def run(variant: str, steps: int, hidden: int, data, root: str) -> float:
+def run(variant: str, steps: int, hidden: int, data, root: str) -> Tuple[float, float]:
     timer = StepTimer(warmup=50)
     callbacks: list = [timer]
     cb = None
@@ -138,26 +144,32 @@ def main() -> None:
         batch_size=args.batch,
     )
     variants = ["without", "defaults", "every step"]
-    times: dict = {v: [] for v in variants}
+    wall: Dict[str, List[float]] = {v: [] for v in variants}
+    cpu: Dict[str, List[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as root:
         run("without", 60, args.hidden, data, root)  # warm caches and imports
         for r in range(args.rounds):
             order = variants[r % 3:] + variants[: r % 3]
             for v in order:
-                times[v].append(run(v, args.steps, args.hidden, data, root))
-    base = statistics.median(times["without"])
-    print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.steps} steps")
+                w, c = run(v, args.steps, args.hidden, data, root)
+                wall[v].append(w)
+                cpu[v].append(c)
+    print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f} at the end; {args.rounds} rounds x {args.steps} steps")
     print("overhead: of the medians of per-run step times; paired: the median over rounds of "
           "(this variant / no callback) in the same round")
-    print(f"{'variant':<38} {'ms/step':>8} {'overhead':>9} {'paired':>8}  runs (ms/step)")
-    for v in variants:
-        med = statistics.median(times[v])
-        paired = statistics.median(t / b for t, b in zip(times[v], times["without"]))
-        runs = " ".join(f"{t * 1e3:.3f}" for t in times[v])
-        label = {"without": "no callback", "defaults": "MemprobeCallback() (defaults)",
-                 "every step": "MemprobeCallback(log_every_n_steps=1)"}[v]
-        print(f"{label:<38} {med * 1e3:8.3f} {(med / base - 1) * 100:+8.2f}% {(paired - 1) * 100:+7.2f}%  {runs}")
+    labels = {"without": "no callback", "defaults": "MemprobeCallback() (defaults)",
+              "every step": "MemprobeCallback(log_every_n_steps=1)"}
+    for title, times in (("wall time", wall), ("training-thread CPU time", cpu)):
+        base = statistics.median(times["without"])
+        print(f"\n{title}:")
+        print(f"{'variant':<38} {'ms/step':>8} {'overhead':>9} {'paired':>8}  runs (ms/step)")
+        for v in variants:
+            med = statistics.median(times[v])
+            paired = statistics.median(t / b for t, b in zip(times[v], times["without"]))
+            runs = " ".join(f"{t * 1e3:.2f}" for t in times[v])
+            print(f"{labels[v]:<38} {med * 1e3:8.3f} {(med / base - 1) * 100:+8.2f}% "
+                  f"{(paired - 1) * 100:+7.2f}%  {runs}")
     print(f"the callback's hooks alone (no Lightning, no logging): {hooks_cost_us():.1f} us per step")
 
 
