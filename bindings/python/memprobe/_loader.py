@@ -1,11 +1,12 @@
 """Finds and loads libmemprobe.so.
 
-Lookup order:
+Lookup order (the error when nothing loads lists each, in this order):
 
 1. ``MEMPROBE_LIBRARY``: the path of the library to load. When it is set,
    it is the only candidate, so a wrong path is an error rather than a
    silent fallback to another copy.
-2. A copy bundled in the package: ``memprobe/_lib/libmemprobe.so*``.
+2. The copy built into the package by ``pip install``:
+   ``memprobe/_lib/libmemprobe*.so*`` (``libmemprobe.abi3.so`` in a wheel).
 3. The installed library: its SONAME through the dynamic loader's search
    path (``LD_LIBRARY_PATH``, ``ld.so.cache``), then
    ``ctypes.util.find_library("memprobe")``, then common prefixes
@@ -13,8 +14,8 @@ Lookup order:
 
 A library whose ABI (major.minor before 1.0, major after) differs from the
 one this package speaks is skipped with the reason recorded. When nothing
-loads, :class:`LibraryNotFoundError` (an ``ImportError``) lists every
-candidate and why it failed.
+loads, :class:`LibraryNotFoundError` (an ``ImportError``) lists every place
+searched and why it failed, and the command that fixes it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from ._version import ABI
 
 ENV = "MEMPROBE_LIBRARY"
 BUNDLED_DIR = Path(__file__).resolve().parent / "_lib"
+#: What fixes a missing library: build the package with it (from the root of
+#: a memprobe clone; a wheel carries the library already).
+FIX = "pip install --force-reinstall ./bindings/python"
 
 
 def abi_soname(abi: Tuple[int, int] = ABI) -> str:
@@ -39,26 +43,34 @@ def abi_soname(abi: Tuple[int, int] = ABI) -> str:
 
 
 class LibraryNotFoundError(ImportError):
-    """No usable libmemprobe.so was found; ``tried`` lists (candidate, reason)."""
+    """No usable libmemprobe.so was found; ``tried`` lists (place, reason) in
+    the order searched."""
 
     def __init__(self, tried: List[Tuple[str, str]]):
         self.tried = tried
-        lines = "\n".join(f"  - {cand}: {why}" for cand, why in tried)
+        lines = "\n".join(f"  {i}. {cand}: {why}" for i, (cand, why) in enumerate(tried, 1))
         super().__init__(
             f"memprobe: cannot load libmemprobe (ABI {ABI[0]}.{ABI[1]}, "
-            f"{abi_soname()}). Tried, in order:\n{lines}\n"
-            f"Set {ENV}=/path/to/libmemprobe.so, bundle a copy in memprobe/_lib/, "
-            "or install the library (make install PREFIX=...) where the loader finds it."
+            f"{abi_soname()}). Searched, in order:\n{lines}\n"
+            f"Fix: from the root of the memprobe repository run `{FIX}` "
+            f"(it builds libmemprobe into the package), "
+            f"or set {ENV}=/path/to/libmemprobe.so."
         )
 
 
 def _prefix_dirs() -> List[Path]:
-    dirs = [Path(sys.prefix) / "lib", Path.home() / ".local" / "lib"]
+    return _prefix_dirs_for(Path.home())
+
+
+def _prefix_dirs_for(home: Path) -> List[Path]:
+    """The prefixes' library directories searched, in order."""
+    dirs = [Path(sys.prefix) / "lib", Path(home) / ".local" / "lib"]
     for prefix in ("/usr/local", "/usr", "/opt/memprobe"):
         dirs += [Path(prefix) / "lib", Path(prefix) / "lib64"]
     dirs.append(Path("/usr/lib/x86_64-linux-gnu"))
     dirs.append(Path("/usr/lib/aarch64-linux-gnu"))
-    seen, out = set(), []
+    seen: set = set()
+    out: List[Path] = []
     for d in dirs:
         if d not in seen:
             seen.add(d)
@@ -66,29 +78,44 @@ def _prefix_dirs() -> List[Path]:
     return out
 
 
-def candidates() -> Iterator[Tuple[str, str]]:
-    """Yields (where it came from, what to dlopen) in lookup order."""
+def _bundled() -> Optional[Path]:
+    if not BUNDLED_DIR.is_dir():
+        return None
+    # The wheel's name first, then the names a hand-placed copy may have.
+    names = ["libmemprobe.abi3.so", "libmemprobe.so", abi_soname()]
+    names += sorted(p.name for p in BUNDLED_DIR.glob("libmemprobe*.so*"))
+    for name in names:
+        p = BUNDLED_DIR / name
+        if p.is_file():
+            return p
+    return None
+
+
+def candidates() -> Iterator[Tuple[str, str, Optional[str]]]:
+    """Yields (how, place, why not) in lookup order: ``why not`` is None for
+    a file to open, else why the place holds nothing (so that the error can
+    name every place searched)."""
     env = os.environ.get(ENV)
     if env:
-        yield (ENV, env)
+        yield (ENV, env, None)
         return
-    if BUNDLED_DIR.is_dir():
-        for name in ["libmemprobe.so", abi_soname()] + sorted(
-            p.name for p in BUNDLED_DIR.glob("libmemprobe.so.*")
-        ):
-            p = BUNDLED_DIR / name
-            if p.exists():
-                yield ("bundled", str(p))
-                break
-    yield ("loader search path", abi_soname())
+    bundled = _bundled()
+    if bundled is not None:
+        yield ("bundled", str(bundled), None)
+    else:
+        yield ("bundled", str(BUNDLED_DIR / "libmemprobe*.so"), "no such file")
+    yield ("loader search path", abi_soname(), None)
     found = ctypes.util.find_library("memprobe")
     if found and found != abi_soname():
-        yield ("find_library", found)
+        yield ("find_library", found, None)
+    else:
+        yield ("find_library", '"memprobe"', "nothing found")
     for d in _prefix_dirs():
-        for name in (abi_soname(), "libmemprobe.so"):
-            p = d / name
-            if p.exists():
-                yield ("prefix", str(p))
+        hits = [d / name for name in (abi_soname(), "libmemprobe.so") if (d / name).exists()]
+        for p in hits:
+            yield ("prefix", str(p), None)
+        if not hits:
+            yield ("prefix", str(d / abi_soname()), "no such file")
 
 
 def _version_of(lib: ctypes.CDLL) -> str:
@@ -137,7 +164,10 @@ def _path_of(lib: ctypes.CDLL, fallback: str) -> str:
 def load() -> Tuple[ctypes.CDLL, str, str]:
     """Loads the library: returns (library, path, how it was found)."""
     tried: List[Tuple[str, str]] = []
-    for how, cand in candidates():
+    for how, cand, why_not in candidates():
+        if why_not is not None:
+            tried.append((f"{cand} ({how})", why_not))
+            continue
         try:
             lib = ctypes.CDLL(cand)
         except OSError as e:
@@ -161,6 +191,4 @@ def load() -> Tuple[ctypes.CDLL, str, str]:
 
 def bundled_library() -> Optional[Path]:
     """The bundled copy, if the package carries one."""
-    for p in sorted(BUNDLED_DIR.glob("libmemprobe.so*")) if BUNDLED_DIR.is_dir() else []:
-        return p
-    return None
+    return _bundled()

@@ -1,5 +1,7 @@
 """Ownership of one C handle, shared by every class that holds one."""
 
+from typing import TYPE_CHECKING, Optional
+
 from ._ffi import C, check
 
 
@@ -12,9 +14,13 @@ class Owned:
     ``self._handle`` and ``self._closed = False`` once the handle exists.
     """
 
-    __slots__ = ()  # subclasses may use __slots__ (and __weakref__)
+    if TYPE_CHECKING:
+        # Set by subclasses, in their __slots__ or __dict__.
+        _handle: Optional[int]
+    else:
+        __slots__ = ()  # subclasses may use __slots__ (and __weakref__)
     _FREE = ""
-    _closed = True
+    _closed: bool = True
 
     @property
     def closed(self) -> bool:

@@ -122,7 +122,7 @@ class Source(Owned):
 
     __slots__ = ("_handle", "_closed", "_info", "_keep", "_callback_error", "__weakref__")
 
-    def __init__(self, _handle: int, _keep: object = None):
+    def __init__(self, _handle: Optional[int], _keep: object = None):
         # Private: use the class methods.
         self._handle = _handle
         self._closed = False

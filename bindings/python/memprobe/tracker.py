@@ -285,7 +285,7 @@ class Tracker(Owned):
         """Registers a release callback (``gc=True``: a garbage collector, run
         only when a policy asks for GC and on out-of-memory recovery). An
         exception fails that release (recorded; other callbacks still run)."""
-        label = name or getattr(fn, "__name__", "release")
+        label: str = name or getattr(fn, "__name__", None) or "release"
 
         def c_release(_ud) -> int:
             try:

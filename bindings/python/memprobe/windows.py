@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from ctypes import byref, c_size_t, c_uint64
 from dataclasses import dataclass
-from typing import Iterable, List, Tuple, Union
+from typing import Dict, Iterable, List, Tuple, Union
 
 from . import _ffi
 from ._ffi import C, check
 from ._owned import Owned
-from .sources import Fidelity, Source, SourceKind, _enum, as_sources
+from .sources import Fidelity, Source, SourceKind, as_sources
 from .units import b2mb
 
 
@@ -47,15 +47,25 @@ class Delta:
 
     @classmethod
     def _from_c(cls, d: _ffi.memprobe_delta) -> "Delta":
-        return cls(
-            used_start=int(d.used_start),
-            used_end=int(d.used_end),
-            peak=int(d.peak),
-            delta_used=int(d.delta_used),
-            delta_peaked=int(d.delta_peaked),
-            kind=_enum(SourceKind, d.kind),
-            fidelity=_enum(Fidelity, d.fidelity),
+        # Fills the frozen instance's __dict__ directly: the generated
+        # __init__ goes through object.__setattr__ field by field, several
+        # times slower, and this runs at every step boundary.
+        obj = cls.__new__(cls)
+        obj.__dict__.update(
+            used_start=d.used_start,
+            used_end=d.used_end,
+            peak=d.peak,
+            delta_used=d.delta_used,
+            delta_peaked=d.delta_peaked,
+            # A value newer than this package stays an int.
+            kind=_KINDS.get(d.kind, d.kind),
+            fidelity=_FIDELITIES.get(d.fidelity, d.fidelity),
         )
+        return obj
+
+
+_KINDS: Dict[int, SourceKind] = {int(k): k for k in SourceKind}
+_FIDELITIES: Dict[int, Fidelity] = {int(f): f for f in Fidelity}
 
 
 class Window(Owned):
@@ -114,6 +124,11 @@ class Window(Owned):
 
     def measures(self) -> List[Delta]:
         return [self.measure(i) for i in range(len(self._sources))]
+
+    def restart(self) -> None:
+        """Starts a new interval now, discarding the one that ends (the
+        cheapest boundary: no result is built)."""
+        check(C.memprobe_window_reset(self._handle, None, 0))
 
     def reset(self) -> List[Delta]:
         """Ends the interval and starts the next at the same instant; returns

@@ -31,6 +31,27 @@ sys.path.insert(0, str(PKG))
 import memprobe  # noqa: E402  (after the library is chosen)
 
 
+#: CI sets CI=true: there a missing framework or tool fails the test that
+#: needs it instead of skipping it (only a missing GPU may skip).
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def require(ok: bool, reason: str) -> None:
+    """Skips the test when ``ok`` is false, or fails it in CI."""
+    if not ok:
+        if IN_CI:
+            pytest.fail(f"{reason}: required in CI (CI=true); .ci/run installs it")
+        pytest.skip(reason)
+
+
+def require_module(name: str, install: str):
+    """Imports ``name`` (a framework): skipped when missing, failed in CI."""
+    try:
+        return __import__(name, fromlist=["_"])
+    except ImportError as e:
+        require(False, f"{name} is not installed ({e}); pip install {install}")
+
+
 def spike(nbytes: int) -> None:
     """Touches ``nbytes`` of fresh memory, then frees it: a short RSS spike."""
     buf = b"\x01" * nbytes

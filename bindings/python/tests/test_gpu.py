@@ -188,10 +188,13 @@ def test_gpu_source_in_a_window_sees_a_spike(fake_nvml):
     lib = fake_nvml(
         f"""
         device 0 total {16 * GIB}
-        device 0 timeline 0:{GIB} 30:{9 * GIB} 60:{GIB}
+        device 0 timeline 0:{GIB} 20:{9 * GIB} 30:{GIB}
+        device 0 period_ms 40
         device 0 procs self:{512 * MIB}
         """
     )
+    # A 10 ms spike every 40 ms: the monitor (2 ms interval) catches one;
+    # the loop waits for it up to a deadline instead of a fixed sleep.
     out = run_gpu(
         """
         import time
@@ -200,7 +203,9 @@ def test_gpu_source_in_a_window_sees_a_spike(fake_nvml):
         proc = memprobe.Source.gpu_process(0)
         out["kinds"] = [src.kind.name, proc.kind.name, src.fidelity.name, src.name, proc.name]
         with memprobe.Window([src, proc]) as w:
-            time.sleep(0.15)
+            deadline = time.monotonic() + 20
+            while w.peak(0) < (9 << 30) and time.monotonic() < deadline:
+                time.sleep(0.005)
             out["peak"] = w.peak(0)
             out["proc"] = proc.read().used
         out["last_error"] = src.last_error()

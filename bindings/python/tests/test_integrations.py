@@ -1,11 +1,11 @@
 """Integrations: framework-free engines through the real library; the
 framework-bound parts are skipped (with the reason) when the framework is
-not installed."""
+not installed, and fail instead in CI (CI=true), which installs them."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import PKG, MiB, run_python, spike
+from conftest import PKG, MiB, require_module, run_python, spike
 
 import memprobe
 from memprobe import Source
@@ -78,11 +78,50 @@ def test_lightning_hooks_log_steps_epochs_and_validation(rss):
     steps = [d for p, _, d in hooks.history if p == "step"]
     assert steps[1][0].peak >= steps[1][0].used_start + 62 * MiB
     step_logs = [m for m, kw in module.logged if kw["on_step"]]
-    assert len(step_logs) == 3  # steps 0, 2, 4
+    assert len(step_logs) == 3  # steps 1, 3, 5 (Lightning's: every 2nd ended step)
+    # steps_peak: the highest step peak since the previous log (step 1's spike).
+    assert step_logs[0]["memprobe/rss/steps_peak"] == steps[1][0].peak / MiB
+    assert step_logs[0]["memprobe/rss/step_peak"] == steps[1][0].peak / MiB
+    assert step_logs[1]["memprobe/rss/steps_peak"] == max(s[0].peak for s in steps[2:4]) / MiB
     epoch_logs = [m for m, kw in module.logged if kw["on_epoch"] and "memprobe/rss/epoch_peak" in m]
     assert len(epoch_logs) == 2
     assert epoch_logs[0]["memprobe/rss/epoch_peak"] >= steps[1][0].peak / MiB - 2
     assert any("memprobe/rss/validation_peak" in m for m, _ in module.logged)
+
+
+class ConnectorTrainer(FakeTrainer):
+    """Lightning's own decision, as its logger connector exposes it."""
+
+    def __init__(self, log_on):
+        self.log_on = log_on
+        self.step = 0
+        self._logger_connector = self
+
+    @property
+    def should_update_logs(self):
+        return self.step in self.log_on
+
+
+def test_lightning_hooks_default_to_the_trainers_logging_steps(rss):
+    hooks = MemprobeHooks(rss)
+    trainer, module = ConnectorTrainer(log_on={3, 7}), FakeModule()
+    for i in range(10):
+        trainer.step = i
+        hooks.on_train_batch_start(trainer, module, None, i)
+        hooks.on_train_batch_end(trainer, module, None, None, i)
+    hooks.teardown(trainer, module)
+    assert len(module.logged) == 2 and all(kw["on_step"] for _, kw in module.logged)
+    assert [p for p, _, _ in hooks.history].count("step") == 10  # every step kept
+
+    # Without the connector: the trainer's log_every_n_steps, by our count.
+    hooks = MemprobeHooks(rss)
+    trainer, module = FakeTrainer(), FakeModule()
+    trainer.log_every_n_steps = 4
+    for i in range(9):
+        hooks.on_train_batch_start(trainer, module, None, i)
+        hooks.on_train_batch_end(trainer, module, None, None, i)
+    hooks.teardown(trainer, module)
+    assert len(module.logged) == 2  # steps 3 and 7
 
 
 def test_lightning_hooks_skip_sanity_check_logging(rss):
@@ -145,7 +184,7 @@ def test_no_metrics_asked_needs_no_framework():
 
 
 def test_torch_empty_cache_release():
-    pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    require_module("torch", "torch")
     from memprobe.integrations.torch import empty_cache_release
 
     release = empty_cache_release(gc_collect=True)
@@ -154,13 +193,11 @@ def test_torch_empty_cache_release():
 
 
 def test_lightning_callback_in_a_real_trainer(tmp_path, rss):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    torch = require_module("torch", "torch")
     try:
         import lightning.pytorch as pl
     except ImportError:
-        pl = pytest.importorskip(
-            "pytorch_lightning", reason="PyTorch Lightning is not installed (pip install lightning)"
-        )
+        pl = require_module("pytorch_lightning", "lightning")
     from memprobe.integrations.lightning import MemprobeCallback
 
     class Tiny(pl.LightningModule):
@@ -191,25 +228,3 @@ def test_lightning_callback_in_a_real_trainer(tmp_path, rss):
     trainer.fit(Tiny(), data)
     assert [p for p, _, _ in cb.history].count("step") == 8
     assert "memprobe/rss/epoch_peak" in trainer.callback_metrics
-
-
-def test_avalanche_plugin_metrics():
-    pytest.importorskip("avalanche", reason="Avalanche is not installed (pip install avalanche-lib)")
-    from avalanche.evaluation import PluginMetric
-
-    from memprobe.integrations.avalanche import EpochMaxRAM, ram_usage_metrics
-
-    metrics = ram_usage_metrics(minibatch=True, epoch=True, experience=True, stream=True)
-    assert [type(m).__name__ for m in metrics] == [
-        "MinibatchMaxRAM",
-        "EpochMaxRAM",
-        "ExperienceMaxRAM",
-        "StreamMaxRAM",
-    ]
-    for m in metrics:
-        assert isinstance(m, PluginMetric)
-        assert str(m) == "MaxRAMUsage_MB"
-        m.reset()
-        assert m.result() > 0
-    assert isinstance(metrics[1], EpochMaxRAM)
-

@@ -105,9 +105,20 @@ def test_nothing_found_lists_what_was_tried(tmp_path):
         assert r.stdout.strip() in ("loader search path", "find_library", "prefix")
         pytest.skip(f"libmemprobe is installed system-wide (found by {r.stdout.strip()})")
     assert "LibraryNotFoundError" in r.stderr
-    assert _loader.abi_soname() in r.stderr
-    assert "loader search path" in r.stderr
-    assert "MEMPROBE_LIBRARY" in r.stderr  # the advice
+    # Every place searched, numbered, in the loader's order ...
+    places = re.findall(r"^  (\d+)\. (.*) \(([^()]*)\): ", r.stderr, re.M)
+    assert [int(n) for n, _, _ in places] == list(range(1, len(places) + 1))
+    hows = [how for _, _, how in places]
+    assert hows[:3] == ["bundled", "loader search path", "find_library"], hows
+    assert set(hows[3:]) == {"prefix"}
+    where = [place for _, place, _ in places]
+    assert where[0] == str(pkg / "memprobe" / "_lib" / "libmemprobe*.so")
+    assert where[1] == _loader.abi_soname()
+    prefix_dirs = [str(Path(p).parent) for p in where[3:]]
+    assert prefix_dirs == [str(d) for d in _loader._prefix_dirs_for(home=tmp_path)]
+    # ... and the one command that fixes it.
+    assert "Fix: from the root of the memprobe repository run `pip install --force-reinstall ./bindings/python`" in r.stderr
+    assert "MEMPROBE_LIBRARY" in r.stderr
 
 
 def test_every_status_has_a_name_and_an_exception():

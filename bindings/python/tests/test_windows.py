@@ -36,6 +36,17 @@ def test_windows_are_independent(rss):
     outer.close()
 
 
+def test_restart_starts_a_new_interval_without_a_result(rss):
+    with Window(rss) as w, Window(rss) as outer:
+        spike(96 * MiB)
+        assert w.peak() >= rss.read().used + 90 * MiB
+        assert w.restart() is None
+        assert w.peak() < rss.read().used + 32 * MiB  # the spike is gone from this one
+        assert outer.peak() >= rss.read().used + 90 * MiB  # not from another
+    with pytest.raises(memprobe.InvalidHandleError):
+        w.restart()
+
+
 def test_reset_returns_the_ended_interval(rss):
     with Window([rss]) as w:
         spike(64 * MiB)

@@ -1,11 +1,22 @@
 """Avalanche: ``ram_usage_metrics`` with exact peaks.
 
-Same shape and names as ``avalanche.evaluation.metrics.ram_usage``
-(``MinibatchMaxRAM``, ``EpochMaxRAM``, ``ExperienceMaxRAM``,
-``StreamMaxRAM``, metric name ``MaxRAMUsage_MB``, values in MiB), but each
-metric is an independent memprobe window: the maximum is the kernel's
-high-water mark, not a thread polling every ``every`` seconds, so no spike
-is missed and no thread runs::
+Same classes, metric names, phases and units as Avalanche 0.6's
+``avalanche.evaluation.metrics.ram_usage``:
+
+====================  ==========================  ==========================
+class                 metric name (``str(m)``)    reset and emitted at (mode)
+====================  ==========================  ==========================
+``MinibatchMaxRAM``   ``MaxRAMUsage_MB``          each iteration (train)
+``EpochMaxRAM``       ``MaxRAMUsage_Epoch``       each epoch (train)
+``ExperienceMaxRAM``  ``MaxRAMUsage_Experience``  each experience (eval)
+``StreamMaxRAM``      ``MaxRAMUsage_Stream``      each stream (eval)
+====================  ==========================  ==========================
+
+Values are this process's peak RSS in MiB (float: bytes / 2^20), as
+Avalanche's. Each metric is an independent memprobe window: the maximum is
+the kernel's high-water mark, not a thread polling every ``every`` seconds,
+so no spike is missed, a value is never below Avalanche's, and no thread
+runs::
 
     from memprobe.integrations.avalanche import ram_usage_metrics
     eval_plugin = EvaluationPlugin(
@@ -19,7 +30,7 @@ Avalanche is imported when a plugin metric is first used, never at
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source, as_sources
 from ..units import MiB
@@ -50,7 +61,7 @@ class MaxRAM:
         if self._window is None:
             self._window = Window(self._sources)
         else:
-            self._window.reset()
+            self._window.restart()
 
     def result(self) -> float:
         """The highest peak over the sources since the last reset, MiB."""
@@ -72,24 +83,23 @@ class MaxRAM:
             self._window = None
 
 
-# name -> (reset_at, emit_at, mode), as in Avalanche.
-_PLUGINS = {
-    "MinibatchMaxRAM": ("iteration", "iteration", "train"),
-    "EpochMaxRAM": ("epoch", "epoch", "train"),
-    "ExperienceMaxRAM": ("experience", "experience", "eval"),
-    "StreamMaxRAM": ("stream", "stream", "eval"),
+# class -> (metric name, reset_at, emit_at, mode), as in Avalanche 0.6
+# (checked against the installed Avalanche by tests/test_avalanche.py).
+_PLUGINS: Dict[str, Tuple[str, str, str, str]] = {
+    "MinibatchMaxRAM": ("MaxRAMUsage_MB", "iteration", "iteration", "train"),
+    "EpochMaxRAM": ("MaxRAMUsage_Epoch", "epoch", "epoch", "train"),
+    "ExperienceMaxRAM": ("MaxRAMUsage_Experience", "experience", "experience", "eval"),
+    "StreamMaxRAM": ("MaxRAMUsage_Stream", "stream", "stream", "eval"),
 }
-_CLASSES: dict = {}
+_CLASSES: Dict[str, type] = {}
 
 
 def _generic_plugin_metric() -> type:
     try:
-        from avalanche.evaluation import GenericPluginMetric  # type: ignore[import-not-found]
+        from avalanche.evaluation import GenericPluginMetric
     except ImportError:
         try:
-            from avalanche.evaluation.metric_definitions import (  # type: ignore[import-not-found]
-                GenericPluginMetric,
-            )
+            from avalanche.evaluation.metric_definitions import GenericPluginMetric
         except ImportError as e:
             raise ImportError(
                 "memprobe.integrations.avalanche plugin metrics need Avalanche: "
@@ -101,17 +111,17 @@ def _generic_plugin_metric() -> type:
 def _plugin_class(name: str) -> type:
     if name in _CLASSES:
         return _CLASSES[name]
-    base = _generic_plugin_metric()
-    reset_at, emit_at, mode = _PLUGINS[name]
+    base: Any = _generic_plugin_metric()
+    metric_name, reset_at, emit_at, mode = _PLUGINS[name]
 
-    def __init__(self, every: Optional[float] = None, sources=None):
+    def __init__(self: Any, every: Optional[float] = None, sources: Union[Source, Iterable[Source], None] = None) -> None:
         base.__init__(self, MaxRAM(every, sources), reset_at=reset_at, emit_at=emit_at, mode=mode)
 
-    def update(self, strategy: Any) -> None:
+    def update(self: Any, strategy: Any) -> None:
         self._metric.update()
 
-    def __str__(self) -> str:
-        return "MaxRAMUsage_MB"
+    def __str__(self: Any) -> str:
+        return metric_name
 
     cls = type(
         name,
@@ -121,7 +131,8 @@ def _plugin_class(name: str) -> type:
             "update": update,
             "__str__": __str__,
             "__module__": __name__,
-            "__doc__": f"Avalanche's {name} (reset at {reset_at}, {mode} mode) with exact peaks, MiB.",
+            "__doc__": f"Avalanche's {name} ({metric_name}: reset at each {reset_at}, "
+            f"{mode} mode) with exact peaks, MiB.",
         },
     )
     _CLASSES[name] = cls

@@ -34,7 +34,7 @@ class PhasePeaks:
         if w is None:
             self._windows[phase] = Window(self.sources)
         else:
-            w.reset()
+            w.restart()
         self._open[phase] = True
 
     def end(self, phase: str) -> List[Delta]:

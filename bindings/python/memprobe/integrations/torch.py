@@ -14,7 +14,7 @@ def empty_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
     (e.g. :func:`memprobe.gpu.set_cache_release`, which the ``*_no_cache``
     readings call first)."""
     try:
-        import torch  # type: ignore[import-not-found]
+        import torch
     except ImportError as e:
         raise ImportError("memprobe.integrations.torch needs PyTorch: pip install torch") from e
 

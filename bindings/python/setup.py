@@ -1,0 +1,83 @@
+"""Builds memprobe's Python package with libmemprobe and the `memprobe` command
+inside it (setuptools-rust; docs/bindings.md says why this backend).
+
+`pip install ./bindings/python` (or `pip wheel`, `make wheel`) runs cargo on
+the Rust workspace two levels up, in release mode:
+
+- memprobe-ffi's cdylib, stripped, becomes ``memprobe/_lib/libmemprobe.abi3.so``
+  (the ctypes binding loads it first: memprobe/_loader.py);
+- memprobe-cli's ``memprobe`` binary, stripped, goes to the environment's
+  ``bin/`` (the wheel's scripts).
+
+The package calls no Python C API, so one wheel serves every CPython >= 3.8
+(tag ``cp38-abi3``, a platform wheel: ``make wheel`` retags it manylinux).
+
+Environment: ``MEMPROBE_WORKSPACE`` (the workspace root, when the package is
+built from somewhere else), ``CARGO_TARGET_DIR`` (reuse an existing build),
+``CARGO_BUILD_JOBS`` (default 2), ``CARGO`` (the cargo to run).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools_rust import Binding, RustBin, RustExtension, Strip
+
+HERE = Path(__file__).resolve().parent
+
+
+def workspace() -> Path:
+    """The Rust workspace: MEMPROBE_WORKSPACE, else two levels above this file
+    (pip builds a local directory in place, so the relative path holds)."""
+    env = os.environ.get("MEMPROBE_WORKSPACE")
+    root = Path(env).resolve() if env else HERE.parent.parent
+    manifest = root / "memprobe-ffi" / "Cargo.toml"
+    if not manifest.is_file():
+        sys.exit(
+            f"memprobe: the Rust workspace is not at {root} (no {manifest}).\n"
+            "The package is built from a clone of the memprobe repository: "
+            "pip install ./bindings/python from its root, "
+            "or set MEMPROBE_WORKSPACE=/path/to/memprobe."
+        )
+    return root
+
+
+ROOT = workspace()
+# Two parallel rustc jobs unless the caller says otherwise: cargo reads it.
+os.environ.setdefault("CARGO_BUILD_JOBS", "2")
+
+
+def manifest(crate: str) -> str:
+    # setuptools-rust wants a path; relative to this file when it can be.
+    path = ROOT / crate / "Cargo.toml"
+    try:
+        return os.path.relpath(path, HERE)
+    except ValueError:
+        return str(path)
+
+
+setup(
+    rust_extensions=[
+        RustExtension(
+            "memprobe._lib.libmemprobe",
+            path=manifest("memprobe-ffi"),
+            binding=Binding.NoBinding,
+            py_limited_api=True,
+            strip=Strip.All,
+            debug=False,
+            cargo_manifest_args=["--locked"],
+        ),
+        RustBin(
+            "memprobe",
+            path=manifest("memprobe-cli"),
+            strip=Strip.All,
+            debug=False,
+            cargo_manifest_args=["--locked"],
+        ),
+    ],
+    options={"bdist_wheel": {"py_limited_api": "cp38"}},
+    zip_safe=False,
+)
