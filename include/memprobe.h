@@ -1017,8 +1017,9 @@ memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **o
  *
  * The callbacks are called one at a time per group (memprobe holds the
  * group's lock around each), on the thread that reads a source or opens,
- * resets or closes a window over one of the group's sources; never by the
- * monitor thread (mark sources are exact, never polled). A callback must
+ * resets or closes a window (trace, tracker phase) over one of the group's
+ * sources, or on an exporter's thread when a scrape reads such a source;
+ * never by the monitor thread (mark sources are exact, never polled). A callback must
  * not call memprobe on a source, window, trace or tracker over the same
  * group: such a call fails with MEMPROBE_STATUS_WRONG_ORDER.
  *

@@ -22,9 +22,10 @@ import (
 // of the group at once.
 //
 // The methods are called one at a time per group, on the goroutine that
-// reads a source or opens, resets or closes a window over one of the
-// group's sources (never by the library's monitor thread: mark sources are
-// exact, never polled). An error (or a panic) fails the memprobe call that
+// reads a source or opens, resets or closes a window (trace, tracker phase)
+// over one of the group's sources, or on an exporter's thread when a scrape
+// reads such a source (never by the library's monitor thread: mark sources
+// are exact, never polled). An error (or a panic) fails the memprobe call that
 // needed it with ErrUnavailable and leaves every window's peak intact. A
 // method must not call memprobe on the group's sources, or windows,
 // traces and trackers over them: such a call fails with ErrWrongOrder.
