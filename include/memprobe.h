@@ -435,6 +435,12 @@ typedef struct memprobe_exporter memprobe_exporter;
 typedef struct memprobe_gpu_device memprobe_gpu_device;
 
 /**
+ * A group of marks sharing one reset (e.g. one device's allocated,
+ * reserved and active bytes). Sources made over it keep it alive.
+ */
+typedef struct memprobe_mark_group memprobe_mark_group;
+
+/**
  * A source of readings (this process, its tree, system RAM, the cgroup, a
  * custom or pushed source). Several handles may refer to one shared
  * source (e.g. the process source); each handle is freed separately.
@@ -540,6 +546,19 @@ typedef struct {
  * the GPU `_no_cache` readings (memprobe_gpu_set_cache_release).
  */
 typedef int32_t (*memprobe_release_fn)(void *user_data);
+
+/**
+ * Reads mark `index` of a group: the bytes in use now (`current`) or the
+ * high-water mark since the last reset (`peak`), stored in `*out_bytes`.
+ * Returns 0 on success, non-zero on failure.
+ */
+typedef int32_t (*memprobe_mark_read_fn)(void *user_data, size_t index, uint64_t *out_bytes);
+
+/**
+ * Resets every mark of a group to its current value. Returns 0 on success,
+ * non-zero on failure.
+ */
+typedef int32_t (*memprobe_mark_reset_fn)(void *user_data);
 
 /**
  * Counters of the monitor.
@@ -985,6 +1004,47 @@ memprobe_status memprobe_source_new_gpu_device(uint32_t id, memprobe_source **ou
  * CUDA runtime backend; other errors as memprobe_gpu_device_open.
  */
 memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **out);
+
+/**
+ * A group of resettable marks kept by the caller (a framework allocator's
+ * allocated / reserved / active bytes, per device): `current(user_data,
+ * index, &bytes)` reads the bytes in use of mark `index`, `peak(user_data,
+ * index, &bytes)` its high-water mark since the last reset, and
+ * `reset(user_data)` resets every mark of the group at once. Each returns 0
+ * on success; a non-zero return fails the memprobe call that needed it with
+ * MEMPROBE_STATUS_UNAVAILABLE and a message naming the source, the mark
+ * index and the callback, and leaves every window's peak intact.
+ *
+ * The callbacks are called one at a time per group (memprobe holds the
+ * group's lock around each), on the thread that reads a source or opens,
+ * resets or closes a window (trace, tracker phase) over one of the group's
+ * sources, or on an exporter's thread when a scrape reads such a source;
+ * never by the monitor thread (mark sources are exact, never polled). A callback must
+ * not call memprobe on a source, window, trace or tracker over the same
+ * group: such a call fails with MEMPROBE_STATUS_WRONG_ORDER.
+ *
+ * `user_data` is handed back to the callbacks and must stay valid until
+ * the group and every source, window, trace or tracker over it are freed.
+ */
+memprobe_status memprobe_mark_group_new(memprobe_mark_read_fn current, memprobe_mark_read_fn peak, memprobe_mark_reset_fn reset, void *user_data, memprobe_mark_group **out);
+
+/**
+ * Releases a group handle. Sources made over the group keep it (and its
+ * callbacks) alive until they and every window, trace or tracker over them
+ * are freed. NULL is a no-op.
+ */
+memprobe_status memprobe_mark_group_free(memprobe_mark_group *group);
+
+/**
+ * An exact source over mark `index` of `group` (kind
+ * MEMPROBE_SOURCE_CUSTOM, fidelity MEMPROBE_FIDELITY_EXACT): each window
+ * boundary over it folds the group's peak of this mark into every open
+ * window, carries the other members' peaks, then resets the group. At most
+ * one live source per index and group (a second one is
+ * MEMPROBE_STATUS_INVALID_ARGUMENT until the first is freed along with
+ * everything over it). `name`: 1 to 64 printable bytes.
+ */
+memprobe_status memprobe_source_new_mark(const memprobe_mark_group *group, size_t index, const char *name, memprobe_source **out);
 
 /**
  * Starts an exporter listening on `listen_addr` (`"IP:PORT"`, e.g.

@@ -8,18 +8,32 @@
  * (the std::filesystem pattern). Destructors never throw.
  *
  * Thread safety is the C ABI's: any object may be used from any thread.
+ *
+ * Callbacks (callback and mark sources, report lines, records, releases)
+ * are C++ callables. An exception a mark, line, record or release callback
+ * throws never crosses the C frames: the C call fails, and the exception is
+ * rethrown by the throwing C++ call that ran the callback once the C call
+ * has returned (a non-throwing overload drops it; its Status says the call
+ * failed). A callback source's read function may run on the monitor
+ * thread: its exceptions fail that reading (UNAVAILABLE) and are dropped.
+ * A callable stays registered while its source, or any window, trace,
+ * tracker or exporter over it, lives; a late call from the library after
+ * that answers "failed" instead of touching freed memory.
  */
 #ifndef MEMPROBE_HPP
 #define MEMPROBE_HPP
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <new>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -56,10 +70,6 @@ inline Status status_of(memprobe_status st) {
     if (st != MEMPROBE_STATUS_OK) s.message = memprobe_last_error();
     return s;
 }
-inline void check(memprobe_status st) {
-    if (st != MEMPROBE_STATUS_OK) throw Error(st, memprobe_last_error());
-}
-inline void store(Status &out, memprobe_status st) { out = status_of(st); }
 /* The exception a callback threw during the current C call on this thread,
  * kept until the call returns: exceptions never cross the C frames, and the
  * callbacks run on the thread that made the call. */
@@ -72,6 +82,82 @@ inline void keep_pending() noexcept {
 }
 inline void rethrow_pending() {
     if (pending()) std::rethrow_exception(std::exchange(pending(), nullptr));
+}
+/* After a C call: a callback's exception first, then the status. */
+inline void check(memprobe_status st) {
+    rethrow_pending();
+    if (st != MEMPROBE_STATUS_OK) throw Error(st, memprobe_last_error());
+}
+inline void store(Status &out, memprobe_status st) { out = status_of(st); }
+/* store for non-throwing overloads: a callback's exception is dropped. */
+inline void store_drop(Status &out, memprobe_status st) noexcept {
+    pending() = nullptr;
+    try {
+        out = status_of(st);
+    } catch (...) {
+        out.code = st;
+    }
+}
+
+/* Callables the library calls back, found through ids passed as user_data
+ * (never pointers to C++ objects, which a late call could find freed). */
+struct Registry {
+    std::mutex mu;
+    std::unordered_map<std::uintptr_t, std::shared_ptr<void>> entries;
+    std::uintptr_t next = 0;
+};
+/* Never destroyed: the monitor or an exporter thread may still call in
+ * while static objects are destroyed at exit. */
+inline Registry &registry() {
+    static Registry *r = new Registry();
+    return *r;
+}
+/* One registered callable; unregistered when the last owner drops it. */
+class Registration {
+public:
+    explicit Registration(std::shared_ptr<void> callable) {
+        Registry &r = registry();
+        std::lock_guard<std::mutex> g(r.mu);
+        id_ = ++r.next;
+        r.entries.emplace(id_, std::move(callable));
+    }
+    ~Registration() {
+        Registry &r = registry();
+        std::lock_guard<std::mutex> g(r.mu);
+        r.entries.erase(id_);
+    }
+    Registration(const Registration &) = delete;
+    Registration &operator=(const Registration &) = delete;
+    void *user_data() const noexcept { return reinterpret_cast<void *>(id_); }
+
+private:
+    std::uintptr_t id_ = 0;
+};
+/* What keeps a callable registered: held by its source and by every
+ * window, trace, tracker and exporter over that source. */
+using Keep = std::shared_ptr<const Registration>;
+template <class T>
+std::shared_ptr<T> registered(void *user_data) {
+    Registry &r = registry();
+    std::lock_guard<std::mutex> g(r.mu);
+    auto it = r.entries.find(reinterpret_cast<std::uintptr_t>(user_data));
+    return it == r.entries.end() ? nullptr : std::static_pointer_cast<T>(it->second);
+}
+template <class T>
+Keep register_callable(T callable) {
+    return std::make_shared<const Registration>(std::make_shared<T>(std::move(callable)));
+}
+
+using ReadFn = std::function<std::uint64_t()>;
+inline std::int32_t call_read(void *user_data, std::uint64_t *out) noexcept {
+    try {
+        std::shared_ptr<ReadFn> f = registered<ReadFn>(user_data);
+        if (!f) return 1;
+        *out = (*f)();
+        return 0;
+    } catch (...) {
+        return 2; /* may be the monitor thread: nobody to rethrow to */
+    }
 }
 }  // namespace detail
 
@@ -113,12 +199,35 @@ public:
         detail::check(memprobe_source_new_pushed(name.c_str(), &h));
         return Source(h);
     }
+    /** This process's proportional set size (smaps_rollup; each read costs
+     *  milliseconds per GiB mapped). */
+    static Source pss() { return smaps(MEMPROBE_SMAPS_PSS); }
+    /** This process's unique set size. */
+    static Source uss() { return smaps(MEMPROBE_SMAPS_USS); }
+    /** A whole GPU (memprobe id; sampled). UNAVAILABLE without a GPU
+     *  backend, INVALID_ID for an id that names no GPU. */
+    static Source gpu_device(std::uint32_t id) { return make_id(memprobe_source_new_gpu_device, id); }
+    /** This process's memory on GPU `id` (sampled). */
+    static Source gpu_process(std::uint32_t id) { return make_id(memprobe_source_new_gpu_process, id); }
+    /** A custom source read by calling `read()` (bytes in use; sampled:
+     *  the monitor thread may call it while a window is open over it, so it
+     *  must be thread-safe). An exception fails that reading. */
+    static Source callback(const std::string &name, std::function<std::uint64_t()> read) {
+        if (!read) throw Error(MEMPROBE_STATUS_NULL_POINTER, "the read function is empty");
+        detail::Keep keep = detail::register_callable(std::move(read));
+        memprobe_source *h = nullptr;
+        detail::check(memprobe_source_new_callback(name.c_str(), &detail::call_read, keep->user_data(), &h));
+        Source s(h);
+        s.keep_ = std::move(keep);
+        return s;
+    }
 
-    Source(Source &&o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+    Source(Source &&o) noexcept : h_(std::exchange(o.h_, nullptr)), keep_(std::move(o.keep_)) {}
     Source &operator=(Source &&o) noexcept {
         if (this != &o) {
             memprobe_source_free(h_);
             h_ = std::exchange(o.h_, nullptr);
+            keep_ = std::move(o.keep_);
         }
         return *this;
     }
@@ -135,7 +244,7 @@ public:
     /** Non-throwing read. */
     memprobe_sample read(Status &st) const noexcept {
         memprobe_sample s{};
-        detail::store(st, memprobe_source_read(h_, &s));
+        detail::store_drop(st, memprobe_source_read(h_, &s));
         return s;
     }
     /** Pushes a value (pushed sources only). */
@@ -150,49 +259,199 @@ public:
     }
     /** The C handle (still owned by this object). */
     const memprobe_source *handle() const noexcept { return h_; }
+    /** What keeps this source's callables registered (empty for sources
+     *  without callbacks); windows and traces over it hold a copy. */
+    const detail::Keep &keep() const noexcept { return keep_; }
 
 private:
+    friend class MarkGroup;
     explicit Source(memprobe_source *h) : h_(h) {}
     static Source make(memprobe_status (*f)(memprobe_source **)) {
         memprobe_source *h = nullptr;
         detail::check(f(&h));
         return Source(h);
     }
+    static Source make_id(memprobe_status (*f)(std::uint32_t, memprobe_source **), std::uint32_t id) {
+        memprobe_source *h = nullptr;
+        detail::check(f(id, &h));
+        return Source(h);
+    }
+    static Source smaps(std::uint32_t metric) {
+        memprobe_source *h = nullptr;
+        detail::check(memprobe_source_new_smaps(metric, &h));
+        return Source(h);
+    }
     memprobe_source *h_ = nullptr;
+    detail::Keep keep_;
 };
 
-namespace detail {
-/* An empty list is an invalid argument (the C ABI says so too, whatever the
- * pointer of an empty vector is). */
-inline std::vector<const memprobe_source *> handles(std::initializer_list<std::reference_wrapper<const Source>> l) {
-    if (l.size() == 0) throw Error(MEMPROBE_STATUS_INVALID_ARGUMENT, "at least one source is needed");
-    std::vector<const memprobe_source *> v;
-    v.reserve(l.size());
-    for (const Source &s : l) v.push_back(s.handle());
-    return v;
-}
-}  // namespace detail
+/** A group of exact sources over resettable high-water marks that share
+ *  one reset (memprobe_mark_group): e.g. a framework allocator's allocated
+ *  and reserved bytes on one device. `current(i)` and `peak(i)` return the
+ *  bytes in use and the high-water mark since the last reset of mark `i`
+ *  (your own numbering); `reset()` resets every mark of the group. Before
+ *  the reset that any member's window boundary makes, the group keeps every
+ *  other member's peak, so windows over different members never lose each
+ *  other's peaks.
+ *
+ *  The functions are called one at a time per group, on the thread that
+ *  reads a source or opens, resets or closes a window (trace, tracker
+ *  phase) over one of its sources, or on an exporter's thread at a scrape;
+ *  never by the monitor. An exception fails that call (its peaks stay
+ *  intact) and is rethrown after it, as described at the top of this
+ *  header. A function must not call memprobe on the group's sources (or
+ *  windows over them): WRONG_ORDER. Sources keep the group alive. */
+class MarkGroup {
+public:
+    using ReadFn = std::function<std::uint64_t(std::size_t)>;
+    using ResetFn = std::function<void()>;
+
+    MarkGroup(ReadFn current, ReadFn peak, ResetFn reset) {
+        if (!current || !peak || !reset)
+            throw Error(MEMPROBE_STATUS_NULL_POINTER, "a mark group needs current, peak and reset functions");
+        keep_ = detail::register_callable(Fns{std::move(current), std::move(peak), std::move(reset)});
+        detail::check(memprobe_mark_group_new(&MarkGroup::call_current, &MarkGroup::call_peak, &MarkGroup::call_reset,
+                                              keep_->user_data(), &h_));
+    }
+    MarkGroup(MarkGroup &&o) noexcept : h_(std::exchange(o.h_, nullptr)), keep_(std::move(o.keep_)) {}
+    MarkGroup &operator=(MarkGroup &&o) noexcept {
+        if (this != &o) {
+            memprobe_mark_group_free(h_);
+            h_ = std::exchange(o.h_, nullptr);
+            keep_ = std::move(o.keep_);
+        }
+        return *this;
+    }
+    MarkGroup(const MarkGroup &) = delete;
+    MarkGroup &operator=(const MarkGroup &) = delete;
+    ~MarkGroup() { memprobe_mark_group_free(h_); }
+
+    /** An exact source over mark `index` (kind CUSTOM, fidelity EXACT);
+     *  one live source per index (INVALID_ARGUMENT for a second). */
+    Source source(std::size_t index, const std::string &name) const {
+        memprobe_source *h = nullptr;
+        detail::check(memprobe_source_new_mark(h_, index, name.c_str(), &h));
+        Source s(h);
+        s.keep_ = keep_;
+        return s;
+    }
+    /** The C handle (still owned by this object). */
+    const memprobe_mark_group *handle() const noexcept { return h_; }
+
+private:
+    struct Fns {
+        ReadFn current, peak;
+        ResetFn reset;
+    };
+    static std::int32_t call_read(void *user_data, std::size_t index, std::uint64_t *out, bool peak) noexcept {
+        try {
+            std::shared_ptr<Fns> f = detail::registered<Fns>(user_data);
+            if (!f) return 1;
+            *out = peak ? f->peak(index) : f->current(index);
+            return 0;
+        } catch (...) {
+            detail::keep_pending();
+            return 2;
+        }
+    }
+    static std::int32_t call_current(void *u, std::size_t i, std::uint64_t *out) noexcept {
+        return call_read(u, i, out, false);
+    }
+    static std::int32_t call_peak(void *u, std::size_t i, std::uint64_t *out) noexcept {
+        return call_read(u, i, out, true);
+    }
+    static std::int32_t call_reset(void *user_data) noexcept {
+        try {
+            std::shared_ptr<Fns> f = detail::registered<Fns>(user_data);
+            if (!f) return 1;
+            f->reset();
+            return 0;
+        } catch (...) {
+            detail::keep_pending();
+            return 2;
+        }
+    }
+    memprobe_mark_group *h_ = nullptr;
+    detail::Keep keep_;
+};
+
+/** Sources for a window, trace, tracker: a braced list ({cpu, gpu}), a
+ *  std::vector<Source> built at run time (e.g. one per GPU), a vector of
+ *  references, or a pointer and a count. It refers to the sources; they
+ *  must outlive it (not the window: a window keeps what it needs). */
+class SourceList {
+public:
+    /** An empty list, for add(). */
+    SourceList() = default;
+    SourceList(std::initializer_list<std::reference_wrapper<const Source>> l) {
+        for (const Source &s : l) add(s);
+    }
+    SourceList(const std::vector<Source> &v) {
+        for (const Source &s : v) add(s);
+    }
+    SourceList(const std::vector<std::reference_wrapper<const Source>> &v) {
+        for (const Source &s : v) add(s);
+    }
+    SourceList(const Source *first, std::size_t n) {
+        for (std::size_t i = 0; i < n; i++) add(first[i]);
+    }
+    SourceList &add(const Source &s) {
+        handles_.push_back(s.handle());
+        if (s.keep()) keeps_.push_back(s.keep());
+        return *this;
+    }
+    std::size_t size() const noexcept { return handles_.size(); }
+    /** The handles; an empty list is INVALID_ARGUMENT. */
+    const std::vector<const memprobe_source *> &handles() const {
+        if (handles_.empty()) throw Error(MEMPROBE_STATUS_INVALID_ARGUMENT, "at least one source is needed");
+        return handles_;
+    }
+    const std::vector<detail::Keep> &keeps() const noexcept { return keeps_; }
+
+private:
+    std::vector<const memprobe_source *> handles_;
+    std::vector<detail::Keep> keeps_;
+};
 
 /** A peak window over sources; closed by the destructor. */
 class Window {
 public:
-    explicit Window(std::initializer_list<std::reference_wrapper<const Source>> sources) {
-        std::vector<const memprobe_source *> hs = detail::handles(sources);
+    explicit Window(std::initializer_list<std::reference_wrapper<const Source>> sources)
+        : Window(SourceList(sources)) {}
+    /** A window over sources chosen at run time. */
+    explicit Window(const SourceList &sources) {
+        const std::vector<const memprobe_source *> &hs = sources.handles();
         detail::check(memprobe_window_open(hs.data(), hs.size(), &h_));
         n_ = hs.size();
+        keeps_ = sources.keeps();
     }
-    Window(Window &&o) noexcept : h_(std::exchange(o.h_, nullptr)), n_(o.n_) {}
+    Window(Window &&o) noexcept : h_(std::exchange(o.h_, nullptr)), n_(o.n_), keeps_(std::move(o.keeps_)) {}
     Window &operator=(Window &&o) noexcept {
         if (this != &o) {
             memprobe_window_free(h_);
             h_ = std::exchange(o.h_, nullptr);
             n_ = o.n_;
+            keeps_ = std::move(o.keeps_);
         }
         return *this;
     }
     Window(const Window &) = delete;
     Window &operator=(const Window &) = delete;
     ~Window() { memprobe_window_free(h_); }
+    /** Number of sources. */
+    std::size_t size() const noexcept { return n_; }
+    /** Peaks of every source, bytes. */
+    std::vector<std::uint64_t> peaks() const {
+        std::vector<std::uint64_t> p(n_);
+        for (std::size_t i = 0; i < n_; i++) p[i] = peak(i);
+        return p;
+    }
+    /** Non-throwing peak. */
+    std::uint64_t peak(std::size_t i, Status &st) const noexcept {
+        std::uint64_t p = 0;
+        detail::store_drop(st, memprobe_window_peak(h_, i, &p));
+        return p;
+    }
 
     /** Peak of source `i` since the window (last) started, bytes. */
     std::uint64_t peak(std::size_t i = 0) const {
@@ -215,13 +474,14 @@ public:
     /** Non-throwing reset. */
     std::vector<memprobe_delta> reset(Status &st) noexcept {
         std::vector<memprobe_delta> d(n_);
-        detail::store(st, memprobe_window_reset(h_, d.data(), d.size()));
+        detail::store_drop(st, memprobe_window_reset(h_, d.data(), d.size()));
         return d;
     }
 
 private:
     memprobe_window *h_ = nullptr;
     std::size_t n_ = 0;
+    std::vector<detail::Keep> keeps_;
 };
 
 /** fastai's GPUMemTrace over any sources; freed by the destructor. */
@@ -229,16 +489,23 @@ class Trace {
 public:
     /** Starts tracing now unless `deferred`; reports print to stderr unless redirected. */
     Trace(std::initializer_list<std::reference_wrapper<const Source>> sources, const std::string &ctx = "",
-          bool silent = false, bool deferred = false) {
-        std::vector<const memprobe_source *> hs = detail::handles(sources);
+          bool silent = false, bool deferred = false)
+        : Trace(SourceList(sources), ctx, silent, deferred) {}
+    /** A trace over sources chosen at run time. */
+    Trace(const SourceList &sources, const std::string &ctx = "", bool silent = false, bool deferred = false) {
+        const std::vector<const memprobe_source *> &hs = sources.handles();
         std::uint32_t flags = (silent ? MEMPROBE_TRACE_SILENT : 0u) | (deferred ? MEMPROBE_TRACE_DEFERRED : 0u);
         detail::check(memprobe_trace_new(hs.data(), hs.size(), ctx.empty() ? nullptr : ctx.c_str(), flags, &h_));
+        keeps_ = sources.keeps();
     }
-    Trace(Trace &&o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+    Trace(Trace &&o) noexcept
+        : h_(std::exchange(o.h_, nullptr)), keeps_(std::move(o.keeps_)), line_(std::move(o.line_)) {}
     Trace &operator=(Trace &&o) noexcept {
         if (this != &o) {
             memprobe_trace_free(h_);
             h_ = std::exchange(o.h_, nullptr);
+            keeps_ = std::move(o.keeps_);
+            line_ = std::move(o.line_);
         }
         return *this;
     }
@@ -250,7 +517,7 @@ public:
     void stop() { detail::check(memprobe_trace_stop(h_)); }
     void reset() { detail::check(memprobe_trace_reset(h_)); }
     /** Non-throwing stop. */
-    void stop(Status &st) noexcept { detail::store(st, memprobe_trace_stop(h_)); }
+    void stop(Status &st) noexcept { detail::store_drop(st, memprobe_trace_stop(h_)); }
     /** (delta used, delta peaked) of source `i`, bytes. */
     std::pair<std::int64_t, std::uint64_t> data(std::size_t i = 0) const {
         std::int64_t u = 0;
@@ -264,7 +531,7 @@ public:
     }
     /** Non-throwing report. */
     void report(const std::string &note, Status &st) noexcept {
-        detail::store(st, memprobe_trace_report(h_, note.empty() ? nullptr : note.c_str()));
+        detail::store_drop(st, memprobe_trace_report(h_, note.empty() ? nullptr : note.c_str()));
     }
     void report_n_reset(const std::string &note = "") {
         detail::check(memprobe_trace_report_n_reset(h_, note.empty() ? nullptr : note.c_str()));
@@ -281,6 +548,15 @@ public:
     void set_silent(bool silent) { detail::check(memprobe_trace_set_silent(h_, silent)); }
     /** Sends printed reports to a file descriptor (not closed). */
     void set_output_fd(int fd) { detail::check(memprobe_trace_set_output_fd(h_, fd)); }
+    /** Sends each printed report line (no newline) to `f` instead, on the
+     *  thread that reports. An exception from `f` is rethrown by the report
+     *  call, after the line was handed over. */
+    void set_output(std::function<void(const std::string &)> f) {
+        if (!f) throw Error(MEMPROBE_STATUS_NULL_POINTER, "the output function is empty");
+        detail::Keep keep = detail::register_callable(std::move(f));
+        detail::check(memprobe_trace_set_output_callback(h_, &Trace::call_line, keep->user_data()));
+        line_ = std::move(keep);
+    }
     bool running() const {
         bool r = false;
         detail::check(memprobe_trace_is_running(h_, &r));
@@ -289,6 +565,19 @@ public:
 
 protected:
     memprobe_trace *h_ = nullptr;
+
+private:
+    using LineFn = std::function<void(const std::string &)>;
+    static void call_line(const char *line, void *user_data) noexcept {
+        try {
+            std::shared_ptr<LineFn> f = detail::registered<LineFn>(user_data);
+            if (f) (*f)(line);
+        } catch (...) {
+            detail::keep_pending();
+        }
+    }
+    std::vector<detail::Keep> keeps_;
+    detail::Keep line_;
 };
 
 /** A Trace that reports with the note "exit" when it goes out of scope. */
@@ -309,13 +598,21 @@ enum class StepOutcome { Done, OutOfMemory };
 /** The training-loop tracker; sinks finish and the handle is freed by the destructor. */
 class Tracker {
 public:
-    explicit Tracker(std::initializer_list<std::reference_wrapper<const Source>> sources) {
-        std::vector<const memprobe_source *> hs = detail::handles(sources);
+    explicit Tracker(std::initializer_list<std::reference_wrapper<const Source>> sources)
+        : Tracker(SourceList(sources)) {}
+    /** A tracker over sources chosen at run time (e.g. one per GPU). */
+    explicit Tracker(const SourceList &sources) {
+        const std::vector<const memprobe_source *> &hs = sources.handles();
         detail::check(memprobe_tracker_new(hs.data(), hs.size(), &h_));
         n_ = hs.size();
+        keeps_ = sources.keeps();
     }
     Tracker(Tracker &&o) noexcept
-        : h_(std::exchange(o.h_, nullptr)), n_(o.n_), callbacks_(std::move(o.callbacks_)) {}
+        : h_(std::exchange(o.h_, nullptr)),
+          n_(o.n_),
+          callbacks_(std::move(o.callbacks_)),
+          records_(std::move(o.records_)),
+          keeps_(std::move(o.keeps_)) {}
     Tracker &operator=(Tracker &&) = delete;
     Tracker(const Tracker &) = delete;
     Tracker &operator=(const Tracker &) = delete;
@@ -332,7 +629,7 @@ public:
         detail::check(memprobe_tracker_begin(h_, static_cast<std::uint32_t>(kind), name));
     }
     void begin(PhaseKind kind, const char *name, Status &st) noexcept {
-        detail::store(st, memprobe_tracker_begin(h_, static_cast<std::uint32_t>(kind), name));
+        detail::store_drop(st, memprobe_tracker_begin(h_, static_cast<std::uint32_t>(kind), name));
     }
     /** Ends the innermost phase. A release callback that threw while the
      *  phase ended (a release policy) has its exception rethrown here, after
@@ -417,6 +714,18 @@ public:
     void add_jsonl_sink(const std::string &path) { detail::check(memprobe_tracker_add_jsonl_sink(h_, path.c_str())); }
     void add_csv_sink(const std::string &path) { detail::check(memprobe_tracker_add_csv_sink(h_, path.c_str())); }
     void finish_sinks() { detail::check(memprobe_tracker_finish_sinks(h_)); }
+    /** Hands each ended phase's record to `f`, on the thread that ended
+     *  it. `f` must not call this tracker (WRONG_ORDER). An exception from
+     *  `f` is rethrown by the end / next call, after the phase has ended. */
+    void add_record_callback(std::function<void(const Record &)> f) {
+        if (!f) throw Error(MEMPROBE_STATUS_NULL_POINTER, "the record function is empty");
+        records_.push_back(std::unique_ptr<RecordFn>(new RecordFn(std::move(f))));
+        detail::check(memprobe_tracker_add_callback_sink(h_, &Tracker::call_record, records_.back().get()));
+    }
+    /** The C handle (still owned by this object). */
+    memprobe_tracker *handle() noexcept { return h_; }
+    /** What keeps the sources' callables registered. */
+    const std::vector<detail::Keep> &keeps() const noexcept { return keeps_; }
 
     /** Registers a release callback; it returns false on failure. An
      *  exception it throws never crosses the C ABI: the release counts as
@@ -479,6 +788,16 @@ private:
         detail::store(st, memprobe_tracker_run_oom_retry(h_, &Tracker::call_step, &step, max_retries, &r, nullptr, 0));
         return r;
     }
+    using RecordFn = std::function<void(const Record &)>;
+    static void call_record(const memprobe_phase_record *phase, const memprobe_delta *deltas, std::size_t n,
+                            void *f) noexcept {
+        try {
+            Record r{*phase, std::vector<memprobe_delta>(deltas, deltas + n)};
+            (*static_cast<RecordFn *>(f))(r);
+        } catch (...) {
+            detail::keep_pending();
+        }
+    }
     static std::int32_t call_release(void *f) noexcept {
         try {
             return (*static_cast<std::function<bool()> *>(f))() ? 0 : 1;
@@ -504,6 +823,75 @@ private:
     memprobe_tracker *h_ = nullptr;
     std::size_t n_ = 0;
     std::vector<std::unique_ptr<std::function<bool()>>> callbacks_;
+    std::vector<std::unique_ptr<RecordFn>> records_;
+    std::vector<detail::Keep> keeps_;
+};
+
+/** A Prometheus endpoint (memprobe_exporter): GET /metrics serves its
+ *  sources' readings, the last ended phases of the trackers it watches,
+ *  and optionally the GPUs. Stopped and freed by the destructor. */
+class Exporter {
+public:
+    /** Listens on `listen_addr` ("IP:PORT"); empty: 127.0.0.1 on a free port. */
+    explicit Exporter(const std::string &listen_addr = "") : keeps_(new Keeps()) {
+        detail::check(memprobe_exporter_start(listen_addr.empty() ? nullptr : listen_addr.c_str(), &h_));
+    }
+    Exporter(Exporter &&o) noexcept : h_(std::exchange(o.h_, nullptr)), keeps_(std::move(o.keeps_)) {}
+    Exporter &operator=(Exporter &&o) noexcept {
+        if (this != &o) {
+            memprobe_exporter_free(h_);
+            h_ = std::exchange(o.h_, nullptr);
+            keeps_ = std::move(o.keeps_);
+        }
+        return *this;
+    }
+    Exporter(const Exporter &) = delete;
+    Exporter &operator=(const Exporter &) = delete;
+    ~Exporter() { memprobe_exporter_free(h_); }
+
+    /** The port it listens on. */
+    std::uint16_t port() const {
+        std::uint16_t p = 0;
+        detail::check(memprobe_exporter_port(h_, &p));
+        return p;
+    }
+    /** Exports a source's readings, read at each scrape (the source object
+     *  may be destroyed afterwards). */
+    void add_source(const Source &s) {
+        detail::check(memprobe_exporter_add_source(h_, s.handle()));
+        keep(std::vector<detail::Keep>{s.keep()});
+    }
+    /** Exports a tracker's sources and the records of its ended phases. */
+    void watch(Tracker &t) {
+        detail::check(memprobe_exporter_watch_tracker(h_, t.handle()));
+        keep(t.keeps());
+    }
+    /** Rank labels; a negative value leaves that label out. */
+    void set_rank(std::int64_t rank, std::int64_t local_rank = -1, std::int64_t world_size = -1) {
+        detail::check(memprobe_exporter_set_rank(h_, rank, local_rank, world_size));
+    }
+    /** Exports the GPUs (DCGM-style gauges), and each process's memory on
+     *  them when `with_processes`. */
+    void add_gpus(bool with_processes = false) {
+        detail::check(memprobe_exporter_add_gpus(h_, with_processes ? 1 : 0));
+    }
+    /** Stops serving (WRONG_ORDER when already stopped). */
+    void stop() { detail::check(memprobe_exporter_stop(h_)); }
+    /** The C handle (still owned by this object). */
+    memprobe_exporter *handle() noexcept { return h_; }
+
+private:
+    struct Keeps {
+        std::mutex mu;
+        std::vector<detail::Keep> v;
+    };
+    void keep(const std::vector<detail::Keep> &ks) {
+        std::lock_guard<std::mutex> g(keeps_->mu);
+        for (const detail::Keep &k : ks)
+            if (k) keeps_->v.push_back(k);
+    }
+    memprobe_exporter *h_ = nullptr;
+    std::unique_ptr<Keeps> keeps_;
 };
 
 /** The background monitor that polls sampled sources. */

@@ -47,3 +47,18 @@ memprobe_status mpgo_tracker_run_oom_retry(memprobe_tracker *tracker, uintptr_t 
 memprobe_status mpgo_gpu_set_cache_release(uintptr_t id) {
     return memprobe_gpu_set_cache_release(release_trampoline, (void *)id);
 }
+
+static int32_t mark_current_trampoline(void *user_data, size_t index, uint64_t *out_bytes) {
+    return mpgoMarkCurrent(user_data, index, out_bytes);
+}
+
+static int32_t mark_peak_trampoline(void *user_data, size_t index, uint64_t *out_bytes) {
+    return mpgoMarkPeak(user_data, index, out_bytes);
+}
+
+static int32_t mark_reset_trampoline(void *user_data) { return mpgoMarkReset(user_data); }
+
+memprobe_status mpgo_mark_group_new(uintptr_t id, memprobe_mark_group **out) {
+    return memprobe_mark_group_new(mark_current_trampoline, mark_peak_trampoline, mark_reset_trampoline, (void *)id,
+                                   out);
+}

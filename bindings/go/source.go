@@ -148,6 +148,9 @@ type Source struct {
 	users  int // open windows and traces over this source
 	cbID   uintptr
 	cb     *callbackState
+	// onRelease, when set, runs once the source and everything over it
+	// are released (a mark source's hold on its group).
+	onRelease func()
 }
 
 func newSource(f func(**C.memprobe_source) C.memprobe_status) (*Source, error) {
@@ -342,6 +345,9 @@ func (s *Source) unuse() {
 func (s *Source) unregister() {
 	if s.cbID != 0 {
 		callbacks.del(s.cbID)
+	}
+	if s.onRelease != nil {
+		s.onRelease()
 	}
 }
 

@@ -11,6 +11,7 @@
 pub mod boundary;
 pub mod gpu;
 pub mod handle;
+pub mod mark;
 pub mod metrics;
 pub mod monitor;
 pub mod source;

@@ -136,3 +136,13 @@ fn metrics_exporter() {
 fn file_sinks_refuse_directories_and_leave_no_temporary_files() {
     check_all_ways("test_sink_paths.c", &[]);
 }
+
+#[test]
+fn exact_sources_over_a_callers_resettable_marks() {
+    check_all_ways("test_marks.c", &[]);
+}
+
+#[test]
+fn cpp_sources_marks_runtime_lists_callbacks_exporter() {
+    check_all_ways("test_cpp_sources.cpp", &[("MEMPROBE_GPU_BACKEND", "none")]);
+}

@@ -1,0 +1,134 @@
+// memprobe_torch.hpp against libtorch's headers and libraries, without a
+// GPU: run with CUDA_VISIBLE_DEVICES empty. Real allocator sources must
+// refuse clearly; sources over scripted c10 DeviceStats (c10's own Stat
+// arithmetic) must give exact peaks per window, tracker step and epoch,
+// across the per-device shared reset.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "memprobe_torch.hpp"
+
+static int passed = 0, failed = 0;
+#define CHECK(c)                                                                       \
+    do {                                                                               \
+        if (c) {                                                                       \
+            ++passed;                                                                  \
+        } else {                                                                       \
+            ++failed;                                                                  \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
+        }                                                                              \
+    } while (0)
+
+constexpr std::uint64_t MIB = 1ull << 20;
+constexpr std::uint64_t GIB = 1ull << 30;
+
+using c10::cuda::CUDACachingAllocator::DeviceStats;
+constexpr auto AGG = static_cast<std::size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+
+/* A scripted device: what the caching allocator would count. */
+struct FakeDevice {
+    DeviceStats stats;
+    int resets = 0;
+    void alloc(std::size_t bytes) {
+        stats.allocated_bytes[AGG].increase(bytes);
+        stats.active_bytes[AGG].increase(bytes);
+        if (stats.reserved_bytes[AGG].current < stats.allocated_bytes[AGG].current)
+            stats.reserved_bytes[AGG].increase(
+                static_cast<std::size_t>(stats.allocated_bytes[AGG].current - stats.reserved_bytes[AGG].current));
+    }
+    void free(std::size_t bytes) {
+        stats.allocated_bytes[AGG].decrease(bytes);
+        stats.active_bytes[AGG].decrease(bytes);
+    }
+    void empty_cache() {
+        auto &r = stats.reserved_bytes[AGG];
+        r.decrease(static_cast<std::size_t>(r.current - stats.allocated_bytes[AGG].current));
+    }
+    memprobe::torch::AllocatorSources sources(int device, bool active = false) {
+        return memprobe::torch::AllocatorSources(
+            device, [this] { return stats; },
+            [this] {
+                resets++;
+                stats.allocated_bytes[AGG].reset_peak();
+                stats.reserved_bytes[AGG].reset_peak();
+                stats.active_bytes[AGG].reset_peak();
+            },
+            active);
+    }
+};
+
+int main() {
+    using namespace memprobe;
+    namespace mt = memprobe::torch;
+
+    // No CUDA here: clear refusals, nothing else touches CUDA.
+    CHECK(mt::device_count() == 0);
+    CHECK(mt::all_devices().empty());
+    bool refused = false;
+    try {
+        mt::AllocatorSources s(0);
+    } catch (const Error &e) {
+        refused = e.status() == MEMPROBE_STATUS_UNAVAILABLE &&
+                  std::string(e.what()).find("no CUDA device is visible") != std::string::npos;
+        std::printf("device 0 without CUDA: %s\n", e.what());
+    }
+    CHECK(refused);
+    CHECK(mt::source_name(mt::Stat::Allocated, 0) == "torch_alloc:0");
+    CHECK(mt::source_name(mt::Stat::Reserved, 1) == "torch_reserved:1");
+    CHECK(mt::source_name(mt::Stat::Active, 7) == "torch_active:7");
+
+    // Scripted devices through c10's own DeviceStats.
+    FakeDevice d0, d1;
+    d0.alloc(100 * MIB);
+    std::vector<mt::AllocatorSources> devs;
+    devs.push_back(d0.sources(0, true));
+    devs.push_back(d1.sources(1));
+    CHECK(std::string(devs[0].allocated().info().name) == "torch_alloc:0");
+    CHECK(std::string(devs[0].active().info().name) == "torch_active:0");
+    CHECK(std::string(devs[1].reserved().info().name) == "torch_reserved:1");
+    CHECK(devs[0].allocated().info().fidelity == MEMPROBE_FIDELITY_EXACT);
+    CHECK(devs[0].allocated().read().used == 100 * MIB);
+    bool no_active = false;
+    try {
+        devs[1].active();
+    } catch (const Error &) {
+        no_active = true;
+    }
+    CHECK(no_active);
+
+    Tracker t(mt::list(devs));  // torch_alloc:0, torch_reserved:0, torch_active:0, torch_alloc:1, torch_reserved:1
+    Window eval(devs[1].list());
+    t.begin(PhaseKind::Epoch);
+    t.begin(PhaseKind::Step);
+    d0.alloc(2 * GIB);  // the temporary tensor
+    d0.free(2 * GIB);
+    d1.alloc(300 * MIB);
+    d1.free(300 * MIB);
+    d1.empty_cache();
+    Tracker::Record s = t.next(PhaseKind::Step);
+    CHECK(s.deltas.size() == 5);
+    CHECK(s.deltas[0].peak == 100 * MIB + 2 * GIB);
+    CHECK(s.deltas[1].peak == 100 * MIB + 2 * GIB);
+    CHECK(s.deltas[2].peak == 100 * MIB + 2 * GIB);
+    CHECK(s.deltas[4].peak == 300 * MIB && s.deltas[4].used_end == 0);
+    d0.alloc(MIB);
+    d0.free(MIB);
+    s = t.end(PhaseKind::Step);
+    CHECK(s.deltas[0].peak == 101 * MIB && s.deltas[3].peak == 0);
+    Tracker::Record e = t.end(PhaseKind::Epoch);
+    CHECK(e.deltas[0].peak == 100 * MIB + 2 * GIB);
+    CHECK(e.deltas[4].peak == 300 * MIB);
+    CHECK(d0.resets > 0);
+    // The evaluation window over device 1 lost nothing to the resets.
+    CHECK(eval.peak(0) == 300 * MIB && eval.peak(1) == 300 * MIB);
+    // The true peaks since start.
+    CHECK(devs[0].peak_allocated_since_start() == 100 * MIB + 2 * GIB);
+    CHECK(devs[1].peak_reserved_since_start() == 300 * MIB);
+    devs[0].since_start().reset();
+    CHECK(devs[0].peak_allocated_since_start() == 100 * MIB);
+    CHECK(d0.stats.allocated_bytes[AGG].peak == 100 * MIB);  // torch's own counter was reset
+
+    std::printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,151 @@
+//! include/memprobe_torch.hpp against the libtorch of the CI venv's torch
+//! wheel: it compiles as C++20 with strict warnings, links libc10_cuda /
+//! libc10 and libmemprobe, and runs what runs without a GPU (clear
+//! refusals for real devices; exact peaks over c10's own DeviceStats,
+//! scripted). Skipped when torch is not importable, except under CI=true,
+//! where torch is installed for the framework tests and a missing torch is
+//! a failure.
+
+use memprobe_tests::{assert_ok, lib_dir, root, run, scratch};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The CI venv's python when there is one (what `make test` uses).
+fn python() -> PathBuf {
+    let venv = root().join("build/ci-venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// Where the wheel keeps libtorch, one line each: include dirs
+/// (`;`-separated), the library dir, the CUDA headers' dirs (`;`-separated:
+/// the nvidia-* wheels torch depends on, CUDA_HOME, /usr/local/cuda),
+/// whether libtorch was built with the C++11 string ABI, its version.
+const PROBE: &str = r#"
+import glob, os, torch, torch.utils.cpp_extension as c
+print(";".join(c.include_paths()))
+print(c.library_paths()[0])
+cuda = []
+try:
+    import nvidia
+    for p in nvidia.__path__:
+        cuda += sorted(glob.glob(os.path.join(p, "*", "include")))
+except ImportError:
+    pass
+for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+    if home and os.path.isdir(os.path.join(home, "include")):
+        cuda.append(os.path.join(home, "include"))
+print(";".join(cuda))
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
+print(torch.__version__)
+"#;
+
+/// Skips (prints why) or, under CI=true, fails.
+fn skip_or_fail(why: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true: {why}"
+    );
+    eprintln!("{why}: skipped the memprobe_torch.hpp test");
+}
+
+#[test]
+fn memprobe_torch_hpp_compiles_links_and_runs_without_cuda() {
+    let py = python();
+    let probe = Command::new(&py).args(["-c", PROBE]).output();
+    let out = match probe {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        other => {
+            let why = match other {
+                Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                Err(e) => e.to_string(),
+            };
+            skip_or_fail(&format!(
+                "torch is not importable by {}: {why}",
+                py.display()
+            ));
+            return;
+        }
+    };
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 5, "unexpected probe output: {out}");
+    let (includes, libdir, cuda, cxx11_abi, version) =
+        (lines[0], lines[1], lines[2], lines[3], lines[4]);
+    // c10/cuda includes cuda_runtime_api.h, which needs crt/host_defines.h:
+    // the CUDA toolkit, or the nvidia-cuda-runtime-cu12 and
+    // nvidia-cuda-nvcc-cu12 wheels; MEMPROBE_CUDA_INCLUDE (`:`-separated)
+    // adds directories.
+    let extra = std::env::var("MEMPROBE_CUDA_INCLUDE").unwrap_or_default();
+    let cuda: Vec<&str> = cuda
+        .split(';')
+        .chain(extra.split(':'))
+        .filter(|s| !s.is_empty())
+        .collect();
+    let has = |f: &str| {
+        cuda.iter()
+            .any(|d| std::path::Path::new(d).join(f).exists())
+    };
+    if !has("cuda_runtime_api.h") || !has("crt/host_defines.h") {
+        skip_or_fail(&format!(
+            "torch {version}: the CUDA headers c10/cuda needs (cuda_runtime_api.h, \
+             crt/host_defines.h) are not in {cuda:?}: install the CUDA toolkit or the \
+             nvidia-cuda-runtime-cu12 and nvidia-cuda-nvcc-cu12 wheels matching \
+             torch.version.cuda, or name their include directories in MEMPROBE_CUDA_INCLUDE"
+        ));
+        return;
+    }
+
+    let dir = scratch("torch_header");
+    let exe = dir.join("test_torch");
+    let mut cc = Command::new("c++");
+    cc.args(["-std=c++20", "-Wall", "-Wextra", "-Werror", "-g"])
+        .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+        .arg(format!("-I{}", root().join("include").display()));
+    // -isystem, as torch.utils.cpp_extension does: warnings inside
+    // libtorch's own headers are not memprobe's to fix.
+    for inc in includes.split(';').filter(|s| !s.is_empty()) {
+        cc.arg("-isystem").arg(inc);
+    }
+    for inc in &cuda {
+        cc.arg("-isystem").arg(inc);
+    }
+    cc.arg(root().join("tests/cpp/test_torch.cpp"));
+    // A CPU-only torch build has the headers but no CUDA allocator to link:
+    // compile only.
+    let cuda_build = std::path::Path::new(libdir).join("libc10_cuda.so").exists();
+    if !cuda_build {
+        cc.arg("-c").arg("-o").arg(dir.join("test_torch.o"));
+    } else {
+        cc.arg("-o")
+            .arg(&exe)
+            .arg(format!("-L{}", lib_dir().display()))
+            .arg(format!("-L{libdir}"))
+            .args(["-lmemprobe", "-lc10_cuda", "-lc10"])
+            .arg(format!("-Wl,-rpath,{}", lib_dir().display()))
+            .arg(format!("-Wl,-rpath,{libdir}"));
+    }
+    let built = cc.output().expect("run c++");
+    assert_ok(
+        &format!("compiling test_torch.cpp against torch {version}"),
+        &built,
+    );
+    if !cuda_build {
+        eprintln!(
+            "torch {version} is a CPU-only build (no libc10_cuda): compiled, not linked or run"
+        );
+        return;
+    }
+
+    // No GPU, whatever the machine has: the refusals are deterministic.
+    let o = run(&exe, &[], &[("CUDA_VISIBLE_DEVICES", "")]);
+    assert_ok("test_torch", &o);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    assert!(
+        stdout.contains("device 0 without CUDA: memprobe_torch: no CUDA device is visible"),
+        "{stdout}"
+    );
+}
