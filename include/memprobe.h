@@ -1002,7 +1002,7 @@ memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **o
  * window open across it, and no other reader (another source, `memprobe
  * run` outside) resets it. No polling: no monitor needed.
  *
- * Errors: MEMPROBE_STATUS_INVALID_ARGUMENT for a NULL `out`;
+ * Errors: MEMPROBE_STATUS_NULL_POINTER for a NULL `out`;
  * MEMPROBE_STATUS_INVALID_ID for a device beyond 0..63;
  * MEMPROBE_STATUS_UNAVAILABLE when the interposer is not loaded in this
  * process (run the program with `memprobe run --gpu-exact -- CMD`, or
