@@ -361,6 +361,14 @@ extern "C" fn at_exit() {
     // SAFETY: as in `get`; no region is made at exit.
     if let Some(l) = unsafe { REGION.load(Acquire).as_ref() } {
         l.header.flags.fetch_or(FLAG_EXITED, SeqCst);
+        // What the process still holds, the driver frees at exit with no
+        // call seen here: it leaves the tree's count now, before a parent
+        // that waits for this process allocates again. The tree is detached
+        // first, so frees during the rest of the exit touch this region only.
+        if let Some(t) = tree() {
+            TREE.store(ptr::null_mut(), Release);
+            shm::tree::settle(t, l);
+        }
     }
 }
 
