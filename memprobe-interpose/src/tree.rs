@@ -14,9 +14,10 @@
 //! run keep no tree. Memory the driver releases without a call (a process
 //! that exits or is killed while holding memory, the old image at an
 //! `exec`) leaves the tree when the process's region is *settled*: its
-//! remaining bytes are subtracted once ([`FLAG_TREE_SETTLED`]), by the
-//! reader, by a later process of the tree reclaiming it, or by the new image
-//! after an `exec`.
+//! remaining bytes are subtracted once ([`FLAG_TREE_SETTLED`]): by the
+//! process itself in its exit handler, by the new image after an `exec`,
+//! and for a process killed or ended by `_exit`, by the reader or by a later
+//! process of the tree reclaiming it.
 
 use crate::layout::{Layout, COUNTERS, FLAG_COUNTING, FLAG_SHARED, LAYOUT_SIZE};
 use crate::reader::{Error, Region};
