@@ -139,7 +139,7 @@ fn pid_of(o: &Output, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("no '{label}' line in {:?}", o.stdout))
 }
 
-fn process<'a>(v: &'a Value, pid: u64) -> &'a Value {
+fn process(v: &Value, pid: u64) -> &Value {
     v["gpu_exact"]["processes"]
         .as_array()
         .unwrap()
