@@ -17,7 +17,7 @@ all: lib examples
 # libmemprobe.so, its SONAME link (libmemprobe.so.0.<minor>: what programs
 # linked with -Ltarget/release look for at run time) and libmemprobe.a.
 lib:
-	$(CARGO) build -j$(JOBS) --release -p memprobe-ffi
+	$(CARGO) build -j$(JOBS) --release -p memprobe-ffi -p memprobe-interpose-preload
 	@set -e; soname=$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}'); \
 	test -n "$$soname" || { echo "lib: $(RELEASE)/libmemprobe.so has no SONAME" >&2; exit 1; }; \
 	[ "$$(readlink $(RELEASE)/$$soname)" = libmemprobe.so ] || ln -sfn libmemprobe.so $(RELEASE)/$$soname
@@ -36,6 +36,7 @@ examples: $(BUILD)/trainer $(BUILD)/trainer_cpp
 # with a 256 MiB spike, two forked workers), writing a timeline plot.
 demo:
 	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe --example spiky
+	$(CARGO) build -j$(JOBS) --release -p memprobe-interpose-preload
 	$(RELEASE)/memprobe run --plot memprobe-run.svg --json memprobe-run.json -- $(RELEASE)/examples/spiky
 	@echo "timeline: memprobe-run.svg, summary and samples: memprobe-run.json"
 	@echo "the memprobe command: $(RELEASE)/memprobe (make install PREFIX=DIR puts it in DIR/bin)"
@@ -136,6 +137,7 @@ install: lib
 	       s|@STATIC_LIBS@|$(STATIC_LIBS)|g; s|@STATIC_LIBS_CMAKE@|$(subst $() ,;,$(patsubst -l%,%,$(STATIC_LIBS)))|g"; \
 	install -d "$$bin" "$$lib" "$$lib/pkgconfig" "$$lib/cmake/memprobe" "$$inc"; \
 	install -m 755 $(RELEASE)/memprobe "$$bin/memprobe"; \
+	install -m 755 $(RELEASE)/libmemprobe_interpose.so "$$lib/libmemprobe_interpose.so"; \
 	install -m 755 $(RELEASE)/libmemprobe.so "$$lib/libmemprobe.so.$$version"; \
 	ln -sfn "libmemprobe.so.$$version" "$$lib/$$soname"; \
 	ln -sfn "$$soname" "$$lib/libmemprobe.so"; \

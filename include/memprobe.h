@@ -308,6 +308,11 @@ enum memprobe_source_kind
    * This process's USS.
    */
   MEMPROBE_SOURCE_KIND_PROCESS_USS = 8,
+  /**
+   * This process's memory on one GPU, counted by the driver-API
+   * interposer (memprobe_source_new_gpu_exact).
+   */
+  MEMPROBE_SOURCE_KIND_GPU_EXACT = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1004,6 +1009,26 @@ memprobe_status memprobe_source_new_gpu_device(uint32_t id, memprobe_source **ou
  * CUDA runtime backend; other errors as memprobe_gpu_device_open.
  */
 memprobe_status memprobe_source_new_gpu_process(uint32_t id, memprobe_source **out);
+
+/**
+ * A source of this process's memory on CUDA device `device` (the ordinal as
+ * this process sees it), named `gpu_exact:<device>`
+ * (MEMPROBE_SOURCE_KIND_GPU_EXACT), counted by the driver-API interposer
+ * libmemprobe_interpose.so at every allocation and free. Its peak is exact
+ * (MEMPROBE_FIDELITY_EXACT): the source holds a high-water mark of its own
+ * in the interposer, folded and restarted at every window boundary like
+ * the kernel's VmHWM, so a spike of microseconds is in the peak of every
+ * window open across it, and no other reader (another source, `memprobe
+ * run` outside) resets it. No polling: no monitor needed.
+ *
+ * Errors: MEMPROBE_STATUS_NULL_POINTER for a NULL `out`;
+ * MEMPROBE_STATUS_INVALID_ID for a device beyond 0..63;
+ * MEMPROBE_STATUS_UNAVAILABLE when the interposer is not loaded in this
+ * process (run the program with `memprobe run --gpu-exact -- CMD`, or
+ * LD_PRELOAD=/path/to/libmemprobe_interpose.so), when counting is switched
+ * off (MEMPROBE_GPU_EXACT=off) or when all its 32 marks are held.
+ */
+memprobe_status memprobe_source_new_gpu_exact(uint32_t device, memprobe_source **out);
 
 /**
  * A group of resettable marks kept by the caller (a framework allocator's

@@ -87,6 +87,14 @@ pub(crate) struct RunArgs {
     /// not be measured, instead of its first words.
     #[arg(long, short = 'v')]
     pub(crate) verbose: bool,
+    /// Count the GPU memory of every process of the command exactly, at
+    /// each allocation and free, with the driver-API interposer
+    /// (libmemprobe_interpose.so, preloaded into the whole tree): exact
+    /// per-process and tree peaks per device, however short the spike.
+    /// Exit status 2, before the command starts, if the interposer is not
+    /// found.
+    #[arg(long)]
+    pub(crate) gpu_exact: bool,
     /// The command to run and its arguments; put them after `--` when an
     /// argument could be taken for one of memprobe's options.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]

@@ -19,7 +19,10 @@ pub(crate) struct SpawnError {
 }
 
 /// Starts `argv` with inherited stdio, environment and process group.
-pub(crate) fn spawn(argv: &[OsString]) -> Result<u32, SpawnError> {
+pub(crate) fn spawn(
+    argv: &[OsString],
+    env: &[(OsString, Option<OsString>)],
+) -> Result<u32, SpawnError> {
     let (program, args) = argv.split_first().ok_or_else(|| SpawnError {
         status: crate::exit::USAGE,
         message: "no command given".into(),
@@ -27,6 +30,12 @@ pub(crate) fn spawn(argv: &[OsString]) -> Result<u32, SpawnError> {
     let shown = program.to_string_lossy();
     let mut cmd = Command::new(program);
     cmd.args(args);
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
     // memprobe blocks the signals it forwards; a child inherits the mask
     // across exec and would never see them. Clear it between fork and exec.
     // SAFETY: the hook only calls sigemptyset and pthread_sigmask, which are

@@ -8,6 +8,7 @@ mod child;
 mod columns;
 mod commands;
 mod exit;
+mod gpu_exact;
 mod gpu_readings;
 mod interval;
 mod live;

@@ -1,5 +1,6 @@
 //! The timeline as an SVG chart: the tree's RSS, the container's usage and
-//! each GPU's used memory over time, each series' sampled peak marked, axes
+//! each GPU's used memory over time (with `--gpu-exact`, the tree's exact
+//! GPU memory per device too), each series' peak marked, axes
 //! in MiB or GiB and seconds (or minutes, hours), a legend, and a footer with
 //! the exact single-process peak.
 
@@ -127,6 +128,24 @@ fn series_of(r: &RunReport) -> Vec<Series> {
                 .filter_map(|p| Some((p.t_s, p.gpu_used_bytes.get(i).copied().flatten()?)))
                 .collect(),
         });
+    }
+    if let Some(x) = &r.gpu_exact {
+        for d in &x.devices {
+            let i = d.index as usize;
+            out.push(Series {
+                label: format!(
+                    "GPU {} exact, all processes of the run (interposer; peak {})",
+                    d.index,
+                    units::bytes(d.tree_peak_bytes)
+                ),
+                color: GPU_COLORS[(r.gpus.len() + i) % GPU_COLORS.len()],
+                points: r
+                    .timeline
+                    .iter()
+                    .filter_map(|p| Some((p.t_s, *p.gpu_exact_peak_bytes.as_ref()?.get(i)?)))
+                    .collect(),
+            });
+        }
     }
     out
 }
@@ -260,6 +279,15 @@ fn footer_text(r: &RunReport) -> String {
             units::duration(std::time::Duration::from_secs_f64(r.interval_s))
         )
     });
+    if let Some(x) = &r.gpu_exact {
+        for d in &x.devices {
+            parts.push(format!(
+                "GPU {} exact tree peak {}",
+                d.index,
+                units::bytes(d.tree_peak_bytes)
+            ));
+        }
+    }
     parts.push(format!("exit status {}", r.exit.status));
     parts.push(format!("{} samples", r.samples));
     if r.gpus.is_empty() {

@@ -203,6 +203,8 @@ pub(crate) struct Recording {
     pub(crate) processes_seen: u64,
     pub(crate) cgroup: Option<CgroupRecord>,
     pub(crate) gpus: Vec<GpuSeries>,
+    /// With `--gpu-exact`: every process's and the tree's exact GPU figures.
+    pub(crate) gpu_exact: Option<crate::gpu_exact::ExactRecord>,
     /// Source name -> why it was not measured.
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.

@@ -3,6 +3,7 @@
 //! printed on stderr. Bytes are integers; times are seconds as f64.
 
 use crate::child::ExitInfo;
+use crate::gpu_exact::GpuExactReport;
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
 use crate::unavailable;
@@ -51,6 +52,8 @@ pub(crate) struct RunReport {
     pub(crate) processes_seen: u64,
     pub(crate) cgroup: Option<CgroupReport>,
     pub(crate) gpus: Vec<GpuReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) gpu_exact: Option<GpuExactReport>,
     pub(crate) unavailable: BTreeMap<String, String>,
     pub(crate) signals: Vec<SignalReport>,
     pub(crate) command_cpu_s: f64,
@@ -166,6 +169,8 @@ pub(crate) struct PointReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cgroup_bytes: Option<u64>,
     pub(crate) gpu_used_bytes: Vec<Option<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) gpu_exact_peak_bytes: Option<Vec<u64>>,
 }
 
 fn process_report(p: &ProcessRecord) -> ProcessReport {
@@ -234,6 +239,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             read_errors: c.errors,
         }
     });
+    let gpu_exact = rec.gpu_exact.as_ref().map(GpuExactReport::new);
+    let exact_devices = gpu_exact.as_ref().map(|g| g.devices.len());
     RunReport {
         schema_version: SCHEMA_VERSION,
         kind: "run",
@@ -275,6 +282,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                 tree_peak_used_bytes: g.tree_peak,
             })
             .collect(),
+        gpu_exact,
         unavailable: rec.unavailable.clone(),
         signals: facts
             .signals
@@ -298,6 +306,11 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                 processes: p.processes,
                 cgroup_bytes: p.cgroup,
                 gpu_used_bytes: p.gpus.clone(),
+                gpu_exact_peak_bytes: exact_devices.map(|n| {
+                    let mut v = p.gpu_exact.clone();
+                    v.resize(n, 0);
+                    v
+                }),
             })
             .collect(),
     }
@@ -451,6 +464,61 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
             ),
         );
     }
+    if let Some(x) = &r.gpu_exact {
+        if x.devices.is_empty() {
+            row(
+                &mut out,
+                "GPU exact",
+                "no device memory allocated through the driver (interposer loaded)".into(),
+            );
+        }
+        for d in &x.devices {
+            row(
+                &mut out,
+                &format!("GPU {} exact peak", d.index),
+                format!(
+                    "{} tree (exact, all processes at once), {} at end; largest process {}",
+                    units::bytes(d.tree_peak_bytes),
+                    units::bytes(d.tree_end_bytes),
+                    d.max_process_pid.map_or_else(
+                        || "-".into(),
+                        |pid| format!("pid {pid} {}", units::bytes(d.max_process_peak_bytes))
+                    ),
+                ),
+            );
+        }
+        for p in x
+            .processes
+            .iter()
+            .filter(|p| p.peak_bytes.iter().any(|&b| b > 0))
+            .take(8)
+        {
+            let per: Vec<String> = p
+                .peak_bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, &b)| b > 0)
+                .map(|(d, &b)| format!("GPU {d} {}", units::bytes(b)))
+                .collect();
+            row(
+                &mut out,
+                &format!("  pid {}", p.pid),
+                format!(
+                    "{} peak (exact){}",
+                    per.join(", "),
+                    if p.exited { ", ended" } else { "" }
+                ),
+            );
+        }
+        let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
+        if not_counted > 0 {
+            row(
+                &mut out,
+                "GPU not counted",
+                format!("{not_counted} allocation(s) passed through uncounted (see docs/gpu.md)"),
+            );
+        }
+    }
     for sig in &r.signals {
         row(
             &mut out,
@@ -510,6 +578,11 @@ mod tests {
                     Some((1 + i) << 30),
                     if i == 2 { None } else { Some(5 << 30) },
                 ],
+                gpu_exact: if i == 1 {
+                    vec![3 << 20, 7 << 20]
+                } else {
+                    vec![1 << 20]
+                },
             });
         }
         rec.samples = 5;
@@ -634,6 +707,87 @@ mod tests {
         assert!(text.contains("killed by SIGTERM (status 143)"), "{text}");
         assert!(text.contains("400 MiB peak (exact)"), "{text}");
         assert!(text.contains("forwarded to the child"), "{text}");
+    }
+
+    #[test]
+    fn exact_gpu_figures_in_every_output_and_the_schema_agrees() {
+        use crate::gpu_exact::{ExactProcess, ExactRecord};
+        let (mut rec, facts) = full();
+        rec.gpu_exact = Some(ExactRecord {
+            library: "/opt/memprobe/lib/libmemprobe_interpose.so".into(),
+            tree_peak: vec![9 << 20, 7 << 20],
+            tree_end: vec![1 << 20, 0],
+            tree_host_pinned_peak: 0,
+            processes: vec![
+                ExactProcess {
+                    pid: 100,
+                    exited: true,
+                    peak: vec![6 << 20],
+                    end: vec![1 << 20],
+                    ..ExactProcess::default()
+                },
+                ExactProcess {
+                    pid: 101,
+                    exited: true,
+                    peak: vec![3 << 20, 7 << 20],
+                    end: vec![0, 0],
+                    not_counted_calls: 2,
+                    ..ExactProcess::default()
+                },
+            ],
+        });
+        let r = build(&rec, &facts);
+        let json = serde_json::to_value(&r).unwrap();
+        let errors = crate::schema_check::check(
+            &crate::schema_check::load("docs/run-output.schema.json"),
+            &json,
+        );
+        assert!(errors.is_empty(), "{errors:#?}");
+        let x = &json["gpu_exact"];
+        assert_eq!(x["devices"][0]["tree_peak_bytes"], 9 << 20);
+        assert_eq!(x["devices"][0]["max_process_pid"], 100);
+        assert_eq!(x["devices"][1]["max_process_pid"], 101);
+        assert_eq!(x["processes"][0]["peak_bytes"][1], 0);
+        assert_eq!(json["timeline"][1]["gpu_exact_peak_bytes"][1], 7 << 20);
+        assert_eq!(json["timeline"][0]["gpu_exact_peak_bytes"][1], 0);
+
+        let csv = crate::timeline_csv::render(&r);
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "t_s,tree_rss_bytes,processes,cgroup_bytes,gpu0_used_bytes,gpu1_used_bytes,\
+                 gpu0_exact_peak_bytes,gpu1_exact_peak_bytes"
+            )
+        );
+        assert!(lines.next().unwrap().ends_with(",1048576,0"));
+        assert!(lines.next().unwrap().ends_with(",3145728,7340032"));
+
+        let svg = crate::plot::render(&r).unwrap();
+        assert!(
+            svg.contains("GPU 1 exact, all processes of the run"),
+            "no exact series"
+        );
+        assert!(
+            svg.contains("GPU 0 exact tree peak 9.00 MiB"),
+            "no exact footer"
+        );
+
+        let text = summary(&r, false);
+        assert!(text.contains("GPU 0 exact peak"), "{text}");
+        assert!(text.contains("9.00 MiB tree (exact"), "{text}");
+        assert!(text.contains("largest process pid 101 7.00 MiB"), "{text}");
+        assert!(text.contains("pid 101"), "{text}");
+        assert!(
+            text.contains("2 allocation(s) passed through uncounted"),
+            "{text}"
+        );
+
+        // Without --gpu-exact nothing of it appears.
+        rec.gpu_exact = None;
+        let json = serde_json::to_value(build(&rec, &facts)).unwrap();
+        assert!(json.get("gpu_exact").is_none());
+        assert!(json["timeline"][1].get("gpu_exact_peak_bytes").is_none());
     }
 
     #[test]

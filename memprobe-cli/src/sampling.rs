@@ -18,6 +18,7 @@
 //! (the direct child is covered by `wait4`'s `ru_maxrss`, see
 //! [`crate::child::reap`]).
 
+use crate::gpu_exact::Watcher;
 use crate::gpu_readings::{self, GpuReading};
 use crate::live::LiveState;
 use crate::recording::{CgroupRecord, GpuSeries, Recording};
@@ -45,6 +46,8 @@ pub(crate) struct Setup {
     pub(crate) gpus: Result<Vec<GpuReading>, String>,
     /// Where the live status line reads from, if there is one.
     pub(crate) live: Option<Arc<LiveState>>,
+    /// With `--gpu-exact`: the reader of the interposer's counters.
+    pub(crate) exact: Option<Watcher>,
 }
 
 /// The running sampling thread.
@@ -83,6 +86,7 @@ struct State {
     t0: Instant,
     cgroup: Option<CgroupSampler>,
     live: Option<Arc<LiveState>>,
+    exact: Option<Watcher>,
     rec: Recording,
 }
 
@@ -111,6 +115,7 @@ impl State {
             t0: setup.t0,
             cgroup,
             live: setup.live,
+            exact: setup.exact,
             rec,
         }
     }
@@ -144,6 +149,7 @@ impl State {
         if let (Some(s), Some(rec)) = (self.cgroup.as_mut(), self.rec.cgroup.as_mut()) {
             rec.exact_peak = s.read_peak().ok().flatten();
         }
+        self.rec.gpu_exact = self.exact.take().map(Watcher::finish);
         self.rec.finish();
         self.rec
     }
@@ -175,12 +181,14 @@ impl State {
                 .map(|series| series.observe(readings.as_deref(), &pids, now))
                 .collect()
         };
+        let gpu_exact = self.exact.as_mut().map(Watcher::tick).unwrap_or_default();
         self.rec.add_point(Point {
             t_ns: now,
             tree_rss,
             processes,
             cgroup,
             gpus,
+            gpu_exact,
         });
         if let Some(l) = &self.live {
             l.publish(tree_rss, processes, cgroup);

@@ -20,6 +20,9 @@ pub(crate) struct Point {
     /// Each GPU's used memory, in [`Recording::gpus`](crate::recording::Recording::gpus) order; `None` when
     /// that read failed.
     pub(crate) gpus: Vec<Option<u64>>,
+    /// With `--gpu-exact`: per device ordinal, the tree's exact peak since
+    /// the previous point (empty until a device is used).
+    pub(crate) gpu_exact: Vec<u64>,
 }
 
 impl Point {
@@ -30,6 +33,12 @@ impl Point {
         self.cgroup = max_opt(self.cgroup, later.cgroup);
         for (a, b) in self.gpus.iter_mut().zip(&later.gpus) {
             *a = max_opt(*a, *b);
+        }
+        if later.gpu_exact.len() > self.gpu_exact.len() {
+            self.gpu_exact.resize(later.gpu_exact.len(), 0);
+        }
+        for (a, b) in self.gpu_exact.iter_mut().zip(&later.gpu_exact) {
+            *a = (*a).max(*b);
         }
     }
 }
@@ -131,6 +140,7 @@ mod tests {
             processes: 1,
             cgroup: Some(v * 2),
             gpus: vec![None, Some(v)],
+            gpu_exact: if t % 2 == 0 { vec![v] } else { vec![0, v] },
         }
     }
 
@@ -147,6 +157,9 @@ mod tests {
         assert_eq!(max, 1_000);
         assert_eq!(tl.points().map(|p| p.cgroup).max().unwrap(), Some(2_000));
         assert_eq!(tl.points().map(|p| p.gpus[1]).max().unwrap(), Some(1_000));
+        // The exact series keeps its peaks too, and grows to every device.
+        assert!(tl.points().all(|p| p.gpu_exact.len() == 2));
+        assert_eq!(tl.points().map(|p| p.gpu_exact[1]).max().unwrap(), 1_000);
         let times: Vec<u64> = tl.points().map(|p| p.t_ns).collect();
         assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
         assert_eq!(times[0], 0);

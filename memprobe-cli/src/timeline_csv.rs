@@ -2,8 +2,10 @@
 //!
 //! Columns: `t_s` (seconds since the child started, 6 decimals),
 //! `tree_rss_bytes`, `processes`, then `cgroup_bytes` when the container's
-//! cgroup was measured, then `gpu<index>_used_bytes` per GPU. An empty cell
-//! is a reading that failed.
+//! cgroup was measured, then `gpu<index>_used_bytes` per GPU, then with
+//! `--gpu-exact` `gpu<ordinal>_exact_peak_bytes` per device used (the tree's
+//! exact peak since the previous row). An empty cell is a reading that
+//! failed.
 
 use crate::report::RunReport;
 use std::fmt::Write as _;
@@ -19,6 +21,10 @@ pub(crate) fn render(r: &RunReport) -> String {
     for g in &r.gpus {
         let _ = write!(out, ",gpu{}_used_bytes", g.index);
     }
+    let exact = r.gpu_exact.as_ref().map_or(0, |x| x.devices.len());
+    for d in 0..exact {
+        let _ = write!(out, ",gpu{d}_exact_peak_bytes");
+    }
     out.push('\n');
     let cell = |out: &mut String, v: Option<u64>| {
         out.push(',');
@@ -33,6 +39,13 @@ pub(crate) fn render(r: &RunReport) -> String {
         }
         for i in 0..r.gpus.len() {
             cell(&mut out, p.gpu_used_bytes.get(i).copied().flatten());
+        }
+        for d in 0..exact {
+            let v = p
+                .gpu_exact_peak_bytes
+                .as_ref()
+                .and_then(|v| v.get(d).copied());
+            cell(&mut out, v);
         }
         out.push('\n');
     }

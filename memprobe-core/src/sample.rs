@@ -81,6 +81,9 @@ pub enum SourceKind {
     ProcessPss = 7,
     /// This process's unique set size (USS, from smaps_rollup).
     ProcessUss = 8,
+    /// This process's device memory on one GPU (or its pinned host memory)
+    /// as counted by the driver-API interposer at every allocation and free.
+    GpuExact = 9,
 }
 
 impl SourceKind {
@@ -96,6 +99,7 @@ impl SourceKind {
             SourceKind::Custom => "custom",
             SourceKind::ProcessPss => "process_pss",
             SourceKind::ProcessUss => "process_uss",
+            SourceKind::GpuExact => "gpu_exact",
         }
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod boundary;
 pub mod gpu;
+pub mod gpu_exact;
 pub mod handle;
 pub mod mark;
 pub mod metrics;

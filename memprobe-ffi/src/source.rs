@@ -107,6 +107,9 @@ pub enum memprobe_source_kind {
     ProcessPss = 7,
     /// This process's USS.
     ProcessUss = 8,
+    /// This process's memory on one GPU, counted by the driver-API
+    /// interposer (memprobe_source_new_gpu_exact).
+    GpuExact = 9,
 }
 
 /// How exact a source's peaks are (`memprobe_source_info.fidelity`).
@@ -418,6 +421,7 @@ mod tests {
             (SourceKind::Custom, memprobe_source_kind::Custom),
             (SourceKind::ProcessPss, memprobe_source_kind::ProcessPss),
             (SourceKind::ProcessUss, memprobe_source_kind::ProcessUss),
+            (SourceKind::GpuExact, memprobe_source_kind::GpuExact),
         ] {
             assert_eq!(kind_code(k), c as u32, "{k:?}");
         }

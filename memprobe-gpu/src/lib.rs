@@ -103,11 +103,17 @@
 //! are polled ([`PeakFidelity::Sampled`](memprobe_core::PeakFidelity::Sampled)):
 //! GPUs keep no high-water mark, so a spike shorter than the polling
 //! interval can be missed.
+//!
+//! [`gpu_exact_source`] (`gpu_exact:<id>`, [`SourceKind::GpuExact`](memprobe_core::SourceKind::GpuExact))
+//! is exact: it reads the counts the driver-API interposer keeps at every
+//! allocation and free, when the program runs with it loaded
+//! (`memprobe run --gpu-exact`, or `LD_PRELOAD=libmemprobe_interpose.so`).
 
 mod cache_release;
 mod config;
 mod cudart;
 mod device;
+mod exact;
 mod fastai;
 mod gpus;
 mod memory;
@@ -126,6 +132,7 @@ pub use config::{
     ENV_NVML_LIBRARY,
 };
 pub use device::{DeviceHandle, DeviceInfo};
+pub use exact::{gpu_exact_host_pinned_source, gpu_exact_source};
 pub use fastai::{
     b2mb, gpu_mem_get, gpu_mem_get_all, gpu_mem_get_free, gpu_mem_get_free_no_cache,
     gpu_mem_get_used, gpu_mem_get_used_fast, gpu_mem_get_used_no_cache, gpu_with_max_free_mem,

@@ -43,6 +43,10 @@ pub const FLAG_COUNTING: u32 = 1;
 pub const FLAG_SHARED: u32 = 2;
 /// [`Header::flags`]: the process ran its exit handlers; its counts are final.
 pub const FLAG_EXITED: u32 = 4;
+/// [`Header::flags`]: what the process still held when it ended (or when it
+/// replaced its image with `exec`) was taken out of its tree's counter
+/// ([`crate::tree`]).
+pub const FLAG_TREE_SETTLED: u32 = 8;
 
 /// The per-process part of a region.
 #[repr(C, align(64))]

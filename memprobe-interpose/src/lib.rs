@@ -23,6 +23,7 @@
 pub mod layout;
 pub mod liveness;
 mod reader;
+pub mod tree;
 
 pub use reader::{
     default_dir, processes, reclaim_dead, region_path, Counter, Entry, Error, Mark, NotCounted,

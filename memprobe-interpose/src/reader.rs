@@ -191,6 +191,17 @@ impl Region {
 
     /// The region file at `path`.
     pub fn open_path(path: &Path) -> Result<Arc<Region>, Error> {
+        let region = Region::map_unchecked(path)?;
+        region
+            .layout()
+            .validate()
+            .map_err(|why| Error::Invalid(format!("{}: {why}", path.display())))?;
+        Ok(region)
+    }
+
+    /// Maps the file at `path` (at least a region long) without looking at
+    /// its contents.
+    pub(crate) fn map_unchecked(path: &Path) -> Result<Arc<Region>, Error> {
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::Invalid(format!("path {} holds a NUL", path.display())))?;
         // SAFETY: `c` is NUL-terminated; the descriptor is closed below.
@@ -243,15 +254,10 @@ impl Region {
         if p == libc::MAP_FAILED {
             return Err(Error::Io(e));
         }
-        let region = Region {
+        Ok(Arc::new(Region {
             layout: NonNull::new(p.cast()).expect("mmap never maps at 0"),
             owned: true,
-        };
-        region
-            .layout()
-            .validate()
-            .map_err(|why| Error::Invalid(format!("{}: {why}", path.display())))?;
-        Ok(Arc::new(region))
+        }))
     }
 
     /// The shared layout (for readers that need a field this API lacks).
@@ -460,7 +466,22 @@ pub fn processes(dir: &Path) -> io::Result<Vec<Entry>> {
 /// Removes the region files in `dir` of processes that ended (or whose pid
 /// was reused), except those a live reader still holds a mark in; returns
 /// how many were removed.
+///
+/// In a directory with a tree region ([`crate::tree`]) nothing is removed:
+/// the run's reader reads every process's final counts and removes the
+/// files itself; what the ended processes still held is taken out of the
+/// tree's counter ([`crate::tree::settle`]).
 pub fn reclaim_dead(dir: &Path) -> io::Result<usize> {
+    if let Ok(tree) = Region::open_tree(dir) {
+        for e in processes(dir)? {
+            if !e.alive {
+                if let Ok(r) = Region::open_path(&e.path) {
+                    crate::tree::settle(tree.layout(), r.layout());
+                }
+            }
+        }
+        return Ok(0);
+    }
     let mut n = 0;
     for e in processes(dir)? {
         if e.alive {

@@ -25,7 +25,7 @@ export Source, Sample, SourceInfo, Window, Delta, Trace, Tracker, PhaseRecord,
        monitor_stats, monitor_stop, GPUMemory, GpuDevice, gpu_mem_get, gpu_mem_get_all,
        gpu_mem_get_free, gpu_mem_get_free_no_cache, gpu_mem_get_used,
        gpu_mem_get_used_no_cache, gpu_mem_get_used_fast, gpu_with_max_free_mem,
-       preload_pytorch, gpu_source, Exporter
+       preload_pytorch, gpu_source, gpu_exact_source, Exporter
 
 # ---------------------------------------------------------------------------
 # Loading
@@ -57,7 +57,7 @@ const FUNCTIONS = (
     :memprobe_tracker_releases_fired, :memprobe_tracker_set_leak_policy,
     :memprobe_tracker_leak_status, :memprobe_tracker_run_oom_retry,
     :memprobe_source_get_last_error, :memprobe_source_new_gpu_device,
-    :memprobe_source_new_gpu_process, :memprobe_gpu_configure, :memprobe_gpu_get_backend,
+    :memprobe_source_new_gpu_process, :memprobe_source_new_gpu_exact, :memprobe_gpu_configure, :memprobe_gpu_get_backend,
     :memprobe_gpu_count, :memprobe_gpu_get_info, :memprobe_gpu_mem_get,
     :memprobe_gpu_mem_get_all, :memprobe_gpu_mem_get_free, :memprobe_gpu_mem_get_used,
     :memprobe_gpu_mem_get_free_no_cache, :memprobe_gpu_mem_get_used_no_cache,
@@ -273,7 +273,7 @@ Sample(c::CSample) = Sample(c.used,
     c.taken_at_ns, c.read_ns)
 
 const KINDS = (:process, :process_tree, :system_ram, :cgroup, :gpu_device, :gpu_process,
-               :custom, :process_pss, :process_uss)
+               :custom, :process_pss, :process_uss, :gpu_exact)
 const FIDELITIES = (:exact, :pushed, :sampled)
 kind_symbol(k) = k + 1 <= length(KINDS) ? KINDS[k+1] : Symbol("kind", k)
 fidelity_symbol(f) = f + 1 <= length(FIDELITIES) ? FIDELITIES[f+1] : Symbol("fidelity", f)
@@ -1031,6 +1031,18 @@ function gpu_source(id::Integer; process::Bool=false)
     out = Ref{Ptr{Cvoid}}(C_NULL)
     f = process ? :memprobe_source_new_gpu_process : :memprobe_source_new_gpu_device
     check(ccall(sym(f), UInt32, (UInt32, Ref{Ptr{Cvoid}}), id, out))
+    wrap_source(out[])
+end
+
+"""
+An exact source of this process's memory on CUDA device `device` (`gpu_exact:<device>`),
+counted by the driver-API interposer at every allocation and free. Throws a MemprobeError
+(UNAVAILABLE) when the interposer is not loaded: run Julia under
+`memprobe run --gpu-exact -- julia ...` or with `LD_PRELOAD=/path/to/libmemprobe_interpose.so`.
+"""
+function gpu_exact_source(device::Integer)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    check(ccall(sym(:memprobe_source_new_gpu_exact), UInt32, (UInt32, Ref{Ptr{Cvoid}}), device, out))
     wrap_source(out[])
 end
 

@@ -6,14 +6,18 @@
 //!    be created);
 //! 2. block the forwarded signals (every thread started later inherits the
 //!    mask; the child starts with an empty one);
-//! 3. open the cgroup and ask for GPUs, spawn the child, start the signal,
+//! 3. with `--gpu-exact`, find the interposer and make the run's directory
+//!    of counter regions (exit 2 before anything runs if the interposer is
+//!    missing);
+//! 4. open the cgroup and ask for GPUs, spawn the child, start the signal,
 //!    sampling and live-line threads;
-//! 4. wait for the child to terminate without reaping it, take the last
+//! 5. wait for the child to terminate without reaping it, take the last
 //!    sample, stop forwarding, then reap it with `wait4` for its exact peak.
 
 use crate::args::RunArgs;
 use crate::child;
 use crate::exit;
+use crate::gpu_exact::Injection;
 use crate::gpu_readings;
 use crate::live::{is_tty, LiveLine, LiveState};
 use crate::plot;
@@ -100,6 +104,24 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             return exit::USAGE;
         }
     };
+    let injection = if args.gpu_exact {
+        match Injection::prepare() {
+            Ok(i) => Some(i),
+            Err(msg) => {
+                eprintln!("memprobe: {msg}");
+                return exit::USAGE;
+            }
+        }
+    } else {
+        None
+    };
+    let exact = match injection.as_ref().map(Injection::watcher).transpose() {
+        Ok(w) => w,
+        Err(msg) => {
+            eprintln!("memprobe: {msg}");
+            return exit::FAILURE;
+        }
+    };
     let set = SigSet::of(&signals::FORWARDED);
     if let Err(e) = set.block() {
         eprintln!("memprobe: cannot block signals: {e}");
@@ -114,7 +136,8 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         .collect();
 
     let started_at_unix_s = units::unix_now_s();
-    let pid = match child::spawn(&args.command) {
+    let env = injection.as_ref().map(Injection::env).unwrap_or_default();
+    let pid = match child::spawn(&args.command, &env) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("memprobe: {}", e.message);
@@ -137,6 +160,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         cgroup,
         gpus,
         live: live_state.clone(),
+        exact,
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {

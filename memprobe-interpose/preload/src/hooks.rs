@@ -189,7 +189,7 @@ unsafe fn location_counter(props: *const c_void) -> Option<usize> {
 
 fn counted(l: &Layout, table: &Table, key: u64, counter: Option<usize>, bytes: u64) {
     match counter {
-        Some(c) if table.insert(key, pack(c, bytes)) => l.add(c, bytes),
+        Some(c) if table.insert(key, pack(c, bytes)) => region::add(l, c, bytes),
         _ => l.record_not_counted(bytes),
     }
 }
@@ -244,7 +244,7 @@ fn freed(rc: CUresult, table: &Table, key: u64, taken: Option<u64>) {
     match taken {
         Some(v) if rc == CUDA_SUCCESS => {
             let (c, b) = unpack(v);
-            l.sub(c, b);
+            region::sub(l, c, b);
         }
         Some(v) => {
             table.insert(key, v);

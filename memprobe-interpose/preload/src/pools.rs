@@ -106,9 +106,9 @@ fn read_into(l: &shm::layout::Layout, p: &Pool, pool: *mut c_void) {
             let before = p.reserved.swap(now, AcqRel);
             let c = p.counter.load(Acquire);
             if now > before {
-                l.add(c, now - before);
+                crate::region::add(l, c, now - before);
             } else {
-                l.sub(c, before - now);
+                crate::region::sub(l, c, before - now);
             }
         }
     }
@@ -147,7 +147,7 @@ pub(crate) fn destroyed(pool: *mut c_void) {
     if let Some(p) = find(pool as u64) {
         lock(p);
         if p.handle.load(Acquire) == pool as u64 {
-            l.sub(p.counter.load(Acquire), p.reserved.swap(0, AcqRel));
+            crate::region::sub(l, p.counter.load(Acquire), p.reserved.swap(0, AcqRel));
             p.handle.store(0, Release);
             KNOWN.fetch_sub(1, AcqRel);
         }

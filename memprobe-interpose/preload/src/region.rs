@@ -4,15 +4,20 @@
 //! first touches the driver through the interposer (or a reader asks), so a
 //! process that never uses CUDA leaves no file; a forked child gets a region
 //! of its own the same way.
+//!
+//! In a directory with a tree region (`<dir>/tree`, made by `memprobe run
+//! --gpu-exact`; see `memprobe_interpose::tree`) every count also goes to the
+//! tree's counter, mapped when the library loads and inherited across fork.
 
 use shm::layout::{Layout, FLAG_COUNTING, FLAG_EXITED, FLAG_SHARED, LAYOUT_SIZE, MAGIC};
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::*};
 use std::sync::OnceLock;
 
 static REGION: AtomicPtr<Layout> = AtomicPtr::new(ptr::null_mut());
+static TREE: AtomicPtr<Layout> = AtomicPtr::new(ptr::null_mut());
 static STATE: AtomicU32 = AtomicU32::new(UNINIT);
 static CREATING: AtomicBool = AtomicBool::new(false);
 static DIR: OnceLock<Option<CString>> = OnceLock::new();
@@ -64,6 +69,31 @@ fn make() -> Option<&'static Layout> {
     unsafe { REGION.load(Acquire).as_ref() }
 }
 
+/// The tree's counter, when this process belongs to a run that keeps one.
+#[inline]
+fn tree() -> Option<&'static Layout> {
+    // SAFETY: the tree mapping is never unmapped once published.
+    unsafe { TREE.load(Acquire).as_ref() }
+}
+
+/// Counts `bytes` more on counter `c`: this process's and its tree's.
+#[inline]
+pub(crate) fn add(l: &Layout, c: usize, bytes: u64) {
+    l.add(c, bytes);
+    if let Some(t) = tree() {
+        t.add(c, bytes);
+    }
+}
+
+/// Counts `bytes` fewer on counter `c`: this process's and its tree's.
+#[inline]
+pub(crate) fn sub(l: &Layout, c: usize, bytes: u64) {
+    l.sub(c, bytes);
+    if let Some(t) = tree() {
+        t.sub(c, bytes);
+    }
+}
+
 /// Whether the interposer counts (and so hands out wrappers).
 pub(crate) fn counting() -> bool {
     get().is_some()
@@ -101,6 +131,16 @@ pub(crate) fn init() {
         return;
     }
     let _ = crate::real::real_dlsym();
+    // A run's directory (named in the environment) may keep a tree counter.
+    // SAFETY: a NUL-terminated name; only whether it is set is used.
+    if !unsafe { libc::getenv(c"MEMPROBE_GPU_EXACT_DIR".as_ptr()) }.is_null() {
+        if let Some(dir) = DIR.get_or_init(prepare_dir) {
+            map_tree(dir);
+            if tree().is_some() {
+                settle_previous_image(dir);
+            }
+        }
+    }
     STATE.store(READY, Release);
     // SAFETY: registering plain extern "C" handlers.
     unsafe {
@@ -127,6 +167,84 @@ fn prepare_dir() -> Option<CString> {
     let private =
         st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == uid && st.st_mode & 0o077 == 0;
     private.then_some(c)
+}
+
+/// After an `exec`: what the old image held went with it, so it leaves the
+/// tree's count now, even if this image never uses the driver.
+fn settle_previous_image(dir: &CString) {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    let mut path = dir.as_bytes().to_vec();
+    path.push(b'/');
+    path.extend_from_slice(pid.to_string().as_bytes());
+    let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(path));
+    let Ok(region) = shm::Region::open_path(&path) else {
+        return;
+    };
+    let l = region.layout();
+    if l.header.pid.load(SeqCst) != pid
+        || l.header.start_time.load(SeqCst) != shm::liveness::start_time(pid)
+    {
+        return;
+    }
+    if let Some(t) = tree() {
+        shm::tree::settle(t, l);
+    }
+    for c in &l.counters {
+        c.current.store(0, SeqCst);
+    }
+    l.header
+        .flags
+        .fetch_and(!shm::tree::FLAG_TREE_SETTLED, SeqCst);
+}
+
+/// Maps `<dir>/tree` when a run made one (never creates it).
+fn map_tree(dir: &CString) {
+    let mut path = dir.as_bytes().to_vec();
+    path.extend_from_slice(b"/tree\0");
+    // SAFETY: `path` is NUL-terminated; the descriptor is closed below.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr().cast(),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: `st` is written by fstat; `fd` is ours.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let big_enough =
+        unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as u64 >= LAYOUT_SIZE as u64;
+    let m = if big_enough {
+        // SAFETY: the file is at least LAYOUT_SIZE bytes long.
+        unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                LAYOUT_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+    } else {
+        libc::MAP_FAILED
+    };
+    // SAFETY: closing our descriptor; the mapping stays.
+    unsafe { libc::close(fd) };
+    if m == libc::MAP_FAILED {
+        return;
+    }
+    let l = m.cast::<Layout>();
+    // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
+    if unsafe { &*l }.validate().is_ok() {
+        TREE.store(l, Release);
+    } else {
+        // SAFETY: our mapping, unused.
+        unsafe { libc::munmap(m, LAYOUT_SIZE) };
+    }
 }
 
 /// Maps the region of `pid`: its file in `dir` (kept if it already belongs
@@ -212,10 +330,15 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
         && h.start_time.load(SeqCst) == start
     {
         // This process before an exec: the old image's device memory went
-        // with it; its peaks and readers' marks stay.
+        // with it (and leaves the tree's count); its peaks and readers'
+        // marks stay.
+        if let Some(t) = tree() {
+            shm::tree::settle(t, layout);
+        }
         for c in &layout.counters {
             c.current.store(0, SeqCst);
         }
+        h.flags.fetch_and(!shm::tree::FLAG_TREE_SETTLED, SeqCst);
         h.flags.fetch_and(!FLAG_EXITED, SeqCst);
         return Some(l);
     }
@@ -238,6 +361,14 @@ extern "C" fn at_exit() {
     // SAFETY: as in `get`; no region is made at exit.
     if let Some(l) = unsafe { REGION.load(Acquire).as_ref() } {
         l.header.flags.fetch_or(FLAG_EXITED, SeqCst);
+        // What the process still holds, the driver frees at exit with no
+        // call seen here: it leaves the tree's count now, before a parent
+        // that waits for this process allocates again. The tree is detached
+        // first, so frees during the rest of the exit touch this region only.
+        if let Some(t) = tree() {
+            TREE.store(ptr::null_mut(), Release);
+            shm::tree::settle(t, l);
+        }
     }
 }
 

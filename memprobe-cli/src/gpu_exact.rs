@@ -1,0 +1,493 @@
+//! `memprobe run --gpu-exact`: exact GPU memory of the whole process tree,
+//! from the driver-API interposer (`libmemprobe_interpose.so`, read through
+//! the `memprobe-interpose` crate).
+//!
+//! Before the child starts, the run gets a private directory of counter
+//! regions and a *tree region* in it (`memprobe_interpose::tree`); the child
+//! starts with the interposer appended to `LD_PRELOAD` and the directory in
+//! `MEMPROBE_GPU_EXACT_DIR`, which every descendant inherits across fork and
+//! exec. Every interposed process then counts its device memory at each
+//! allocation and free into a region of its own *and* into the tree's
+//! counter, so:
+//!
+//! - a process's exact peak per device is its region's lifetime peak;
+//! - the tree's exact peak per device is the tree counter's lifetime peak:
+//!   the largest *sum* at any instant, not the sum of the processes' peaks
+//!   (an upper bound only) nor a sampled sum;
+//! - each timeline point carries the tree's exact peak *during* that
+//!   interval (a mark of memprobe's own on the tree region, taken at every
+//!   tick), so a spike of microseconds shows on the chart.
+//!
+//! At each tick the sampling thread lists the directory, claims a mark in
+//! each new region (a held mark keeps a dead process's region from being
+//! reclaimed by the processes of the tree), and settles each process that
+//! ended: what it still held (freed by the driver at exit, with no call the
+//! interposer sees) leaves the tree's counter, and its final figures are
+//! kept before its file is removed.
+
+use memprobe_interpose::{self as interpose, tree, Counter, Mark, Region};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The interposer's file name.
+pub(crate) const LIBRARY_NAME: &str = "libmemprobe_interpose.so";
+/// Names the interposer when it is not next to the `memprobe` binary.
+pub(crate) const LIBRARY_ENV: &str = "MEMPROBE_INTERPOSE_LIBRARY";
+
+/// Finds the interposer: next to the `memprobe` binary, then
+/// `$MEMPROBE_INTERPOSE_LIBRARY`, then the install prefix's `lib/`
+/// (`<prefix>/bin/memprobe` → `<prefix>/lib/`). The error names every place
+/// searched.
+pub(crate) fn find_library() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().ok();
+    find_library_in(
+        exe.as_deref().and_then(Path::parent),
+        std::env::var_os(LIBRARY_ENV),
+    )
+}
+
+/// [`find_library`] for a binary in `exe_dir` and a value of
+/// [`LIBRARY_ENV`].
+fn find_library_in(exe_dir: Option<&Path>, named: Option<OsString>) -> Result<PathBuf, String> {
+    let mut searched = Vec::new();
+    let mut candidates: Vec<(PathBuf, String)> = Vec::new();
+    if let Some(d) = exe_dir {
+        let p = d.join(LIBRARY_NAME);
+        candidates.push((p.clone(), p.display().to_string()));
+    }
+    match named {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            candidates.push((p.clone(), format!("{} ({LIBRARY_ENV})", p.display())));
+        }
+        _ => searched.push(format!("{LIBRARY_ENV} (not set)")),
+    }
+    if let Some(d) = exe_dir.and_then(Path::parent) {
+        let p = d.join("lib").join(LIBRARY_NAME);
+        candidates.push((p.clone(), p.display().to_string()));
+    }
+    for (p, shown) in candidates {
+        if p.is_file() {
+            let abs = p.canonicalize().map_err(|e| format!("{shown}: {e}"))?;
+            let text = abs.to_string_lossy();
+            // LD_PRELOAD splits on spaces and colons.
+            if text.contains([' ', ':']) || abs.to_str().is_none() {
+                return Err(format!(
+                    "--gpu-exact: the interposer's path {text} holds a space or a colon \
+                     (LD_PRELOAD cannot name it); move it or set {LIBRARY_ENV}"
+                ));
+            }
+            return Ok(abs);
+        }
+        searched.push(shown);
+    }
+    searched.sort_by_key(|s| s.starts_with(LIBRARY_ENV));
+    Err(format!(
+        "--gpu-exact: the GPU interposer {LIBRARY_NAME} was not found (searched {}); \
+         build it with `cargo build --release -p memprobe-interpose-preload` or install \
+         it with `make install`, or name it with {LIBRARY_ENV}=/path/to/{LIBRARY_NAME}",
+        searched.join(", ")
+    ))
+}
+
+/// The run's directory of regions: private (0700), named for this memprobe
+/// process, in shared memory where there is some.
+fn run_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    base.join(format!("memprobe-run-{uid}-{}", std::process::id()))
+}
+
+/// The interposer set up for one run; the directory is removed on drop.
+pub(crate) struct Injection {
+    library: PathBuf,
+    dir: PathBuf,
+    tree: Arc<Region>,
+}
+
+impl Injection {
+    /// Finds the interposer and makes the run's directory and tree region.
+    pub(crate) fn prepare() -> Result<Injection, String> {
+        let library = find_library()?;
+        let dir = run_dir();
+        // A directory left by an earlier memprobe with this pid (killed
+        // before it could clean up) is ours to replace.
+        let _ = std::fs::remove_dir_all(&dir);
+        let tree = Region::create_tree(&dir)
+            .map_err(|e| format!("--gpu-exact: cannot set up {}: {e}", dir.display()))?;
+        Ok(Injection { library, dir, tree })
+    }
+
+    /// The variables the child starts with (`None`: removed): the
+    /// interposer appended to `LD_PRELOAD`, the run's directory, and no
+    /// `MEMPROBE_GPU_EXACT=off` (the run asked for counting).
+    pub(crate) fn env(&self) -> Vec<(OsString, Option<OsString>)> {
+        let mut preload = std::env::var_os("LD_PRELOAD").unwrap_or_default();
+        if !preload.is_empty() {
+            preload.push(":");
+        }
+        preload.push(self.library.as_os_str());
+        vec![
+            ("LD_PRELOAD".into(), Some(preload)),
+            (
+                interpose::DIR_ENV.into(),
+                Some(self.dir.as_os_str().to_owned()),
+            ),
+            (interpose::SWITCH_ENV.into(), None),
+        ]
+    }
+
+    /// The reader the sampling thread polls.
+    pub(crate) fn watcher(&self) -> Result<Watcher, String> {
+        let mark = self
+            .tree
+            .mark()
+            .map_err(|e| format!("--gpu-exact: the tree region: {e}"))?;
+        Ok(Watcher {
+            dir: self.dir.clone(),
+            tree: Arc::clone(&self.tree),
+            tree_mark: mark,
+            watched: BTreeMap::new(),
+            record: ExactRecord {
+                library: self.library.display().to_string(),
+                ..ExactRecord::default()
+            },
+        })
+    }
+}
+
+impl Drop for Injection {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One process's exact figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ExactProcess {
+    pub(crate) pid: u32,
+    /// Whether it ended before recording did.
+    pub(crate) exited: bool,
+    /// Per device ordinal: the highest bytes it held at once.
+    pub(crate) peak: Vec<u64>,
+    /// Per device ordinal: what it held at its end (or at the last tick).
+    pub(crate) end: Vec<u64>,
+    /// Pinned host memory: the highest bytes held at once.
+    pub(crate) host_pinned_peak: u64,
+    /// Allocations that failed with out-of-memory.
+    pub(crate) oom_failures: u64,
+    /// Allocations that passed through uncounted, and their bytes.
+    pub(crate) not_counted_calls: u64,
+    pub(crate) not_counted_bytes: u64,
+}
+
+/// What the run's interposed processes held, exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ExactRecord {
+    pub(crate) library: String,
+    /// Per device ordinal: the tree's exact peak (the largest sum at once).
+    pub(crate) tree_peak: Vec<u64>,
+    /// Per device ordinal: the tree's bytes at the end.
+    pub(crate) tree_end: Vec<u64>,
+    /// The tree's pinned host memory peak.
+    pub(crate) tree_host_pinned_peak: u64,
+    /// By pid.
+    pub(crate) processes: Vec<ExactProcess>,
+}
+
+struct Watched {
+    region: Option<Arc<Region>>,
+    /// Held while the region is read: keeps it from being reclaimed.
+    mark: Option<Mark>,
+    path: PathBuf,
+    figures: ExactProcess,
+}
+
+/// Device ordinals (dense, 0..n) of the devices a region counted on.
+fn devices_of(region: &Region) -> usize {
+    region
+        .counters_seen()
+        .into_iter()
+        .filter_map(|c| match c {
+            Counter::Device(d) => Some(d as usize + 1),
+            Counter::HostPinned => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Reads the run's regions at each tick (on the sampling thread).
+pub(crate) struct Watcher {
+    dir: PathBuf,
+    tree: Arc<Region>,
+    tree_mark: Mark,
+    watched: BTreeMap<u32, Watched>,
+    record: ExactRecord,
+}
+
+impl Watcher {
+    /// One tick: new processes' regions claimed, every process's figures
+    /// read, ended processes settled; returns the tree's exact peak per
+    /// device since the last tick.
+    pub(crate) fn tick(&mut self) -> Vec<u64> {
+        if let Ok(list) = interpose::processes(&self.dir) {
+            for e in list {
+                self.watched.entry(e.pid).or_insert_with(|| {
+                    let region = Region::open_path(&e.path).ok();
+                    let mark = region.as_ref().and_then(|r| r.mark().ok());
+                    Watched {
+                        region,
+                        mark,
+                        path: e.path,
+                        figures: ExactProcess {
+                            pid: e.pid,
+                            ..ExactProcess::default()
+                        },
+                    }
+                });
+            }
+        }
+        for w in self.watched.values_mut() {
+            let Some(region) = w.region.clone() else {
+                continue;
+            };
+            read_figures(&region, &mut w.figures);
+            if !region.alive() {
+                // What it still held went with it.
+                tree::settle(self.tree.layout(), region.layout());
+                w.figures.exited = true;
+                w.mark = None;
+                w.region = None;
+                let _ = std::fs::remove_file(&w.path);
+            }
+        }
+        let n = devices_of(&self.tree);
+        (0..n as u32)
+            .map(|d| self.tree_mark.take(Counter::Device(d)))
+            .collect()
+    }
+
+    /// The figures after the last tick.
+    pub(crate) fn finish(mut self) -> ExactRecord {
+        let n = devices_of(&self.tree);
+        let t = |c| self.tree.read(c);
+        self.record.tree_peak = (0..n as u32)
+            .map(|d| t(Counter::Device(d)).lifetime_peak)
+            .collect();
+        self.record.tree_end = (0..n as u32)
+            .map(|d| t(Counter::Device(d)).current)
+            .collect();
+        self.record.tree_host_pinned_peak = t(Counter::HostPinned).lifetime_peak;
+        self.record.processes = std::mem::take(&mut self.watched)
+            .into_values()
+            .map(|w| w.figures)
+            .collect();
+        self.record
+    }
+}
+
+fn read_figures(region: &Region, f: &mut ExactProcess) {
+    let n = devices_of(region);
+    f.peak = (0..n as u32)
+        .map(|d| region.read(Counter::Device(d)).lifetime_peak)
+        .collect();
+    f.end = (0..n as u32)
+        .map(|d| region.read(Counter::Device(d)).current)
+        .collect();
+    f.host_pinned_peak = region.read(Counter::HostPinned).lifetime_peak;
+    f.oom_failures = region.last_oom().map_or(0, |o| o.events);
+    let nc = region.not_counted();
+    f.not_counted_calls = nc.calls;
+    f.not_counted_bytes = nc.bytes;
+}
+
+/// `gpu_exact` in the JSON document.
+#[derive(Debug, Serialize)]
+pub(crate) struct GpuExactReport {
+    pub(crate) library: String,
+    pub(crate) peak_fidelity: &'static str,
+    pub(crate) devices: Vec<ExactDeviceReport>,
+    pub(crate) host_pinned_tree_peak_bytes: u64,
+    pub(crate) processes: Vec<ExactProcessReport>,
+}
+
+/// One device's exact figures for the tree.
+#[derive(Debug, Serialize)]
+pub(crate) struct ExactDeviceReport {
+    pub(crate) index: u32,
+    pub(crate) tree_peak_bytes: u64,
+    pub(crate) tree_end_bytes: u64,
+    /// The largest single-process peak on this device, and whose.
+    pub(crate) max_process_peak_bytes: u64,
+    pub(crate) max_process_pid: Option<u32>,
+}
+
+/// One process's exact figures.
+#[derive(Debug, Serialize)]
+pub(crate) struct ExactProcessReport {
+    pub(crate) pid: u32,
+    pub(crate) exited: bool,
+    pub(crate) peak_bytes: Vec<u64>,
+    pub(crate) end_bytes: Vec<u64>,
+    pub(crate) host_pinned_peak_bytes: u64,
+    pub(crate) oom_failures: u64,
+    pub(crate) not_counted_calls: u64,
+    pub(crate) not_counted_bytes: u64,
+}
+
+impl GpuExactReport {
+    /// The JSON part of `rec`, with every per-device array `devices` long.
+    pub(crate) fn new(rec: &ExactRecord) -> GpuExactReport {
+        let n = rec
+            .processes
+            .iter()
+            .map(|p| p.peak.len())
+            .chain([rec.tree_peak.len()])
+            .max()
+            .unwrap_or(0);
+        let pad = |v: &[u64]| {
+            let mut v = v.to_vec();
+            v.resize(n, 0);
+            v
+        };
+        let devices = (0..n)
+            .map(|d| {
+                let top = rec
+                    .processes
+                    .iter()
+                    .filter_map(|p| Some((p.peak.get(d).copied()?, p.pid)))
+                    .filter(|(b, _)| *b > 0)
+                    .max_by_key(|(b, pid)| (*b, std::cmp::Reverse(*pid)));
+                ExactDeviceReport {
+                    index: d as u32,
+                    tree_peak_bytes: rec.tree_peak.get(d).copied().unwrap_or(0),
+                    tree_end_bytes: rec.tree_end.get(d).copied().unwrap_or(0),
+                    max_process_peak_bytes: top.map_or(0, |t| t.0),
+                    max_process_pid: top.map(|t| t.1),
+                }
+            })
+            .collect();
+        GpuExactReport {
+            library: rec.library.clone(),
+            peak_fidelity: "exact",
+            devices,
+            host_pinned_tree_peak_bytes: rec.tree_host_pinned_peak,
+            processes: rec
+                .processes
+                .iter()
+                .map(|p| ExactProcessReport {
+                    pid: p.pid,
+                    exited: p.exited,
+                    peak_bytes: pad(&p.peak),
+                    end_bytes: pad(&p.end),
+                    host_pinned_peak_bytes: p.host_pinned_peak,
+                    oom_failures: p.oom_failures,
+                    not_counted_calls: p.not_counted_calls,
+                    not_counted_bytes: p.not_counted_bytes,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_pads_every_process_to_the_devices_seen() {
+        let rec = ExactRecord {
+            library: "/x/libmemprobe_interpose.so".into(),
+            tree_peak: vec![10, 0, 7],
+            tree_end: vec![0, 0, 7],
+            tree_host_pinned_peak: 3,
+            processes: vec![
+                ExactProcess {
+                    pid: 5,
+                    exited: true,
+                    peak: vec![6],
+                    end: vec![0],
+                    ..ExactProcess::default()
+                },
+                ExactProcess {
+                    pid: 9,
+                    peak: vec![6, 0, 7],
+                    end: vec![0, 0, 7],
+                    ..ExactProcess::default()
+                },
+            ],
+        };
+        let r = GpuExactReport::new(&rec);
+        assert_eq!(r.devices.len(), 3);
+        assert_eq!(r.processes[0].peak_bytes, vec![6, 0, 0]);
+        assert_eq!(r.devices[0].tree_peak_bytes, 10);
+        // A tie goes to the lower pid.
+        assert_eq!(r.devices[0].max_process_pid, Some(5));
+        assert_eq!(r.devices[1].max_process_pid, None);
+        assert_eq!(r.devices[2].max_process_pid, Some(9));
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("memprobe-cli-find-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("bin")).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_library_is_searched_beside_the_binary_then_named_then_in_lib() {
+        let d = scratch("order");
+        let bin = d.join("bin");
+        // Nothing anywhere: every place is named.
+        let e = find_library_in(Some(&bin), None).unwrap_err();
+        assert!(
+            e.contains(&bin.join(LIBRARY_NAME).display().to_string()),
+            "{e}"
+        );
+        assert!(e.contains(&format!("{LIBRARY_ENV} (not set)")), "{e}");
+        assert!(
+            e.contains(&d.join("lib").join(LIBRARY_NAME).display().to_string()),
+            "{e}"
+        );
+        let e = find_library_in(Some(&bin), Some("/nonexistent/x.so".into())).unwrap_err();
+        assert!(
+            e.contains(&format!("/nonexistent/x.so ({LIBRARY_ENV})")),
+            "{e}"
+        );
+        // The install prefix's lib/.
+        std::fs::create_dir_all(d.join("lib")).unwrap();
+        std::fs::write(d.join("lib").join(LIBRARY_NAME), b"").unwrap();
+        let found = find_library_in(Some(&bin), None).unwrap();
+        assert!(found.ends_with(format!("lib/{LIBRARY_NAME}")), "{found:?}");
+        // A named one comes before it.
+        let named = d.join("named.so");
+        std::fs::write(&named, b"").unwrap();
+        let found = find_library_in(Some(&bin), Some(named.clone().into())).unwrap();
+        assert_eq!(found, named.canonicalize().unwrap());
+        // Beside the binary comes first.
+        std::fs::write(bin.join(LIBRARY_NAME), b"").unwrap();
+        let found = find_library_in(Some(&bin), Some(named.into())).unwrap();
+        assert!(found.ends_with(format!("bin/{LIBRARY_NAME}")), "{found:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_path_ld_preload_cannot_carry_is_refused() {
+        let d = scratch("space");
+        let odd = d.join("with space.so");
+        std::fs::write(&odd, b"").unwrap();
+        let e = find_library_in(None, Some(odd.into())).unwrap_err();
+        assert!(e.contains("space or a colon"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
