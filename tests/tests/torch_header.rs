@@ -2,9 +2,13 @@
 //! wheel: it compiles as C++20 with strict warnings, links libc10_cuda /
 //! libc10 and libmemprobe, and runs what runs without a GPU (clear
 //! refusals for real devices; exact peaks over c10's own DeviceStats,
-//! scripted). Skipped when torch is not importable, except under CI=true,
-//! where torch is installed for the framework tests and a missing torch is
-//! a failure.
+//! scripted). c10/cuda's headers include the CUDA runtime's: the test
+//! finds them in the nvidia-* wheels torch installs (crt/host_defines.h
+//! comes with nvidia-cuda-nvcc-cu12), CUDA_HOME, /usr/local/cuda, or
+//! MEMPROBE_CUDA_INCLUDE. A CPU-only torch build is compiled against, not
+//! linked. Skipped when torch or those headers are missing, except under
+//! CI=true, where torch is installed for the framework tests and anything
+//! missing is a failure.
 
 use memprobe_tests::{assert_ok, lib_dir, root, run, scratch};
 use std::path::PathBuf;
