@@ -147,9 +147,9 @@ fn windows_over_the_exact_source_catch_every_spike() {
     let other = memprobe_gpu::gpu_exact_source(0).unwrap();
     let base = alloc(a, 4 * MIB);
     assert_eq!(src.read().unwrap().used, 4 * MIB);
-    let epoch = Window::open(&[src.clone()]).unwrap();
-    let mut step = Window::open(&[src.clone()]).unwrap();
-    let untouched = Window::open(&[other.clone()]).unwrap();
+    let epoch = Window::open(std::slice::from_ref(&src)).unwrap();
+    let mut step = Window::open(std::slice::from_ref(&src)).unwrap();
+    let untouched = Window::open(std::slice::from_ref(&other)).unwrap();
     for i in 1..=300u64 {
         let spike = i * 4096;
         let p = alloc(a, spike);
