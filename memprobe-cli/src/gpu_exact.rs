@@ -157,6 +157,7 @@ impl Injection {
             tree: Arc::clone(&self.tree),
             tree_mark: mark,
             watched: BTreeMap::new(),
+            ended: Vec::new(),
             record: ExactRecord {
                 library: self.library.display().to_string(),
                 ..ExactRecord::default()
@@ -205,9 +206,9 @@ pub(crate) struct ExactRecord {
 }
 
 struct Watched {
-    region: Option<Arc<Region>>,
+    region: Arc<Region>,
     /// Held while the region is read: keeps it from being reclaimed.
-    mark: Option<Mark>,
+    _mark: Option<Mark>,
     path: PathBuf,
     figures: ExactProcess,
 }
@@ -231,6 +232,8 @@ pub(crate) struct Watcher {
     tree: Arc<Region>,
     tree_mark: Mark,
     watched: BTreeMap<u32, Watched>,
+    /// Processes that ended, their final figures.
+    ended: Vec<ExactProcess>,
     record: ExactRecord,
 }
 
@@ -241,33 +244,44 @@ impl Watcher {
     pub(crate) fn tick(&mut self) -> Vec<u64> {
         if let Ok(list) = interpose::processes(&self.dir) {
             for e in list {
-                self.watched.entry(e.pid).or_insert_with(|| {
-                    let region = Region::open_path(&e.path).ok();
-                    let mark = region.as_ref().and_then(|r| r.mark().ok());
+                if self.watched.contains_key(&e.pid) {
+                    continue;
+                }
+                // A region still being set up (no magic yet) is opened at
+                // a later tick. The file of an ended process is removed
+                // below, so a pid seen again is a new process.
+                let Ok(region) = Region::open_path(&e.path) else {
+                    continue;
+                };
+                let mark = region.mark().ok();
+                self.watched.insert(
+                    e.pid,
                     Watched {
                         region,
-                        mark,
+                        _mark: mark,
                         path: e.path,
                         figures: ExactProcess {
                             pid: e.pid,
                             ..ExactProcess::default()
                         },
-                    }
-                });
+                    },
+                );
             }
         }
-        for w in self.watched.values_mut() {
-            let Some(region) = w.region.clone() else {
-                continue;
-            };
-            read_figures(&region, &mut w.figures);
-            if !region.alive() {
+        let mut gone = Vec::new();
+        for (&pid, w) in &mut self.watched {
+            read_figures(&w.region, &mut w.figures);
+            if !w.region.alive() {
                 // What it still held went with it.
-                tree::settle(self.tree.layout(), region.layout());
+                tree::settle(self.tree.layout(), w.region.layout());
                 w.figures.exited = true;
-                w.mark = None;
-                w.region = None;
+                gone.push(pid);
+            }
+        }
+        for pid in gone {
+            if let Some(w) = self.watched.remove(&pid) {
                 let _ = std::fs::remove_file(&w.path);
+                self.ended.push(w.figures);
             }
         }
         let n = devices_of(&self.tree);
@@ -287,10 +301,14 @@ impl Watcher {
             .map(|d| t(Counter::Device(d)).current)
             .collect();
         self.record.tree_host_pinned_peak = t(Counter::HostPinned).lifetime_peak;
-        self.record.processes = std::mem::take(&mut self.watched)
-            .into_values()
-            .map(|w| w.figures)
-            .collect();
+        let mut all = std::mem::take(&mut self.ended);
+        all.extend(
+            std::mem::take(&mut self.watched)
+                .into_values()
+                .map(|w| w.figures),
+        );
+        all.sort_by_key(|p| p.pid);
+        self.record.processes = all;
         self.record
     }
 }

@@ -8,7 +8,8 @@
 //! with high-water marks that belong to one reader each ([`Mark`]: claiming,
 //! resetting or dropping one never disturbs another reader's), and finds and
 //! reclaims the regions of processes that ended ([`processes`],
-//! [`reclaim_dead`]).
+//! [`reclaim_dead`]). A run's directory may also hold a counter of the whole
+//! process tree, the exact peak of the processes' sum ([`tree`]).
 //!
 //! ```no_run
 //! use memprobe_interpose::{Counter, Region};

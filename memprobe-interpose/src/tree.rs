@@ -118,4 +118,32 @@ mod tests {
         assert!(crate::processes(&dir).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn in_a_tree_directory_ended_processes_are_settled_not_removed() {
+        let dir =
+            std::env::temp_dir().join(format!("memprobe-tree-reclaim-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tree = Region::create_tree(&dir).unwrap();
+        // The region of a process that no longer exists (beyond pid_max),
+        // which ended holding 100 bytes.
+        let pid = 0x7fff_fff0u32;
+        let path = crate::region_path(&dir, pid);
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(LAYOUT_SIZE as u64).unwrap();
+        drop(f);
+        let ended = Region::map_unchecked(&path).unwrap();
+        ended.layout().init(pid, 1, FLAG_COUNTING | FLAG_SHARED);
+        ended.layout().add(0, 100);
+        tree.layout().add(0, 100);
+        tree.layout().add(0, 40); // a live process's
+        assert_eq!(crate::reclaim_dead(&dir).unwrap(), 0);
+        assert!(path.exists(), "kept for the run's reader");
+        assert_eq!(tree.current(crate::Counter::Device(0)), 40);
+        // Once only.
+        assert_eq!(crate::reclaim_dead(&dir).unwrap(), 0);
+        assert!(!settle(tree.layout(), ended.layout()));
+        assert_eq!(tree.current(crate::Counter::Device(0)), 40);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

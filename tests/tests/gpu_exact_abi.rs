@@ -1,13 +1,13 @@
 //! memprobe_source_new_gpu_exact from C (tests/c/test_gpu_exact.c): under
 //! the driver-API interposer (LD_PRELOAD) with the fake driver of
 //! tests/fake-gpu/fake_cuda.c, with counting switched off, and without the
-//! interposer; plainly and under valgrind.
+//! interposer; plainly, under AddressSanitizer + UBSan and under valgrind.
 //!
-//! No AddressSanitizer run: ASan's runtime must come first in the initial
-//! library list, and an LD_PRELOAD'ed interposer is loaded before the
-//! program's own libraries, so ASan refuses to start ("ASan runtime does not
-//! come first"); preloading libasan ahead of it would make a different
-//! program from the one users run. valgrind checks the same memory accesses.
+//! ASan wants its runtime first in the initial library list and refuses to
+//! start behind an LD_PRELOAD'ed library ("ASan runtime does not come
+//! first"); the interposer replaces no allocator or libc function ASan
+//! intercepts (only `dlsym` and the driver's `cu*` names), so the ASan runs
+//! set `verify_asan_link_order=0` and run the same program users run.
 
 use memprobe_tests::{assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch, Build};
 use std::path::PathBuf;
@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 struct Staged {
     program: PathBuf,
+    asan: PathBuf,
     interposer: PathBuf,
     driver_dir: PathBuf,
     dir: PathBuf,
@@ -28,12 +29,10 @@ fn staged() -> &'static Staged {
     S.get_or_init(|| {
         let dir = scratch("gpu_exact_abi");
         let program = dir.join("test_gpu_exact");
-        compile(
-            &[root().join("tests/c/test_gpu_exact.c")],
-            &program,
-            Build::Plain,
-            &["-ldl"],
-        );
+        let src = [root().join("tests/c/test_gpu_exact.c")];
+        compile(&src, &program, Build::Plain, &["-ldl"]);
+        let asan = dir.join("test_gpu_exact-asan");
+        compile(&src, &asan, Build::Sanitized, &["-ldl"]);
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let st = Command::new(cargo)
             .args(["build", "-q", "-p", "memprobe-interpose-preload"])
@@ -73,6 +72,7 @@ fn staged() -> &'static Staged {
         assert_ok("compiling the fake driver", &o);
         Staged {
             program,
+            asan,
             interposer,
             driver_dir,
             dir,
@@ -101,7 +101,14 @@ fn env(s: &Staged, mode: &str, interposed: bool) -> Vec<(String, String)> {
     v
 }
 
-fn run_mode(mode: &str, interposed: bool, valgrind: bool) -> Output {
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    Plain,
+    Asan,
+    Valgrind,
+}
+
+fn run_mode(mode: &str, interposed: bool, how: How) -> Output {
     let s = staged();
     let owned = env(s, mode, interposed);
     let pairs: Vec<(&str, &str)> = owned
@@ -116,20 +123,34 @@ fn run_mode(mode: &str, interposed: bool, valgrind: bool) -> Output {
     if mode != "off" {
         all.push(("MEMPROBE_GPU_EXACT", ""));
     }
-    if valgrind {
-        run_valgrind(&s.program, &[mode], &all)
-    } else {
-        run(&s.program, &[mode], &all)
+    match how {
+        How::Plain => run(&s.program, &[mode], &all),
+        How::Asan => {
+            all.push((
+                "ASAN_OPTIONS",
+                "verify_asan_link_order=0:detect_leaks=1:abort_on_error=0",
+            ));
+            run(&s.asan, &[mode], &all)
+        }
+        How::Valgrind => run_valgrind(&s.program, &[mode], &all),
     }
 }
 
 fn check(mode: &str, interposed: bool) {
-    let o = run_mode(mode, interposed, false);
-    assert_ok(&format!("test_gpu_exact {mode}"), &o);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains(" 0 failed"), "{out}");
+    for how in [How::Plain, How::Asan] {
+        let o = run_mode(mode, interposed, how);
+        assert_ok(
+            &format!(
+                "test_gpu_exact {mode} ({})",
+                if how == How::Asan { "ASan" } else { "plain" }
+            ),
+            &o,
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains(" 0 failed"), "{out}");
+    }
     if have_valgrind() {
-        let o = run_mode(mode, interposed, true);
+        let o = run_mode(mode, interposed, How::Valgrind);
         assert_ok(&format!("test_gpu_exact {mode} under valgrind"), &o);
     } else {
         eprintln!("valgrind not installed: skipped the valgrind run of {mode}");
@@ -139,7 +160,7 @@ fn check(mode: &str, interposed: bool) {
 #[test]
 fn spikes_are_exact_peaks_of_nested_and_sibling_windows_under_the_interposer() {
     check("interposed", true);
-    let o = run_mode("interposed", true, false);
+    let o = run_mode("interposed", true, How::Plain);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains("caught inner 200/200 outer 200/200 sibling 200/200"),
