@@ -110,7 +110,7 @@ TEST_PREFIX := $(abspath $(BUILD))/test-prefix
 # CMake package under PREFIX (default /usr/local; DESTDIR stages for packagers):
 #   make install PREFIX=$HOME/.local
 # bin/memprobe, lib/libmemprobe.so.X.Y.Z, its SONAME link, libmemprobe.so,
-# libmemprobe.a, include/memprobe.h (and memprobe.hpp), lib/pkgconfig/memprobe.pc,
+# libmemprobe.a, include/memprobe.h (and memprobe.hpp, memprobe_torch.hpp), lib/pkgconfig/memprobe.pc,
 # lib/cmake/memprobe/memprobeConfig.cmake + memprobeConfigVersion.cmake.
 # The version comes from Cargo.toml (cargo pkgid), the SONAME from the library.
 PREFIX ?= /usr/local
@@ -144,6 +144,7 @@ install: lib
 	install -m 644 $(RELEASE)/libmemprobe.a "$$lib/libmemprobe.a"; \
 	install -m 644 include/memprobe.h "$$inc/memprobe.h"; \
 	if [ -f include/memprobe.hpp ]; then install -m 644 include/memprobe.hpp "$$inc/memprobe.hpp"; fi; \
+	install -m 644 include/memprobe_torch.hpp "$$inc/memprobe_torch.hpp"; \
 	sed "$$subst" packaging/memprobe.pc.in > "$$lib/pkgconfig/memprobe.pc"; \
 	sed "$$subst" packaging/memprobeConfig.cmake.in > "$$lib/cmake/memprobe/memprobeConfig.cmake"; \
 	sed "$$subst" packaging/memprobeConfigVersion.cmake.in > "$$lib/cmake/memprobe/memprobeConfigVersion.cmake"; \
