@@ -209,6 +209,11 @@ public:
     static Source gpu_device(std::uint32_t id) { return make_id(memprobe_source_new_gpu_device, id); }
     /** This process's memory on GPU `id` (sampled). */
     static Source gpu_process(std::uint32_t id) { return make_id(memprobe_source_new_gpu_process, id); }
+    /** Exact device memory on CUDA device `device` as this process numbers
+     *  it, counted by the driver-API interposer (libmemprobe_interpose.so,
+     *  loaded by `memprobe run --gpu-exact` or LD_PRELOAD). UNAVAILABLE when
+     *  it is not loaded or counting is off, INVALID_ID for a device >= 64. */
+    static Source gpu_exact(std::uint32_t device) { return make_id(memprobe_source_new_gpu_exact, device); }
     /** A custom source read by calling `read()` (bytes in use; sampled:
      *  the monitor thread may call it while a window is open over it, so it
      *  must be thread-safe). An exception fails that reading. */

@@ -281,6 +281,21 @@ int main() {
             threw = e.status() == MEMPROBE_STATUS_UNAVAILABLE;
         }
         CHECK(threw);
+        // No interposer is loaded here: the exact GPU source says so.
+        threw = false;
+        try {
+            Source::gpu_exact(0);
+        } catch (const Error &e) {
+            threw = e.status() == MEMPROBE_STATUS_UNAVAILABLE;
+        }
+        CHECK(threw);
+        threw = false;
+        try {
+            Source::gpu_exact(64);
+        } catch (const Error &e) {
+            threw = e.status() == MEMPROBE_STATUS_INVALID_ID;
+        }
+        CHECK(threw);
         Window w(SourceList{cb});
         value = 6 * MIB;
         CHECK(cb.read().used == 6 * MIB);
