@@ -37,14 +37,13 @@ impl Sample {
 
 /// How trustworthy the peak of a source is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
 pub enum PeakFidelity {
     /// The kernel (or driver) keeps a high-water mark: no spike is missed.
-    Exact = 0,
+    Exact,
     /// The caller reports every change: as exact as the caller's pushes.
-    Pushed = 1,
+    Pushed,
     /// Polled at an interval: spikes shorter than the interval can be missed.
-    Sampled = 2,
+    Sampled,
 }
 
 impl PeakFidelity {
@@ -59,31 +58,31 @@ impl PeakFidelity {
 }
 
 /// What a source measures.
+// No `#[repr]` or discriminants here: the C numbering lives in memprobe-ffi,
+// which maps each variant explicitly (a new variant fails to compile there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-#[non_exhaustive]
 pub enum SourceKind {
     /// This process's resident set.
-    Process = 0,
+    Process,
     /// This process and all its descendants (e.g. DataLoader workers).
-    ProcessTree = 1,
+    ProcessTree,
     /// The machine's RAM (`used` = total - available).
-    SystemRam = 2,
+    SystemRam,
     /// The container's memory cgroup.
-    Cgroup = 3,
+    Cgroup,
     /// A whole GPU device.
-    GpuDevice = 4,
+    GpuDevice,
     /// This process's memory on one GPU.
-    GpuProcess = 5,
+    GpuProcess,
     /// A source defined by the caller (callback or pushed values).
-    Custom = 6,
+    Custom,
     /// This process's proportional set size (PSS, from smaps_rollup).
-    ProcessPss = 7,
+    ProcessPss,
     /// This process's unique set size (USS, from smaps_rollup).
-    ProcessUss = 8,
+    ProcessUss,
     /// This process's device memory on one GPU (or its pinned host memory)
     /// as counted by the driver-API interposer at every allocation and free.
-    GpuExact = 9,
+    GpuExact,
 }
 
 impl SourceKind {

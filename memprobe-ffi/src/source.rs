@@ -136,11 +136,21 @@ pub struct memprobe_source_info {
     pub name: [c_char; 72],
 }
 
-// SourceKind still carries its C value as a `#[repr(u32)]` discriminant in
-// memprobe-core (sample.rs) and is `#[non_exhaustive]`, so no exhaustive
-// match is possible from here; a test checks every value against the enum.
+/// The C value of a source kind (the numbering is this crate's).
 pub(crate) fn kind_code(k: SourceKind) -> u32 {
-    k as u32
+    let c = match k {
+        SourceKind::Process => memprobe_source_kind::Process,
+        SourceKind::ProcessTree => memprobe_source_kind::ProcessTree,
+        SourceKind::SystemRam => memprobe_source_kind::SystemRam,
+        SourceKind::Cgroup => memprobe_source_kind::Cgroup,
+        SourceKind::GpuDevice => memprobe_source_kind::GpuDevice,
+        SourceKind::GpuProcess => memprobe_source_kind::GpuProcess,
+        SourceKind::Custom => memprobe_source_kind::Custom,
+        SourceKind::ProcessPss => memprobe_source_kind::ProcessPss,
+        SourceKind::ProcessUss => memprobe_source_kind::ProcessUss,
+        SourceKind::GpuExact => memprobe_source_kind::GpuExact,
+    };
+    c as u32
 }
 
 /// The C value of a peak fidelity (the numbering is this crate's).
@@ -410,20 +420,32 @@ mod tests {
         ] {
             assert_eq!(fidelity_code(f), promised(f));
         }
-        // SourceKind is #[non_exhaustive] in the core: the known kinds only.
-        for (k, c) in [
-            (SourceKind::Process, memprobe_source_kind::Process),
-            (SourceKind::ProcessTree, memprobe_source_kind::ProcessTree),
-            (SourceKind::SystemRam, memprobe_source_kind::SystemRam),
-            (SourceKind::Cgroup, memprobe_source_kind::Cgroup),
-            (SourceKind::GpuDevice, memprobe_source_kind::GpuDevice),
-            (SourceKind::GpuProcess, memprobe_source_kind::GpuProcess),
-            (SourceKind::Custom, memprobe_source_kind::Custom),
-            (SourceKind::ProcessPss, memprobe_source_kind::ProcessPss),
-            (SourceKind::ProcessUss, memprobe_source_kind::ProcessUss),
-            (SourceKind::GpuExact, memprobe_source_kind::GpuExact),
+        // Exhaustive too: the values the header promises (memprobe.h).
+        let promised = |k: SourceKind| match k {
+            SourceKind::Process => 0,
+            SourceKind::ProcessTree => 1,
+            SourceKind::SystemRam => 2,
+            SourceKind::Cgroup => 3,
+            SourceKind::GpuDevice => 4,
+            SourceKind::GpuProcess => 5,
+            SourceKind::Custom => 6,
+            SourceKind::ProcessPss => 7,
+            SourceKind::ProcessUss => 8,
+            SourceKind::GpuExact => 9,
+        };
+        for k in [
+            SourceKind::Process,
+            SourceKind::ProcessTree,
+            SourceKind::SystemRam,
+            SourceKind::Cgroup,
+            SourceKind::GpuDevice,
+            SourceKind::GpuProcess,
+            SourceKind::Custom,
+            SourceKind::ProcessPss,
+            SourceKind::ProcessUss,
+            SourceKind::GpuExact,
         ] {
-            assert_eq!(kind_code(k), c as u32, "{k:?}");
+            assert_eq!(kind_code(k), promised(k), "{k:?}");
         }
     }
 }
