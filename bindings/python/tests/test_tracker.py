@@ -208,8 +208,15 @@ def test_oom_retry(alloc):
         assert report.freed == (90 * MiB,) and report.freed_bytes == 90 * MiB
 
         attempts.clear()
+        # Still out of memory after every retry: the library returns
+        # MEMPROBE_STATUS_OUT_OF_MEMORY with the report written; the binding
+        # returns that report instead of raising.
+        released.clear()
         report = t.run_oom_retry(lambda: (_ for _ in ()).throw(MemoryError()), max_retries=1)
-        assert not report.succeeded and report.retries == 1
+        assert not report.succeeded and report.retries == 1 and report.result is None
+        assert len(released) == 1
+        assert memprobe.Status.OUT_OF_MEMORY == 15
+        assert isinstance(memprobe.errors.error_for(15, "x"), memprobe.OutOfMemoryError)
 
         with pytest.raises(KeyError):
             t.run_oom_retry(lambda: {}["missing"])
