@@ -296,3 +296,41 @@ def test_avalanche_max_gpu_before_cuda_is_initialised():
     with pytest.raises(ValueError):
         MaxGPU(0, stat="used")
     assert "torch" not in sys.modules or not sys.modules["torch"].cuda.is_initialized()
+
+
+class FakeJaxDevice:
+    def __init__(self, id: int, platform: str = "gpu"):
+        self.id, self.platform = id, platform
+        self.in_use = 0
+
+    def memory_stats(self):
+        if self.platform == "cpu":
+            return None
+        return {"bytes_in_use": self.in_use, "peak_bytes_in_use": self.in_use, "bytes_limit": 1 << 34}
+
+
+def test_jax_sources_are_sampled_over_bytes_in_use(monkeypatch):
+    import types
+
+    from memprobe.integrations.jax import jax_sources
+
+    devs = [FakeJaxDevice(0), FakeJaxDevice(1)]
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(local_devices=lambda: devs))
+    srcs = jax_sources()
+    assert names(srcs) == ["jax:gpu0", "jax:gpu1"]
+    devs[1].in_use = 5 * MiB
+    assert srcs[1].read().used == 5 * MiB
+    with Window(srcs[1]) as w:
+        assert w.measure().fidelity is Fidelity.SAMPLED
+    with pytest.raises(ValueError, match="no memory statistics"):
+        jax_sources([FakeJaxDevice(0, "cpu")])
+    for s in srcs:
+        s.close()
+
+
+def test_jax_missing_is_a_clear_import_error(monkeypatch):
+    from memprobe.integrations.jax import jax_sources
+
+    monkeypatch.setitem(sys.modules, "jax", None)
+    with pytest.raises(ImportError, match="pip install jax"):
+        jax_sources()

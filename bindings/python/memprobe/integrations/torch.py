@@ -240,10 +240,11 @@ def allocator_sources(
     sources: List[Source] = []
     with _LOCK:
         for d in devices:
-            entry = _shared(
-                ("cuda", d),
-                lambda d=d: _Shared(_DeviceMarks(cuda, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS]),
-            )
+
+            def make(d: int = d) -> _Shared:
+                return _Shared(_DeviceMarks(cuda, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
+
+            entry = _shared(("cuda", d), make)
             for index in range(2 if reserved else 1):
                 sources.append(entry.source(index))
     return AllocatorSources(sources)
