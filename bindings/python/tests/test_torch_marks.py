@@ -205,6 +205,7 @@ def test_lightning_callback_reports_exact_gpu_peaks_per_step_and_epoch(cuda, tmp
     require_module("lightning", "lightning")
     import lightning.pytorch as pl
     import torch
+    from lightning.pytorch.loggers import CSVLogger
 
     from memprobe.integrations.lightning import MemprobeCallback
 
@@ -235,7 +236,8 @@ def test_lightning_callback_reports_exact_gpu_peaks_per_step_and_epoch(cuda, tmp
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        logger=False,
+        logger=CSVLogger(tmp_path, name="run"),
+        log_every_n_steps=1,
         accelerator="cpu",
     )
     trainer.fit(Model(), data)
@@ -246,7 +248,10 @@ def test_lightning_callback_reports_exact_gpu_peaks_per_step_and_epoch(cuda, tmp
     assert [d[1].peak for d in epochs] == [700 * MiB, 120 * MiB]
     # reserved: the cache keeps the 700 MiB it reserved in the first epoch
     assert [d[2].peak for d in epochs] == [700 * MiB, 700 * MiB]
-    assert trainer.callback_metrics["memprobe/torch_alloc:0/epoch_peak"] == 120
+    assert trainer.callback_metrics["memprobe/torch_alloc_0/epoch_peak"] == 120
+    (metrics_csv,) = list(tmp_path.glob("run/*/metrics.csv"))
+    header = metrics_csv.read_text().splitlines()[0]
+    assert "memprobe/torch_alloc_0/step_peak" in header and "memprobe/torch_reserved_1/epoch_peak" in header
     assert len([d for phase, _, d in off.history if phase == "step"][0]) == 1  # rss only
 
 

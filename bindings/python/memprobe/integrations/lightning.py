@@ -11,7 +11,8 @@ every visible device (``torch_alloc:N``, ``torch_reserved:N``: see
 exact; ``MemprobeCallback(torch_sources=False)`` leaves them out, and
 ``sources=[...]`` chooses them explicitly.
 
-Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc:0``, ...):
+Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
+(the source ``torch_alloc:0``: characters metric stores refuse become ``_``), ...):
 
 - ``memprobe/<source>/step_peak``, ``..._delta_used``, ``..._delta_peaked``
   (the step just ended) and ``memprobe/<source>/steps_peak`` (the highest
