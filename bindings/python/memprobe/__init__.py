@@ -30,6 +30,7 @@ from ._ffi import version as library_version
 from ._loader import LibraryNotFoundError
 from ._version import ABI, __version__
 from .exporter import Exporter
+from .marks import MarkGroup
 from .errors import (
     BufferTooSmallError,
     GpuLostError,
@@ -40,6 +41,7 @@ from .errors import (
     IoError,
     MemprobeError,
     NullPointerError,
+    OutOfMemoryError,
     PanicError,
     ParseError,
     PermissionDeniedError,
@@ -95,11 +97,13 @@ __all__ = [
     "IoError",
     "LeakStatus",
     "LibraryNotFoundError",
+    "MarkGroup",
     "MemprobeError",
     "MiB",
     "MonitorStats",
     "NullPointerError",
     "OomReport",
+    "OutOfMemoryError",
     "PanicError",
     "ParseError",
     "PermissionDeniedError",

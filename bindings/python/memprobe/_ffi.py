@@ -165,6 +165,10 @@ memprobe_step_fn = CFUNCTYPE(c_int32, c_void_p)
 memprobe_read_fn = CFUNCTYPE(c_int32, c_void_p, POINTER(c_uint64))
 #: void (*)(const char *line, void *user_data)
 memprobe_line_fn = CFUNCTYPE(None, c_char_p, c_void_p)
+#: int32_t (*)(void *user_data, size_t index, uint64_t *out_bytes)
+memprobe_mark_read_fn = CFUNCTYPE(c_int32, c_void_p, c_size_t, POINTER(c_uint64))
+#: int32_t (*)(void *user_data)
+memprobe_mark_reset_fn = CFUNCTYPE(c_int32, c_void_p)
 
 P = POINTER
 PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
@@ -172,6 +176,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_version": (c_char_p, []),
     "memprobe_soname": (c_char_p, []),
     "memprobe_b2mb": (c_uint64, [c_uint64]),
+    "memprobe_b2mb_signed": (c_int64, [c_int64]),
     "memprobe_debug_live_handles": (
         status_t,
         [P(c_uint64), P(c_uint64), P(c_uint64), P(c_uint64)],
@@ -203,6 +208,14 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     ),
     "memprobe_source_new_gpu_device": (status_t, [c_uint32, P(handle_t)]),
     "memprobe_source_new_gpu_process": (status_t, [c_uint32, P(handle_t)]),
+    "memprobe_source_new_gpu_exact": (status_t, [c_uint32, P(handle_t)]),
+    # marks kept by the caller (memprobe.marks)
+    "memprobe_mark_group_new": (
+        status_t,
+        [memprobe_mark_read_fn, memprobe_mark_read_fn, memprobe_mark_reset_fn, c_void_p, P(handle_t)],
+    ),
+    "memprobe_mark_group_free": (status_t, [handle_t]),
+    "memprobe_source_new_mark": (status_t, [handle_t, c_size_t, c_char_p, P(handle_t)]),
     # GPUs
     "memprobe_gpu_configure": (status_t, [c_uint32, c_char_p, c_char_p]),
     "memprobe_gpu_get_backend": (status_t, [P(c_uint32)]),

@@ -34,6 +34,7 @@ class Status(enum.IntEnum):
     BUFFER_TOO_SMALL = 12
     PANIC = 13
     INTERNAL = 14
+    OUT_OF_MEMORY = 15
 
 
 class MemprobeError(Exception):
@@ -110,6 +111,12 @@ class InternalError(MemprobeError):
     """An internal invariant broke (a bug: please report it)."""
 
 
+class OutOfMemoryError(MemprobeError, MemoryError):
+    """A step still ran out of memory after every retry
+    (``memprobe_tracker_run_oom_retry``; :meth:`~memprobe.Tracker.run_oom_retry`
+    returns its report instead of raising this)."""
+
+
 ERRORS: Dict[int, Type[MemprobeError]] = {
     Status.NULL_POINTER: NullPointerError,
     Status.INVALID_ARGUMENT: InvalidArgumentError,
@@ -125,6 +132,7 @@ ERRORS: Dict[int, Type[MemprobeError]] = {
     Status.BUFFER_TOO_SMALL: BufferTooSmallError,
     Status.PANIC: PanicError,
     Status.INTERNAL: InternalError,
+    Status.OUT_OF_MEMORY: OutOfMemoryError,
 }
 
 

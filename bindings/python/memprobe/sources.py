@@ -6,7 +6,7 @@ import atexit
 import enum
 from ctypes import byref, c_size_t, c_uint32, create_string_buffer
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 from . import _ffi
 from ._ffi import C, check
@@ -27,6 +27,8 @@ class SourceKind(enum.IntEnum):
     CUSTOM = 6
     PROCESS_PSS = 7
     PROCESS_USS = 8
+    #: This process's memory on one GPU, counted by the driver-API interposer.
+    GPU_EXACT = 9
 
 
 class Fidelity(enum.IntEnum):
@@ -215,6 +217,19 @@ class Source(Owned):
         the driver's process list; sampled."""
         return cls._new(C.memprobe_source_new_gpu_process, int(id))
 
+    @classmethod
+    def gpu_exact(cls, id: int = 0) -> "Source":
+        """This process's memory on CUDA device ``id`` ("gpu_exact:<id>"),
+        counted by the driver-API interposer ``libmemprobe_interpose.so`` at
+        every allocation and free, whatever allocates (PyTorch, JAX, cuBLAS
+        workspaces, NCCL). Exact: the interposer keeps a high-water mark per
+        source, folded at every window boundary; no polling.
+        :class:`~memprobe.UnavailableError` (with the library's message)
+        when the interposer is not loaded in this process: run the program
+        under ``memprobe run --gpu-exact -- python train.py`` or with
+        ``LD_PRELOAD=libmemprobe_interpose.so``."""
+        return cls._new(C.memprobe_source_new_gpu_exact, int(id))
+
     def last_error(self) -> Optional[MemprobeError]:
         """Why the source's last read failed — by :meth:`read`, a window
         boundary or the monitor thread (e.g. :class:`~memprobe.GpuLostError`
@@ -250,13 +265,7 @@ class Source(Owned):
         return s.used
 
     def _raise_read_error(self, status: int) -> None:
-        try:
-            check(status)
-        except MemprobeError as e:
-            if self._callback_error:
-                cause = self._callback_error.pop()
-                raise e from cause
-            raise
+        check_over(status, (self,))
 
     def push(self, used: int) -> None:
         """Pushes the current value of a pushed source, in bytes."""
@@ -295,6 +304,22 @@ class Source(Owned):
             return f"<memprobe.Source {i.name!r} {i.kind.name.lower()} {i.fidelity.name.lower()}>"
         except MemprobeError:
             return "<memprobe.Source>"
+
+
+def check_over(status: int, sources: Iterable[Source]) -> None:
+    """:func:`check` for a call over ``sources``: a failure caused by an
+    exception in one of their Python callbacks (a callback source, a
+    :class:`~memprobe.MarkGroup`) is raised with that exception as its
+    ``__cause__``."""
+    if status == Status.OK:
+        return
+    try:
+        check(status)
+    except MemprobeError as e:
+        for s in sources:
+            if s._callback_error:
+                raise e from s._callback_error.pop()
+        raise
 
 
 def as_sources(sources) -> List[Source]:

@@ -16,7 +16,7 @@ from . import _ffi
 from ._ffi import C, check
 from ._owned import Owned
 from .errors import BufferTooSmallError, Status
-from .sources import Source, as_sources
+from .sources import Source, as_sources, check_over
 from .units import b2mb
 from .windows import Delta
 
@@ -73,7 +73,7 @@ class Trace(Owned):
         )
         arr, n = _ffi.handles(self._sources)
         h = _ffi.out_handle()
-        check(C.memprobe_trace_new(arr, n, _note(ctx), flags, byref(h)))
+        check_over(C.memprobe_trace_new(arr, n, _note(ctx), flags, byref(h)), self._sources)
         self._handle = h.value
         self._closed = False
         if fd is not None:
@@ -96,16 +96,16 @@ class Trace(Owned):
 
     def start(self) -> None:
         """Starts measuring (:class:`~memprobe.WrongOrderError` if running)."""
-        check(C.memprobe_trace_start(self._handle))
+        check_over(C.memprobe_trace_start(self._handle), self._sources)
 
     def stop(self) -> None:
         """Stops and freezes the data (:class:`~memprobe.WrongOrderError` if
         not running)."""
-        check(C.memprobe_trace_stop(self._handle))
+        check_over(C.memprobe_trace_stop(self._handle), self._sources)
 
     def reset(self) -> None:
         """Restarts the counters of a running trace."""
-        check(C.memprobe_trace_reset(self._handle))
+        check_over(C.memprobe_trace_reset(self._handle), self._sources)
 
     @property
     def running(self) -> bool:
@@ -116,7 +116,7 @@ class Trace(Owned):
     def data(self, index: int = 0) -> Tuple[int, int]:
         """``(delta_used, delta_peaked)`` of source ``index``, in bytes."""
         used, peaked = c_int64(), c_uint64()
-        check(C.memprobe_trace_data(self._handle, index, byref(used), byref(peaked)))
+        check_over(C.memprobe_trace_data(self._handle, index, byref(used), byref(peaked)), self._sources)
         return int(used.value), int(peaked.value)
 
     def data_mb(self, index: int = 0) -> Tuple[int, int]:
@@ -128,7 +128,7 @@ class Trace(Owned):
     def measure(self, index: int = 0) -> Delta:
         """Everything measured for source ``index`` (start, end, peak, deltas)."""
         d = _ffi.memprobe_delta()
-        check(C.memprobe_trace_measure(self._handle, index, byref(d)))
+        check_over(C.memprobe_trace_measure(self._handle, index, byref(d)), self._sources)
         return Delta._from_c(d)
 
     def measures(self) -> List[Delta]:
@@ -138,11 +138,11 @@ class Trace(Owned):
 
     def report(self, note: Optional[str] = None) -> None:
         """Prints ``△Used Peaked MB: <used> <peaked> (<ctx>: <note>)`` unless silent."""
-        check(C.memprobe_trace_report(self._handle, _note(note)))
+        check_over(C.memprobe_trace_report(self._handle, _note(note)), self._sources)
 
     def report_n_reset(self, note: Optional[str] = None) -> None:
         """:meth:`report`, then :meth:`reset` (needs a running trace)."""
-        check(C.memprobe_trace_report_n_reset(self._handle, _note(note)))
+        check_over(C.memprobe_trace_report_n_reset(self._handle, _note(note)), self._sources)
 
     def format(self, note: Optional[str] = None) -> str:
         """The report line for ``note``, without printing it."""

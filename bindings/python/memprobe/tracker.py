@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 from . import _ffi
 from ._ffi import C, check
 from ._owned import Owned
-from .sources import Source, _enum, as_sources
+from .errors import Status
+from .sources import Source, _enum, as_sources, check_over
 from .windows import Delta
 
 
@@ -159,12 +160,24 @@ def default_is_oom(exc: BaseException) -> bool:
 
 
 class Tracker(Owned):
-    """Tracks a training loop's phases over ``sources`` (default: this
-    process's RSS). Close it (or use ``with``) to finish its sinks."""
+    """Tracks a training loop's phases over ``sources``. Default: this
+    process's RSS, plus the exact PyTorch allocator sources of every visible
+    CUDA device (``torch_alloc:N``, ``torch_reserved:N``; see
+    :mod:`memprobe.integrations.torch`) when PyTorch has initialised CUDA
+    and ``torch_sources`` is true. Close it (or use ``with``) to finish its
+    sinks."""
 
     _FREE = "memprobe_tracker_free"
 
-    def __init__(self, sources: Union[Source, Iterable[Source], None] = None):
+    def __init__(
+        self, sources: Union[Source, Iterable[Source], None] = None, *, torch_sources: bool = True
+    ):
+        if sources is None:
+            # Default: RSS, plus PyTorch's allocator per device when CUDA is
+            # initialised (exact GPU peaks; torch is never imported here).
+            from .integrations.torch import default_sources
+
+            sources = default_sources(torch_sources)
         self._sources: Tuple[Source, ...] = tuple(as_sources(sources))
         self._keep: List[Any] = []  # ctypes callbacks that must outlive the tracker
         self._errors: List[BaseException] = []
@@ -172,7 +185,7 @@ class Tracker(Owned):
         self._closed = True
         arr, n = _ffi.handles(self._sources)
         h = _ffi.out_handle()
-        check(C.memprobe_tracker_new(arr, n, byref(h)))
+        check_over(C.memprobe_tracker_new(arr, n, byref(h)), self._sources)
         self._handle = h.value
         self._closed = False
 
@@ -189,7 +202,7 @@ class Tracker(Owned):
         streams (else :class:`~memprobe.WrongOrderError`); custom phases
         nest anywhere."""
         k, n = _kind(kind, name)
-        check(C.memprobe_tracker_begin(self._handle, k, n))
+        check_over(C.memprobe_tracker_begin(self._handle, k, n), self._sources)
 
     def _ending(self, fn, kind: Kind, name: Optional[str]) -> PhaseRecord:
         k, n = _kind(kind, name)
@@ -199,7 +212,7 @@ class Tracker(Owned):
         if self._flush:
             sys.stdout.flush()
             sys.stderr.flush()
-        check(fn(self._handle, k, n, byref(rec), deltas, count))
+        check_over(fn(self._handle, k, n, byref(rec), deltas, count), self._sources)
         return PhaseRecord._from_c(rec, deltas)
 
     def end(self, kind: Kind, name: Optional[str] = None) -> PhaseRecord:
@@ -321,7 +334,7 @@ class Tracker(Owned):
         """Runs the release callbacks now; returns the bytes freed per source."""
         n = len(self._sources)
         freed = (c_uint64 * n)()
-        check(C.memprobe_tracker_release_now(self._handle, bool(gc), freed, n))
+        check_over(C.memprobe_tracker_release_now(self._handle, bool(gc), freed, n), self._sources)
         return [int(x) for x in freed]
 
     @property
@@ -357,8 +370,10 @@ class Tracker(Owned):
         """fastai's gpu_mem_restore, outside IPython: runs ``step()``; when it
         raises an out-of-memory error (``is_oom``), runs every release
         callback (GC included) and retries, at most ``max_retries`` times.
-        Another exception propagates. The step must not use this tracker
-        (it runs inside the library's call)."""
+        Another exception propagates. When the step still runs out of
+        memory after every retry, the report says so (``succeeded`` False)
+        instead of raising. The step must not use this tracker (it runs
+        inside the library's call)."""
         state: dict = {}
 
         def c_step(_ud) -> int:
@@ -381,7 +396,9 @@ class Tracker(Owned):
         )
         if "error" in state:
             raise state["error"]
-        check(status)
+        # OUT_OF_MEMORY: every retry ran out of memory; the report says so.
+        if status != Status.OUT_OF_MEMORY:
+            check_over(status, self._sources)
         return OomReport(
             succeeded=bool(report.succeeded),
             retries=int(report.retries),

@@ -10,9 +10,12 @@ MiB = 1 << 20
 def b2mb(num: int) -> int:
     """fastai's ``b2mb``: bytes to MiB, rounded toward zero (``int(num / 2**20)``).
 
-    Non-negative values go through the library's ``memprobe_b2mb``; a negative
-    delta rounds toward zero as fastai's does."""
+    Non-negative values go through the library's ``memprobe_b2mb``, negative
+    ones (a delta) through ``memprobe_b2mb_signed``: one definition of the
+    rounding, the C ABI's."""
     num = int(num)
     if num >= 0:
         return int(C.memprobe_b2mb(num))
-    return -int(C.memprobe_b2mb(-num))
+    if num < -(1 << 63):
+        raise OverflowError(f"{num} bytes is below the int64 range of a delta")
+    return int(C.memprobe_b2mb_signed(num))

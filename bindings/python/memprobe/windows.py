@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Tuple, Union
 from . import _ffi
 from ._ffi import C, check
 from ._owned import Owned
-from .sources import Fidelity, Source, SourceKind, as_sources
+from .sources import Fidelity, Source, SourceKind, as_sources, check_over
 from .units import b2mb
 
 
@@ -87,7 +87,7 @@ class Window(Owned):
         self._sources: Tuple[Source, ...] = tuple(as_sources(sources))
         arr, n = _ffi.handles(self._sources)
         h = _ffi.out_handle()
-        check(C.memprobe_window_open(arr, n, byref(h)))
+        check_over(C.memprobe_window_open(arr, n, byref(h)), self._sources)
         self._handle = h.value
         self._closed = False
 
@@ -108,7 +108,7 @@ class Window(Owned):
     def peak(self, index: int = 0) -> int:
         """The peak of source ``index`` since the window (last) started, bytes."""
         out = c_uint64()
-        check(C.memprobe_window_peak(self._handle, index, byref(out)))
+        check_over(C.memprobe_window_peak(self._handle, index, byref(out)), self._sources)
         return int(out.value)
 
     def peaks(self) -> List[int]:
@@ -119,7 +119,7 @@ class Window(Owned):
         """Start, now, peak and fastai's deltas of source ``index``, without
         ending the interval."""
         d = _ffi.memprobe_delta()
-        check(C.memprobe_window_measure(self._handle, index, byref(d)))
+        check_over(C.memprobe_window_measure(self._handle, index, byref(d)), self._sources)
         return Delta._from_c(d)
 
     def measures(self) -> List[Delta]:
@@ -128,14 +128,18 @@ class Window(Owned):
     def restart(self) -> None:
         """Starts a new interval now, discarding the one that ends (the
         cheapest boundary: no result is built)."""
-        check(C.memprobe_window_reset(self._handle, None, 0))
+        status = C.memprobe_window_reset(self._handle, None, 0)
+        if status:
+            check_over(status, self._sources)
 
     def reset(self) -> List[Delta]:
         """Ends the interval and starts the next at the same instant; returns
         the ended interval of every source. Other windows keep their peaks."""
         n = len(self._sources)
         arr = (_ffi.memprobe_delta * n)()
-        check(C.memprobe_window_reset(self._handle, arr, n))
+        status = C.memprobe_window_reset(self._handle, arr, n)
+        if status:
+            check_over(status, self._sources)
         return [Delta._from_c(d) for d in arr]
 
 

@@ -13,14 +13,14 @@ from memprobe.integrations.avalanche import MaxRAM
 from memprobe.integrations.lightning import MemprobeHooks
 from memprobe.integrations.phases import PhasePeaks
 
-FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "avalanche")
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "avalanche", "jax")
 
 
 def test_importing_memprobe_and_integrations_imports_no_framework():
     code = (
         "import sys, memprobe, memprobe.integrations.lightning, "
         "memprobe.integrations.avalanche, memprobe.integrations.torch, "
-        "memprobe.integrations.phases\n"
+        "memprobe.integrations.phases, memprobe.integrations.jax\n"
         f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])"
     )
     r = run_python(code, env={"PYTHONPATH": str(PKG)})

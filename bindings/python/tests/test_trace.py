@@ -236,3 +236,17 @@ def test_output_fd_survives_dup2(tmp_path):
     finally:
         os.close(fd)
     assert path.read_text().strip().endswith("(direct)")
+
+
+def test_bad_output_descriptors_are_invalid_arguments(tmp_path):
+    read_only = os.open(tmp_path / "ro.txt", os.O_RDONLY | os.O_CREAT)
+    try:
+        for fd in (read_only, -1):
+            with pytest.raises(memprobe.InvalidArgumentError):
+                Trace(ctx="bad", fd=fd)
+            t = Trace(ctx="bad", silent=True)
+            with pytest.raises(memprobe.InvalidArgumentError):
+                t.set_output(fd=fd)
+            t.close()
+    finally:
+        os.close(read_only)

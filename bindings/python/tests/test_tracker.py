@@ -208,8 +208,15 @@ def test_oom_retry(alloc):
         assert report.freed == (90 * MiB,) and report.freed_bytes == 90 * MiB
 
         attempts.clear()
+        # Still out of memory after every retry: the library returns
+        # MEMPROBE_STATUS_OUT_OF_MEMORY with the report written; the binding
+        # returns that report instead of raising.
+        released.clear()
         report = t.run_oom_retry(lambda: (_ for _ in ()).throw(MemoryError()), max_retries=1)
-        assert not report.succeeded and report.retries == 1
+        assert not report.succeeded and report.retries == 1 and report.result is None
+        assert len(released) == 1
+        assert memprobe.Status.OUT_OF_MEMORY == 15
+        assert isinstance(memprobe.errors.error_for(15, "x"), memprobe.OutOfMemoryError)
 
         with pytest.raises(KeyError):
             t.run_oom_retry(lambda: {}["missing"])
@@ -238,3 +245,50 @@ def test_sink_path_in_a_missing_directory(alloc, tmp_path):
     with Tracker(alloc) as t:
         with pytest.raises(memprobe.MemprobeError):
             t.add_jsonl_sink(tmp_path / "no" / "such" / "dir" / "x.jsonl")
+
+
+def test_table_sink_descriptors_are_checked_when_added(alloc, tmp_path):
+    read_only = os.open(tmp_path / "ro.txt", os.O_RDONLY | os.O_CREAT)
+    closed = os.open(tmp_path / "closed.txt", os.O_WRONLY | os.O_CREAT)
+    os.close(closed)
+    try:
+        with Tracker(alloc) as t:
+            for fd in (read_only, closed, -1):
+                with pytest.raises(memprobe.InvalidArgumentError):
+                    t.add_table_sink("epoch", fd=fd)
+    finally:
+        os.close(read_only)
+
+
+def test_table_sink_write_errors_surface_as_io_at_finish(alloc):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full to fail writes")
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        t = Tracker(alloc)
+        t.add_table_sink("epoch", fd=full)
+        with t.epoch():
+            alloc.push(300 * MiB)
+        with pytest.raises(memprobe.IoError):
+            t.finish_sinks()
+        t.close()
+        t2 = Tracker(alloc)
+        t2.add_table_sink("epoch", fd=full)
+        with t2.epoch():
+            alloc.push(200 * MiB)
+        with pytest.raises(memprobe.IoError):
+            t2.close()  # the tracker is released all the same
+        assert t2.closed
+    finally:
+        os.close(full)
+
+
+def test_an_empty_source_list_is_an_invalid_argument_in_c():
+    from memprobe import _ffi
+
+    h = _ffi.out_handle()
+    empty = (_ffi.handle_t * 1)()
+    for fn in (_ffi.C.memprobe_tracker_new, _ffi.C.memprobe_window_open):
+        assert fn(empty, 0, _ffi.byref(h)) == memprobe.Status.INVALID_ARGUMENT
+    with pytest.raises(ValueError):
+        Tracker([])

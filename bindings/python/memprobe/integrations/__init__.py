@@ -3,10 +3,13 @@ is imported itself (never at ``import memprobe``):
 
 - :mod:`memprobe.integrations.lightning`: ``MemprobeCallback``, a PyTorch
   Lightning callback logging per-step and per-epoch peaks.
-- :mod:`memprobe.integrations.avalanche`: Avalanche's ``ram_usage_metrics``
+- :mod:`memprobe.integrations.avalanche`: Avalanche's ``ram_usage_metrics`` and ``gpu_usage_metrics``
   (``MinibatchMaxRAM``, ``EpochMaxRAM``, ...) with exact peaks.
-- :mod:`memprobe.integrations.torch`: ``empty_cache_release()``, a cache
-  release callback calling ``torch.cuda.empty_cache()``.
+- :mod:`memprobe.integrations.torch`: exact sources over PyTorch's CUDA
+  caching allocator (``allocator_sources()``), ``peak_since_start``, and
+  ``empty_cache_release()``, a cache release callback.
+- :mod:`memprobe.integrations.jax`: ``jax_sources()``, sampled sources over
+  each JAX device's ``bytes_in_use`` (JAX cannot reset its peak).
 - :mod:`memprobe.integrations.phases`: ``PhasePeaks``, the framework-free
   engine under the first two (one window per phase kind).
 """

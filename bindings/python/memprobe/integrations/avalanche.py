@@ -1,4 +1,4 @@
-"""Avalanche: ``ram_usage_metrics`` with exact peaks.
+"""Avalanche: ``ram_usage_metrics`` and ``gpu_usage_metrics`` with exact peaks.
 
 Same classes, metric names, phases and units as Avalanche 0.6's
 ``avalanche.evaluation.metrics.ram_usage``:
@@ -23,6 +23,17 @@ runs::
         *ram_usage_metrics(minibatch=True, epoch=True, experience=True, stream=True),
         loggers=[InteractiveLogger()],
     )
+
+``gpu_usage_metrics`` (``MinibatchMaxGPU`` ``MaxGPU<id>Usage_MB``,
+``EpochMaxGPU`` ``MaxGPU<id>Usage_Epoch``, ``ExperienceMaxGPU``
+``MaxGPU<id>Usage_Experience``, ``StreamMaxGPU`` ``MaxGPU<id>Usage_Stream``;
+same phases and modes as Avalanche's) report the exact peak of PyTorch's
+caching allocator on CUDA device ``<id>`` in MiB, through memprobe's torch
+allocator sources (:mod:`memprobe.integrations.torch`). ``<id>`` is torch's
+ordinal, so ``CUDA_VISIBLE_DEVICES`` applies. Avalanche 0.6's own
+``MaxGPU`` polls GPUtil every ``every`` seconds and, despite its names and
+documentation saying MB, records the device's *load* percentage; the
+drop-in records memory, as the names say.
 
 Avalanche is imported when a plugin metric is first used, never at
 ``import memprobe``; :class:`MaxRAM` (the metric itself) does not need it.
@@ -166,4 +177,145 @@ def ram_usage_metrics(
 def __getattr__(name: str) -> Any:
     if name in _PLUGINS:
         return _plugin_class(name)
+    if name in _GPU_PLUGINS:
+        return _gpu_plugin_class(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- GPU: gpu_usage_metrics with exact allocator peaks ----------------------------
+
+
+class MaxGPU:
+    """Avalanche's ``MaxGPU`` metric, exact: the peak of PyTorch's caching
+    allocator on CUDA device ``gpu_id`` since the last :meth:`reset`, in MiB
+    (float). ``gpu_id`` is torch's device ordinal, so ``CUDA_VISIBLE_DEVICES``
+    applies (Avalanche's GPUtil index does not honour it). ``stat``:
+    ``"allocated"`` (tensors, ``torch_alloc:N``) or ``"reserved"`` (the
+    allocator's cache, ``torch_reserved:N``). ``every`` is accepted and
+    ignored: nothing is polled.
+
+    Until PyTorch initialises CUDA nothing is on the GPU and the result is 0
+    (memprobe never initialises CUDA); the window opens at the first
+    :meth:`reset` (Avalanche resets at the start of each phase) after it."""
+
+    def __init__(self, gpu_id: int, every: Optional[float] = 0.5, *, stat: str = "allocated"):
+        if stat not in ("allocated", "reserved"):
+            raise ValueError(f"stat must be 'allocated' or 'reserved', not {stat!r}")
+        self.gpu_id = gpu_id
+        self.every = every
+        self.stat = stat
+        self._sources: Optional[List[Source]] = None
+        self._window: Optional[Window] = None
+
+    def _w(self) -> Optional[Window]:
+        if self._window is None:
+            from .torch import allocator_sources, cuda_initialized
+
+            if not cuda_initialized():
+                return None
+            srcs = allocator_sources(self.gpu_id, reserved=self.stat == "reserved")
+            src = srcs[-1]
+            srcs.close()  # no since-start window needed here
+            self._sources = [src]
+            self._window = Window(self._sources)
+        return self._window
+
+    def update(self) -> None:
+        """Nothing to do: torch keeps the mark."""
+        self._w()
+
+    def reset(self) -> None:
+        """Starts a new interval now."""
+        if self._window is None:
+            self._w()
+        else:
+            self._window.restart()
+
+    def result_bytes(self) -> int:
+        w = self._w()
+        if w is None:
+            return 0
+        return w.peak(0)
+
+    def result(self) -> float:
+        """The allocator's peak since the last reset, MiB."""
+        return self.result_bytes() / MiB
+
+    def start_thread(self) -> None:
+        self._w()
+
+    def stop_thread(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._window is not None:
+            self._window.close()
+            self._window = None
+        self._sources = None
+
+
+# class -> (name suffix, reset_at, emit_at, mode), as in Avalanche 0.6's
+# gpu_usage module; the name is f"MaxGPU{gpu_id}Usage_{suffix}".
+_GPU_PLUGINS: Dict[str, Tuple[str, str, str, str]] = {
+    "MinibatchMaxGPU": ("MB", "iteration", "iteration", "train"),
+    "EpochMaxGPU": ("Epoch", "epoch", "epoch", "train"),
+    "ExperienceMaxGPU": ("Experience", "experience", "experience", "eval"),
+    "StreamMaxGPU": ("Stream", "stream", "stream", "eval"),
+}
+
+
+def _gpu_plugin_class(name: str) -> type:
+    if name in _CLASSES:
+        return _CLASSES[name]
+    base: Any = _generic_plugin_metric()
+    suffix, reset_at, emit_at, mode = _GPU_PLUGINS[name]
+
+    def __init__(self: Any, gpu_id: int, every: Optional[float] = 0.5, *, stat: str = "allocated") -> None:
+        self.gpu_id = gpu_id
+        base.__init__(self, MaxGPU(gpu_id, every, stat=stat), reset_at=reset_at, emit_at=emit_at, mode=mode)
+
+    def update(self: Any, strategy: Any) -> None:
+        self._metric.update()
+
+    def __str__(self: Any) -> str:
+        return f"MaxGPU{self.gpu_id}Usage_{suffix}"
+
+    cls = type(
+        name,
+        (base,),
+        {
+            "__init__": __init__,
+            "update": update,
+            "__str__": __str__,
+            "__module__": __name__,
+            "__doc__": f"Avalanche's {name} (MaxGPU<id>Usage_{suffix}: reset at each {reset_at}, "
+            f"{mode} mode) with the exact peak of PyTorch's allocator, MiB.",
+        },
+    )
+    _CLASSES[name] = cls
+    return cls
+
+
+def gpu_usage_metrics(
+    gpu_id: int,
+    every: Optional[float] = 0.5,
+    minibatch: bool = False,
+    epoch: bool = False,
+    experience: bool = False,
+    stream: bool = False,
+    *,
+    stat: str = "allocated",
+) -> List[Any]:
+    """Avalanche's ``gpu_usage_metrics``: the plugin metrics asked for, each
+    an exact window over PyTorch's allocator on device ``gpu_id`` (torch's
+    ordinal). ``every`` is ignored (kept for compatibility)."""
+    out = []
+    for flag, name in (
+        (minibatch, "MinibatchMaxGPU"),
+        (epoch, "EpochMaxGPU"),
+        (experience, "ExperienceMaxGPU"),
+        (stream, "StreamMaxGPU"),
+    ):
+        if flag:
+            out.append(_gpu_plugin_class(name)(gpu_id, every, stat=stat))
+    return out

@@ -4,7 +4,15 @@ peaks (and fastai's deltas) of any memprobe sources::
     from memprobe.integrations.lightning import MemprobeCallback
     trainer = lightning.Trainer(callbacks=[MemprobeCallback()])
 
-Metrics (``unit="MiB"`` by default), per source (``rss``, ``tree``, ...):
+Sources: by default this process's RSS (``rss``) plus, when PyTorch has
+initialised CUDA by the first training hook, the exact allocator sources of
+every visible device (``torch_alloc:N``, ``torch_reserved:N``: see
+:mod:`memprobe.integrations.torch`), so per-step and per-epoch GPU peaks are
+exact; ``MemprobeCallback(torch_sources=False)`` leaves them out, and
+``sources=[...]`` chooses them explicitly.
+
+Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
+(the source ``torch_alloc:0``: characters metric stores refuse become ``_``), ...):
 
 - ``memprobe/<source>/step_peak``, ``..._delta_used``, ``..._delta_peaked``
   (the step just ended) and ``memprobe/<source>/steps_peak`` (the highest
@@ -50,11 +58,13 @@ class MemprobeHooks:
         unit: str = "MiB",
         prog_bar: bool = False,
         keep_history: bool = True,
+        torch_sources: bool = True,
     ):
         super().__init__()
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError("log_every_n_steps must be >= 1 (or None: the trainer's)")
         self._sources = sources
+        self.torch_sources = torch_sources
         self._phases: Optional[PhasePeaks] = None
         self.log_steps = log_steps
         self.log_epochs = log_epochs
@@ -72,7 +82,14 @@ class MemprobeHooks:
     @property
     def phases(self) -> PhasePeaks:
         if self._phases is None:
-            self._phases = PhasePeaks(self._sources)
+            sources = self._sources
+            if sources is None:
+                # Created at the first hook, when the model is on its device:
+                # RSS plus torch's allocator per device if CUDA is initialised.
+                from .torch import default_sources
+
+                sources = default_sources(self.torch_sources)
+            self._phases = PhasePeaks(sources)
         return self._phases
 
     def _should_log_step(self, trainer: Any) -> bool:

@@ -4,11 +4,15 @@ window inside a validation window each keep their own exact peak."""
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Iterable, List, Optional, Union
 
 from ..sources import Source, as_sources
 from ..units import MiB
 from ..windows import Delta, Window
+
+
+_METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
 
 
 class PhasePeaks:
@@ -50,8 +54,11 @@ class PhasePeaks:
         return self._open.get(phase, False)
 
     def names(self) -> List[str]:
-        """Metric-friendly names of the sources (``rss``, ``tree``, ...)."""
-        return [s.name for s in self.sources]
+        """Metric-friendly names of the sources (``rss``, ``tree``,
+        ``torch_alloc_0``, ...): a character that metric stores refuse
+        (MLflow takes only letters, digits, ``_-. /``) becomes ``_``, so
+        ``torch_alloc:0`` is logged as ``torch_alloc_0``."""
+        return [_METRIC_UNSAFE.sub("_", s.name) for s in self.sources]
 
     def metrics(
         self,

@@ -1,10 +1,287 @@
-"""PyTorch helpers. torch is imported when a helper is called, never at
-``import memprobe``."""
+"""PyTorch: exact sources over the CUDA caching allocator, and cache release.
+
+torch is imported when a helper is called, never at ``import memprobe`` (nor
+at ``import memprobe.integrations.torch``), and CUDA is never initialised by
+memprobe: the allocator sources exist once PyTorch has initialised CUDA.
+
+Allocator sources (:func:`allocator_sources`), per visible CUDA device ``N``
+(torch's ordinal, so ``CUDA_VISIBLE_DEVICES`` applies):
+
+- ``torch_alloc:N``: bytes allocated to tensors (``memory_allocated`` /
+  ``max_memory_allocated``);
+- ``torch_reserved:N``: bytes the caching allocator holds from the driver
+  (``memory_reserved`` / ``max_memory_reserved``).
+
+Both are exact (fidelity ``EXACT``): the sources of one device form one
+:class:`~memprobe.MarkGroup` whose reset is
+``torch.cuda.reset_peak_memory_stats(N)``. At every window boundary memprobe
+folds torch's high-water marks into every open window, carries the other
+member's mark, then resets torch's peaks, so any number of nested and
+concurrent windows (step, epoch, evaluation) keep exact peaks: a temporary
+tensor that lives for a microsecond between two boundaries is in the peak.
+
+What changes for code that calls ``torch.cuda.max_memory_allocated`` /
+``max_memory_reserved`` / ``reset_peak_memory_stats`` itself: while windows
+are open over these sources memprobe resets torch's peaks at each boundary,
+so ``max_memory_*`` report the peak since memprobe's last boundary, not since
+the start of the program (or the caller's last reset). Use
+:meth:`AllocatorSources.peak_since_start` for the peak since the sources
+were created. A ``reset_peak_memory_stats`` of the caller's own, between two
+boundaries, loses the part of the interval before it for every window.
+
+Host pinned memory (:func:`pinned_sources`, ``torch_pinned``) needs
+``torch.cuda.host_memory_stats`` and ``reset_peak_host_memory_stats``, which
+PyTorch 2.5 does not have (later releases do): it raises a clear error on a
+torch without them.
+"""
 
 from __future__ import annotations
 
 import gc
-from typing import Callable
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+from ..marks import MarkGroup
+from ..sources import Source
+from ..windows import Window
+
+#: Mark index -> (source name prefix, torch's stat name).
+_DEVICE_MARKS = (("torch_alloc", "allocated_bytes"), ("torch_reserved", "reserved_bytes"))
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("memprobe.integrations.torch needs PyTorch: pip install torch") from e
+    return torch
+
+
+def cuda_initialized() -> bool:
+    """Whether PyTorch has initialised CUDA in this process, without
+    importing torch when it is not imported yet (then it has not)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without CUDA support
+        return False
+
+
+class _DeviceMarks:
+    """The caching allocator's marks of one device, read from one
+    ``memory_stats_as_nested_dict(device)`` per callback (torch's own
+    ``memory_allocated`` builds that dictionary and then flattens and sorts
+    it: the nested one is the cheaper read)."""
+
+    def __init__(self, cuda: Any, device: int):
+        self.device = device
+        nested = getattr(cuda, "memory_stats_as_nested_dict", None)
+        if nested is not None:
+            self._stat = self._nested(nested)
+        else:  # pragma: no cover - every torch since 1.4 has it
+            flat = cuda.memory_stats
+            self._stat = lambda key, which: flat(device).get(f"{key}.all.{which}", 0)
+        self._reset = cuda.reset_peak_memory_stats
+
+    def _nested(self, nested: Callable[[int], Dict[str, Any]]) -> Callable[[str, str], int]:
+        device = self.device
+
+        def stat(key: str, which: str) -> int:
+            # An allocator that never allocated has no entry yet: 0 bytes.
+            return int(nested(device).get(key, {}).get("all", {}).get(which, 0))
+
+        return stat
+
+    def current(self, index: int) -> int:
+        return self._stat(_DEVICE_MARKS[index][1], "current")
+
+    def peak(self, index: int) -> int:
+        return self._stat(_DEVICE_MARKS[index][1], "peak")
+
+    def reset(self) -> None:
+        self._reset(self.device)
+
+
+class _HostMarks:
+    """The pinned host allocator's mark (``host_memory_stats``)."""
+
+    def __init__(self, cuda: Any):
+        self._stats = cuda.host_memory_stats
+        self._reset = cuda.reset_peak_host_memory_stats
+
+    def current(self, index: int) -> int:
+        return int(self._stats().get("allocated_bytes.current", 0))
+
+    def peak(self, index: int) -> int:
+        return int(self._stats().get("allocated_bytes.peak", 0))
+
+    def reset(self) -> None:
+        self._reset()
+
+
+class _Shared:
+    """One mark group per allocator (a device, or pinned host memory) for
+    the whole process: torch has one peak counter per allocator, so two
+    groups over it would reset each other's peaks. Its sources are shared
+    by every caller and released when none of them holds one any more."""
+
+    def __init__(self, marks: Any, names: List[str]):
+        self.marks = marks
+        self.names = names
+        self.group = MarkGroup(marks.current, marks.peak, marks.reset)
+        self.members: Dict[int, "weakref.ref[Source]"] = {}
+
+    def alive(self) -> bool:
+        return any(self._live(i) is not None for i in list(self.members))
+
+    def _live(self, index: int) -> Optional[Source]:
+        ref = self.members.get(index)
+        s = ref() if ref is not None else None
+        return s if s is not None and not s.closed else None
+
+    def source(self, index: int) -> Source:
+        s = self._live(index)
+        if s is None:
+            s = self.group.source(index, self.names[index])
+            self.members[index] = weakref.ref(s)
+        return s
+
+
+_SHARED: Dict[Any, _Shared] = {}
+_LOCK = threading.Lock()
+
+
+def _shared(key: Any, make: Callable[[], _Shared]) -> _Shared:
+    entry = _SHARED.get(key)
+    if entry is None or not entry.alive():
+        if entry is not None:
+            entry.group.close()
+        entry = _SHARED[key] = make()
+    return entry
+
+
+class AllocatorSources(List[Source]):
+    """A list of allocator sources (use it wherever sources are taken)
+    that also keeps a window open since it was created, so that
+    :meth:`peak_since_start` still gives the peaks that
+    ``torch.cuda.max_memory_*`` gave before memprobe owned torch's peak
+    counters. The sources of one device are shared by every list made over
+    it (one group per allocator); :meth:`close` closes this list's window,
+    and the sources go when nothing holds them any more."""
+
+    def __init__(self, sources: Iterable[Source]):
+        super().__init__(sources)
+        self._since_start: Optional[Window] = Window(list(self)) if len(self) else None
+
+    def names(self) -> List[str]:
+        return [s.name for s in self]
+
+    def peak_since_start(self, name: Optional[str] = None) -> Union[int, Dict[str, int]]:
+        """The peak of each source since this list was created, bytes
+        (``{"torch_alloc:0": ..., ...}``), or the peak of source ``name``."""
+        if self._since_start is None:
+            raise ValueError("these allocator sources are closed (or empty)")
+        peaks = dict(zip(self.names(), self._since_start.peaks()))
+        if name is None:
+            return peaks
+        try:
+            return peaks[name]
+        except KeyError:
+            raise KeyError(f"no allocator source named {name!r} (have {sorted(peaks)})") from None
+
+    def close(self) -> None:
+        if self._since_start is not None:
+            self._since_start.close()
+            self._since_start = None
+
+    def __enter__(self) -> "AllocatorSources":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _require_cuda_initialized(torch: Any) -> None:
+    if not torch.cuda.is_initialized():
+        raise RuntimeError(
+            "PyTorch has not initialised CUDA in this process: memprobe does not "
+            "initialise it for you (that would take GPU memory and time). Create "
+            "the allocator sources after the model or a tensor is on the GPU "
+            "(torch.cuda.init() initialises it explicitly)."
+        )
+
+
+def allocator_sources(
+    device: Union[int, Iterable[int], None] = None, *, reserved: bool = True
+) -> AllocatorSources:
+    """Exact sources over PyTorch's CUDA caching allocator: ``torch_alloc:N``
+    and (``reserved``) ``torch_reserved:N`` for device ``N`` (an ordinal, a
+    list of them, or None: every visible device). Only once CUDA is
+    initialised (``torch.cuda.is_initialized()``), else RuntimeError: memprobe
+    never initialises CUDA. See the module's documentation for what changes
+    for code that reads ``torch.cuda.max_memory_*`` itself."""
+    torch = _torch()
+    _require_cuda_initialized(torch)
+    cuda = torch.cuda
+    count = int(cuda.device_count())
+    if device is None:
+        devices = list(range(count))
+    elif isinstance(device, int):
+        devices = [device]
+    else:
+        devices = [int(d) for d in device]
+    for d in devices:
+        if not 0 <= d < count:
+            raise ValueError(f"no CUDA device {d}: {count} visible")
+    sources: List[Source] = []
+    with _LOCK:
+        for d in devices:
+
+            def make(d: int = d) -> _Shared:
+                return _Shared(_DeviceMarks(cuda, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
+
+            entry = _shared(("cuda", d), make)
+            for index in range(2 if reserved else 1):
+                sources.append(entry.source(index))
+    return AllocatorSources(sources)
+
+
+def pinned_sources() -> AllocatorSources:
+    """An exact source ``torch_pinned`` over PyTorch's pinned host-memory
+    allocator (``host_memory_stats()['allocated_bytes.*']``, reset by
+    ``reset_peak_host_memory_stats``). Needs a torch that has those
+    functions (not 2.5) and CUDA initialised, else RuntimeError."""
+    torch = _torch()
+    cuda = torch.cuda
+    if not (hasattr(cuda, "host_memory_stats") and hasattr(cuda, "reset_peak_host_memory_stats")):
+        raise RuntimeError(
+            f"torch {getattr(torch, '__version__', '?')} has no torch.cuda.host_memory_stats / "
+            "reset_peak_host_memory_stats: pinned host memory cannot be measured exactly"
+        )
+    _require_cuda_initialized(torch)
+    with _LOCK:
+        entry = _shared("pinned", lambda: _Shared(_HostMarks(cuda), ["torch_pinned"]))
+        return AllocatorSources([entry.source(0)])
+
+
+def peak_since_start(sources: AllocatorSources, name: Optional[str] = None) -> Union[int, Dict[str, int]]:
+    """``sources.peak_since_start(name)``: the true peak since the allocator
+    sources were created, per source (bytes)."""
+    return sources.peak_since_start(name)
+
+
+def default_sources(torch_sources: bool = True) -> List[Source]:
+    """What the integrations measure by default: this process's RSS, plus
+    the allocator sources of every visible device when ``torch_sources`` and
+    PyTorch has initialised CUDA (never initialising it)."""
+    out: List[Source] = [Source.process()]
+    if torch_sources and cuda_initialized():
+        out.extend(allocator_sources())
+    return out
 
 
 def empty_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
@@ -13,10 +290,7 @@ def empty_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
     unused blocks to the driver. Register it where memprobe releases caches
     (e.g. :func:`memprobe.gpu.set_cache_release`, which the ``*_no_cache``
     readings call first)."""
-    try:
-        import torch
-    except ImportError as e:
-        raise ImportError("memprobe.integrations.torch needs PyTorch: pip install torch") from e
+    torch = _torch()
 
     def release() -> None:
         if gc_collect:
@@ -37,3 +311,15 @@ def install_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
     release = empty_cache_release(gc_collect=gc_collect)
     set_cache_release(release)
     return release
+
+
+__all__ = [
+    "AllocatorSources",
+    "allocator_sources",
+    "cuda_initialized",
+    "default_sources",
+    "empty_cache_release",
+    "install_cache_release",
+    "peak_since_start",
+    "pinned_sources",
+]

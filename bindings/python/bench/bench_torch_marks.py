@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The cost of a step boundary over PyTorch's allocator sources, against
+the bare ``max_memory_allocated() + reset_peak_memory_stats()`` pair a
+training loop would call itself, in one run.
+
+    MEMPROBE_LIBRARY=target/release/libmemprobe.so \\
+        python3 bindings/python/bench/bench_torch_marks.py [--fake] [--rounds 15] [--calls 20000]
+
+On a machine with CUDA the real ``torch.cuda`` of device 0 is used (CUDA
+is initialised by the script, a small tensor allocated). Without CUDA, or
+with ``--fake``, a scripted stand-in for ``torch.cuda``'s statistics
+(bindings/python/tests/fake_torch_cuda.py) is patched in: those figures
+measure memprobe's overhead around a fake whose reads are much cheaper
+than the CUDA allocator's, so the ratio is an upper bound; re-measure on a
+GPU. Variants, median time per boundary:
+
+- ``pair``: ``max_memory_allocated(0)`` then ``reset_peak_memory_stats(0)``;
+- ``restart alloc``: ``Window.restart()`` over ``torch_alloc:0``;
+- ``reset alloc``: ``Window.reset()`` (the ended interval as a Delta);
+- ``restart alloc+reserved``: ``Window.restart()`` over both sources.
+
+A benchmark, not a test: nothing is asserted (the target is <= 1.3x of the
+pair for ``restart alloc``; ``--check`` exits 1 when it is above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+ROOT = HERE.parent.parent.parent
+if not os.environ.get("MEMPROBE_LIBRARY"):
+    cand = ROOT / "target" / "release" / "libmemprobe.so"
+    if cand.exists():
+        os.environ["MEMPROBE_LIBRARY"] = str(cand)
+
+import memprobe  # noqa: E402
+from memprobe.integrations.torch import allocator_sources  # noqa: E402
+
+
+def per_call_ns(fn, calls: int, rounds: int) -> list:
+    for _ in range(calls // 10):  # warm-up
+        fn()
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter_ns() - t0) / calls)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fake", action="store_true", help="use the scripted torch.cuda even with a GPU")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--check", action="store_true", help="exit 1 if 'restart alloc' is above 1.3x the pair")
+    args = ap.parse_args()
+
+    import torch
+
+    fake = args.fake or not torch.cuda.is_available()
+    if fake:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from fake_torch_cuda import FakeCuda
+
+        FakeCuda(devices=1).install()
+        where = "fake torch.cuda (no GPU: re-measure on one)"
+        keep = None
+    else:
+        torch.cuda.init()
+        keep = torch.ones(1 << 20, device="cuda:0")  # something allocated
+        where = torch.cuda.get_device_name(0)
+    cuda = torch.cuda
+
+    def pair() -> None:
+        cuda.max_memory_allocated(0)
+        cuda.reset_peak_memory_stats(0)
+
+    alloc = allocator_sources(0, reserved=False)
+    both = allocator_sources(0)
+    w_alloc = memprobe.Window(alloc)
+    results = {"pair": per_call_ns(pair, args.calls, args.rounds)}
+    results["restart alloc"] = per_call_ns(w_alloc.restart, args.calls, args.rounds)
+    results["reset alloc"] = per_call_ns(w_alloc.reset, args.calls, args.rounds)
+    w_alloc.close()
+    w_both = memprobe.Window(both)
+    results["restart alloc+reserved"] = per_call_ns(w_both.restart, args.calls, args.rounds)
+    w_both.close()
+    del keep
+
+    print(f"# {where}; torch {torch.__version__}; memprobe {memprobe.library_version()}; "
+          f"Python {platform.python_version()}; {args.rounds} rounds x {args.calls} calls")
+    base = statistics.median(results["pair"])
+    for name, xs in results.items():
+        med = statistics.median(xs)
+        print(f"{name:24s} {med / 1000:8.2f} us  ({med / base:.2f}x the pair)")
+    ratio = statistics.median(results["restart alloc"]) / base
+    return 1 if args.check and ratio > 1.3 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

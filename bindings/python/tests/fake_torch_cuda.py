@@ -1,0 +1,133 @@
+"""A scripted stand-in for ``torch.cuda``'s caching-allocator statistics.
+
+CI has no GPU and a CPU build of torch (``torch.cuda.is_initialized()`` is
+False there). :meth:`FakeCuda.install` patches the statistics functions onto
+the real ``torch.cuda`` module (as PyTorch's own would behave: one allocated
+and one reserved counter per device, each with a high-water mark that
+``reset_peak_memory_stats(device)`` resets to the current value), and the
+test scripts allocations with :meth:`alloc` / :meth:`free`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+BLOCK = 2 << 20  # the allocator reserves whole 2 MiB segments
+
+
+class FakeCuda:
+    def __init__(self, devices: int = 1):
+        self.devices = devices
+        self.now: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0} for _ in range(devices)]
+        self.peak: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0} for _ in range(devices)]
+        self.host = {"current": 0, "peak": 0}
+        self.resets = [0] * devices
+        self.fail: Optional[BaseException] = None  # raised by the next stats read
+
+    # --- scripting ---------------------------------------------------------------
+
+    def _set(self, d: int, key: str, value: int) -> None:
+        self.now[d][key] = value
+        self.peak[d][key] = max(self.peak[d][key], value)
+
+    def alloc(self, nbytes: int, device: int = 0) -> None:
+        a = self.now[device]["allocated"] + nbytes
+        self._set(device, "allocated", a)
+        need = -(-a // BLOCK) * BLOCK
+        if need > self.now[device]["reserved"]:
+            self._set(device, "reserved", need)
+
+    def free(self, nbytes: int, device: int = 0) -> None:
+        self._set(device, "allocated", self.now[device]["allocated"] - nbytes)
+
+    def empty_cache(self, device: int = 0) -> None:
+        a = self.now[device]["allocated"]
+        self._set(device, "reserved", -(-a // BLOCK) * BLOCK)
+
+    def pin(self, nbytes: int) -> None:
+        self.host["current"] += nbytes
+        self.host["peak"] = max(self.host["peak"], self.host["current"])
+
+    # --- torch.cuda's functions ---------------------------------------------
+
+    def _dev(self, device: Any) -> int:
+        d = 0 if device is None else int(getattr(device, "index", device) or 0)
+        if not 0 <= d < self.devices:
+            raise RuntimeError(f"Invalid device argument {d}")
+        return d
+
+    def memory_stats_as_nested_dict(self, device: Any = None) -> Dict[str, Any]:
+        if self.fail is not None:
+            e, self.fail = self.fail, None
+            raise e
+        d = self._dev(device)
+        out: Dict[str, Any] = {}
+        for key in ("allocated", "reserved"):
+            out[f"{key}_bytes"] = {
+                pool: {"current": self.now[d][key], "peak": self.peak[d][key], "allocated": 0, "freed": 0}
+                for pool in ("all", "large_pool", "small_pool")
+            }
+        return out
+
+    def memory_stats(self, device: Any = None) -> Dict[str, int]:
+        flat: Dict[str, int] = {}
+        for k, v in self.memory_stats_as_nested_dict(device).items():
+            for pool, stats in v.items():
+                for which, n in stats.items():
+                    flat[f"{k}.{pool}.{which}"] = n
+        return dict(sorted(flat.items()))
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("allocated_bytes.all.current", 0)
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("reserved_bytes.all.current", 0)
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        d = self._dev(device)
+        self.resets[d] += 1
+        self.peak[d] = dict(self.now[d])
+
+    def host_memory_stats(self) -> Dict[str, int]:
+        return {"allocated_bytes.current": self.host["current"], "allocated_bytes.peak": self.host["peak"]}
+
+    def reset_peak_host_memory_stats(self) -> None:
+        self.host["peak"] = self.host["current"]
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return self.devices
+
+    FUNCTIONS = (
+        "memory_stats_as_nested_dict",
+        "memory_stats",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "max_memory_reserved",
+        "reset_peak_memory_stats",
+        "is_initialized",
+        "device_count",
+    )
+
+    def install(self, monkeypatch: Any = None, *, host: bool = False) -> None:
+        """Patches the functions onto the real ``torch.cuda``: through
+        ``monkeypatch`` (undone after the test), or for good when None."""
+        import torch
+
+        names = list(self.FUNCTIONS)
+        if host:
+            names += ["host_memory_stats", "reset_peak_host_memory_stats"]
+        for name in names:
+            if monkeypatch is not None:
+                monkeypatch.setattr(torch.cuda, name, getattr(self, name), raising=False)
+            else:
+                setattr(torch.cuda, name, getattr(self, name))
