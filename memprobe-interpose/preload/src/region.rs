@@ -259,7 +259,7 @@ fn create(dir: Option<&CString>, pid: u32) -> *mut Layout {
         if d.len() + 12 < path.len() {
             path[..d.len()].copy_from_slice(d);
             path[d.len()] = b'/';
-            let n = d.len() + 1 + write_u32(&mut path[d.len() + 1..], pid);
+            let n = d.len() + 1 + shm::liveness::write_u32(&mut path[d.len() + 1..], pid);
             path[n] = 0;
             if let Some(l) = map_file(&path, pid, start) {
                 return l;
@@ -370,21 +370,4 @@ extern "C" fn at_exit() {
             shm::tree::settle(t, l);
         }
     }
-}
-
-fn write_u32(out: &mut [u8], mut v: u32) -> usize {
-    let mut digits = [0u8; 10];
-    let mut n = 0;
-    loop {
-        digits[n] = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for i in 0..n {
-        out[i] = digits[n - 1 - i];
-    }
-    n
 }
