@@ -217,8 +217,24 @@ fn map_tree(dir: &CString) {
     // SAFETY: as above.
     let big_enough =
         unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as u64 >= LAYOUT_SIZE as u64;
-    let m = if big_enough {
-        // SAFETY: the file is at least LAYOUT_SIZE bytes long.
+    let Some(l) = map_and_close(fd, big_enough) else {
+        return;
+    };
+    // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
+    if unsafe { &*l }.validate().is_ok() {
+        TREE.store(l, Release);
+    } else {
+        // SAFETY: our mapping, unused.
+        unsafe { libc::munmap(l.cast(), LAYOUT_SIZE) };
+    }
+}
+
+/// Maps the first LAYOUT_SIZE bytes of the file open as `fd`, shared and
+/// writable, when `sized` says the file is at least that long; closes `fd`
+/// either way (the mapping outlives it). `None` when nothing was mapped.
+fn map_and_close(fd: libc::c_int, sized: bool) -> Option<*mut Layout> {
+    let m = if sized {
+        // SAFETY: the caller checked the file holds LAYOUT_SIZE bytes.
         unsafe {
             libc::mmap(
                 ptr::null_mut(),
@@ -234,17 +250,7 @@ fn map_tree(dir: &CString) {
     };
     // SAFETY: closing our descriptor; the mapping stays.
     unsafe { libc::close(fd) };
-    if m == libc::MAP_FAILED {
-        return;
-    }
-    let l = m.cast::<Layout>();
-    // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
-    if unsafe { &*l }.validate().is_ok() {
-        TREE.store(l, Release);
-    } else {
-        // SAFETY: our mapping, unused.
-        unsafe { libc::munmap(m, LAYOUT_SIZE) };
-    }
+    (m != libc::MAP_FAILED).then(|| m.cast::<Layout>())
 }
 
 /// Maps the region of `pid`: its file in `dir` (kept if it already belongs
@@ -300,27 +306,7 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
     }
     // SAFETY: `fd` is ours.
     let ok = unsafe { libc::ftruncate(fd, LAYOUT_SIZE as libc::off_t) } == 0;
-    let m = if ok {
-        // SAFETY: the file is LAYOUT_SIZE bytes long.
-        unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                LAYOUT_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        }
-    } else {
-        libc::MAP_FAILED
-    };
-    // SAFETY: closing our descriptor; the mapping stays.
-    unsafe { libc::close(fd) };
-    if m == libc::MAP_FAILED {
-        return None;
-    }
-    let l = m.cast::<Layout>();
+    let l = map_and_close(fd, ok)?;
     // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
     let layout = unsafe { &*l };
     let h = &layout.header;
@@ -343,7 +329,7 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
         return Some(l);
     }
     // SAFETY: ours to overwrite: a new file, or a dead process's.
-    unsafe { ptr::write_bytes(m.cast::<u8>(), 0, LAYOUT_SIZE) };
+    unsafe { ptr::write_bytes(l.cast::<u8>(), 0, LAYOUT_SIZE) };
     layout.init(pid, start, FLAG_COUNTING | FLAG_SHARED);
     Some(l)
 }
