@@ -164,12 +164,7 @@ impl Sampler for ProcessSampler {
     fn read(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
         let used = self.rss()?;
-        Ok(Sample {
-            used,
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(used, t0))
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
@@ -189,12 +184,7 @@ impl Sampler for ProcessSampler {
         let r = hwm.reset(|| self.rss());
         self.hwm = Some(hwm);
         let used = r?;
-        Ok(Sample {
-            used,
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(used, t0))
     }
 }
 
