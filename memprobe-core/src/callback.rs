@@ -36,11 +36,6 @@ impl Sampler for CallbackSampler {
     fn read(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
         let used = (self.read)()?;
-        Ok(Sample {
-            used,
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(used, t0))
     }
 }

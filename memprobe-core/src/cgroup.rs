@@ -298,12 +298,9 @@ impl Sampler for CgroupSampler {
             .ok_or_else(|| procfs::malformed(self.usage.path(), "not a number"))?;
         let limit = self.read_limit()?;
         Ok(Sample {
-            used,
             limit,
             free: limit.map(|l| l.saturating_sub(used)),
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
+            ..Sample::timed(used, t0)
         })
     }
 

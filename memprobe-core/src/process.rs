@@ -19,12 +19,25 @@ pub struct ProcessStatus {
     pub name: String,
     /// `PPid:`, the parent.
     pub ppid: Option<u32>,
+    /// The first `NSpid:` value: the pid in the outermost PID namespace this
+    /// `/proc` shows (the host's pid when `/proc` is the host's); `None`
+    /// before Linux 4.1 or when the line is malformed.
+    pub outermost_pid: Option<u32>,
     /// `VmRSS:`, the resident set, bytes (the same figure as `statm`'s).
     pub rss: u64,
     /// `VmHWM:`, the peak resident set of the process's life so far, bytes.
     pub hwm: u64,
     /// `Threads:`, 0 if absent.
     pub threads: u32,
+}
+
+impl ProcessStatus {
+    /// Parses the text of a `/proc/<pid>/status` file (for readers that do
+    /// not keep it open, such as a one-off read of `/proc/self/status`);
+    /// `None` as for [`StatusFile::read`].
+    pub fn parse(text: &[u8]) -> Option<ProcessStatus> {
+        procfs::parse_status(text)
+    }
 }
 
 /// A process's `/proc/<pid>/status`, kept open and re-read with one `pread`.
@@ -164,12 +177,7 @@ impl Sampler for ProcessSampler {
     fn read(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
         let used = self.rss()?;
-        Ok(Sample {
-            used,
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(used, t0))
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
@@ -189,12 +197,7 @@ impl Sampler for ProcessSampler {
         let r = hwm.reset(|| self.rss());
         self.hwm = Some(hwm);
         let used = r?;
-        Ok(Sample {
-            used,
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(used, t0))
     }
 }
 

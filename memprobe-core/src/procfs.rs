@@ -122,6 +122,7 @@ pub(crate) fn parse_status(text: &[u8]) -> Option<ProcessStatus> {
         match key {
             b"Name" => r.name = String::from_utf8_lossy(trim_ascii(value)).into_owned(),
             b"PPid" => r.ppid = parse_u64(value).and_then(|p| u32::try_from(p).ok()),
+            b"NSpid" => r.outermost_pid = outermost_pid(value),
             b"VmHWM" => {
                 r.hwm = parse_u64(value)?.saturating_mul(1024);
                 have_hwm = true;
@@ -141,6 +142,18 @@ pub(crate) fn parse_status(text: &[u8]) -> Option<ProcessStatus> {
         }
     }
     (have_rss && have_hwm).then_some(r)
+}
+
+/// The first pid of an `NSpid:` line's value (the pid in the outermost
+/// namespace `/proc` shows); `None` when the line is empty or any of its
+/// pids is malformed.
+fn outermost_pid(value: &[u8]) -> Option<u32> {
+    let mut pids = value
+        .split(|c| c.is_ascii_whitespace())
+        .filter(|t| !t.is_empty())
+        .map(|t| std::str::from_utf8(t).ok()?.parse::<u32>().ok());
+    let first = pids.next()??;
+    pids.all(|p| p.is_some()).then_some(first)
 }
 
 fn trim_ascii(s: &[u8]) -> &[u8] {
@@ -217,6 +230,25 @@ RssAnon:\t    1024 kB\nThreads:\t3\nSigQ:\t0/100\n";
         assert_eq!(r.threads, 3);
         let spaced = parse_status(b"Name:\tmy worker \nVmHWM: 1 kB\nVmRSS: 1 kB\n").unwrap();
         assert_eq!(spaced.name, "my worker");
+    }
+
+    #[test]
+    fn the_outermost_namespace_pid_is_the_first_of_nspid() {
+        let status =
+            |nspid: &str| format!("Name:\tx\nPid:\t5\n{nspid}PPid:\t1\nVmHWM: 1 kB\nVmRSS: 1 kB\n");
+        let outermost = |nspid: &str| {
+            parse_status(status(nspid).as_bytes())
+                .unwrap()
+                .outermost_pid
+        };
+        assert_eq!(outermost("NSpid:\t4242\t17\t5\n"), Some(4242));
+        assert_eq!(outermost("NSpid:\t5\n"), Some(5));
+        // Kernels before 4.1 have no NSpid line.
+        assert_eq!(outermost(""), None);
+        assert_eq!(outermost("NSpid:\t\n"), None);
+        assert_eq!(outermost("NSpid:\tx\n"), None);
+        assert_eq!(outermost("NSpid:\t4242\tx\n"), None);
+        assert_eq!(parse_status(LIVE).unwrap().outermost_pid, None);
     }
 
     #[test]

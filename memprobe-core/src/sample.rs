@@ -33,6 +33,19 @@ impl Sample {
             ..Sample::default()
         }
     }
+
+    /// A sample of `used` bytes from a read begun at `t0` (a
+    /// [`monotonic_ns`] reading) and ending now: stamped `t0`, and the read
+    /// took the time since. Other fields unknown; sources that know them set
+    /// them with `..Sample::timed(used, t0)`.
+    pub fn timed(used: u64, t0: u64) -> Self {
+        Sample {
+            used,
+            taken_at_ns: t0,
+            read_ns: monotonic_ns() - t0,
+            ..Sample::default()
+        }
+    }
 }
 
 /// How trustworthy the peak of a source is.
@@ -141,4 +154,22 @@ pub fn monotonic_ns() -> u64 {
 /// Converts a duration to whole nanoseconds, saturating.
 pub(crate) fn duration_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timed_sample_is_stamped_at_its_start_and_lasts_until_now() {
+        let t0 = monotonic_ns();
+        let s = Sample::timed(5, t0);
+        let elapsed = monotonic_ns() - t0;
+        assert_eq!((s.used, s.taken_at_ns), (5, t0));
+        assert!(s.read_ns <= elapsed, "{} > {elapsed}", s.read_ns);
+        assert_eq!(
+            (s.total, s.free, s.limit, s.reserved),
+            (None, None, None, None)
+        );
+    }
 }

@@ -61,11 +61,6 @@ impl Sampler for SmapsSampler {
                 "missing Pss/Private lines",
             ));
         };
-        Ok(Sample {
-            used: kb * 1024,
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(kb * 1024, t0))
     }
 }

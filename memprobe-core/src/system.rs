@@ -49,12 +49,9 @@ impl Sampler for SystemRamSampler {
         };
         let (total, avail) = (total * 1024, avail * 1024);
         Ok(Sample {
-            used: total.saturating_sub(avail),
             total: Some(total),
             free: Some(avail),
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
+            ..Sample::timed(total.saturating_sub(avail), t0)
         })
     }
 }

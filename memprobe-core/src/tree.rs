@@ -302,12 +302,7 @@ impl Sampler for ProcessTreeSampler {
         if !reading.processes.iter().any(|(pid, _)| *pid == root) && process_rss(root).is_none() {
             return Err(Error::unavailable(format!("process {root} has exited")));
         }
-        Ok(Sample {
-            used: reading.rss(),
-            taken_at_ns: t0,
-            read_ns: monotonic_ns() - t0,
-            ..Sample::default()
-        })
+        Ok(Sample::timed(reading.rss(), t0))
     }
 }
 

@@ -11,12 +11,14 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/interleaved.rs"]
+mod interleaved;
 
 use common::Fake;
+use interleaved::per_call;
 use memprobe_gpu::{gpu_mem_get_used_fast, Gpus};
 use std::hint::black_box;
 use std::os::raw::{c_uint, c_ulonglong};
-use std::time::Instant;
 
 #[repr(C)]
 struct Memory2 {
@@ -30,33 +32,6 @@ struct Memory2 {
 type Device = *mut std::ffi::c_void;
 
 const ROUNDS: usize = 301;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Median ns per call of each closure, interleaved round by round.
-fn measure(batch: usize, cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    let mut per_case: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); cases.len()];
-    for _ in 0..batch * 10 {
-        for c in cases.iter_mut() {
-            c();
-        }
-    }
-    for round in 0..ROUNDS {
-        let n = cases.len();
-        for k in 0..n {
-            let i = if round % 2 == 0 { k } else { n - 1 - k };
-            let start = Instant::now();
-            for _ in 0..batch {
-                (cases[i])();
-            }
-            per_case[i].push(start.elapsed().as_nanos() as f64 / batch as f64);
-        }
-    }
-    per_case.into_iter().map(median).collect()
-}
 
 fn run(label: &str, script: &str, batch: usize) {
     let fake = Fake::nvml(script);
@@ -118,8 +93,9 @@ fn run(label: &str, script: &str, batch: usize) {
     let mut by_id = || {
         black_box(gpus.gpu_mem_get(Some(0)).value);
     };
-    let r = measure(
+    let r = per_call(
         batch,
+        ROUNDS,
         &mut [
             &mut direct,
             &mut through_handle,

@@ -19,6 +19,7 @@
 //! namespace PID). The device-wide figures are unaffected.
 
 use crate::process::{GpuProcess, GpuProcessKind};
+use memprobe_core::process::ProcessStatus;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -29,14 +30,6 @@ pub(crate) struct OwnPids {
     pub(crate) outermost: u32,
     /// `getpid()`.
     pub(crate) own: u32,
-}
-
-/// Parses the `NSpid:` line of a `/proc/<pid>/status` text; `None` when it
-/// is absent (kernels before 4.1) or malformed.
-pub(crate) fn parse_nspid(status: &str) -> Option<Vec<u32>> {
-    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    let pids: Option<Vec<u32>> = line.split_whitespace().map(|t| t.parse().ok()).collect();
-    pids.filter(|p| !p.is_empty())
 }
 
 /// The last answer: `own` in the high half, `outermost` in the low half
@@ -54,10 +47,12 @@ impl OwnPids {
                 own,
             };
         }
-        let outermost = std::fs::read_to_string("/proc/self/status")
+        // `/proc/self`, not `/proc/<own>`: `own` is this namespace's pid,
+        // which in a `/proc` from an outer namespace names another process.
+        let outermost = std::fs::read("/proc/self/status")
             .ok()
-            .and_then(|s| parse_nspid(&s))
-            .and_then(|p| p.first().copied())
+            .and_then(|s| ProcessStatus::parse(&s))
+            .and_then(|s| s.outermost_pid)
             .unwrap_or(own);
         CACHE.store(
             (u64::from(own) << 32) | u64::from(outermost),
@@ -107,15 +102,6 @@ mod tests {
             used: Some(used),
             kind,
         }
-    }
-
-    #[test]
-    fn nspid_parsing() {
-        let s = "Name:\tx\nPid:\t5\nNSpid:\t4242\t17\t5\nPPid:\t1\n";
-        assert_eq!(parse_nspid(s), Some(vec![4242, 17, 5]));
-        assert_eq!(parse_nspid("Pid:\t5\n"), None);
-        assert_eq!(parse_nspid("NSpid:\t\n"), None);
-        assert_eq!(parse_nspid("NSpid:\tx\n"), None);
     }
 
     #[test]

@@ -68,7 +68,10 @@ pub fn alive(pid: u32, start: u64) -> bool {
     }
 }
 
-fn write_u32(out: &mut [u8], mut v: u32) -> usize {
+/// Writes `v` in decimal at the start of `out` and returns how many bytes
+/// it took (at most 10). No allocation: the interposer builds paths with it
+/// after `fork`.
+pub fn write_u32(out: &mut [u8], mut v: u32) -> usize {
     let mut digits = [0u8; 10];
     let mut n = 0;
     loop {
@@ -98,6 +101,15 @@ mod tests {
         assert_eq!(parse_stat(zombie), Some((5, true)));
         assert_eq!(parse_stat(b"42 (x) S 1"), None);
         assert_eq!(parse_stat(b"garbage"), None);
+    }
+
+    #[test]
+    fn writes_decimal_digits() {
+        let mut out = [0u8; 10];
+        for v in [0, 7, 10, 4_194_304, u32::MAX] {
+            let n = write_u32(&mut out, v);
+            assert_eq!(&out[..n], v.to_string().as_bytes());
+        }
     }
 
     #[test]

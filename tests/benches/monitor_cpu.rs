@@ -19,6 +19,10 @@
 //! `memprobe_gpu_mem_get` from `libmemprobe.so` (dlopen) against
 //! `nvmlDeviceGetMemoryInfo_v2` called directly from the fake (dlopen).
 
+#[path = "../../memprobe-gpu/benches/support/interleaved.rs"]
+mod interleaved;
+
+use interleaved::{median, per_call};
 use memprobe_core::{monitor, PeakFidelity, Source, Window};
 use memprobe_gpu::{GpuBackend, GpuConfig, Gpus};
 use memprobe_tests::{scratch, stage_fake_gpu, FakeGpu};
@@ -32,11 +36,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 /// CPU time of every thread of this process, nanoseconds.
@@ -186,28 +185,6 @@ fn release_libmemprobe() -> PathBuf {
         .expect("cargo build");
     assert!(status.success());
     memprobe_tests::target_dir().join("release/libmemprobe.so")
-}
-
-/// Median ns per call of each case, interleaved round by round.
-fn per_call(batch: usize, rounds: usize, cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    let mut per_case: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); cases.len()];
-    for _ in 0..batch * 10 {
-        for c in cases.iter_mut() {
-            c();
-        }
-    }
-    for round in 0..rounds {
-        let n = cases.len();
-        for k in 0..n {
-            let i = if round % 2 == 0 { k } else { n - 1 - k };
-            let start = Instant::now();
-            for _ in 0..batch {
-                (cases[i])();
-            }
-            per_case[i].push(start.elapsed().as_nanos() as f64 / batch as f64);
-        }
-    }
-    per_case.into_iter().map(median).collect()
 }
 
 fn c_abi_vs_direct() {

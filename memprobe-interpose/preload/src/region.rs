@@ -217,8 +217,24 @@ fn map_tree(dir: &CString) {
     // SAFETY: as above.
     let big_enough =
         unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as u64 >= LAYOUT_SIZE as u64;
-    let m = if big_enough {
-        // SAFETY: the file is at least LAYOUT_SIZE bytes long.
+    let Some(l) = map_and_close(fd, big_enough) else {
+        return;
+    };
+    // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
+    if unsafe { &*l }.validate().is_ok() {
+        TREE.store(l, Release);
+    } else {
+        // SAFETY: our mapping, unused.
+        unsafe { libc::munmap(l.cast(), LAYOUT_SIZE) };
+    }
+}
+
+/// Maps the first LAYOUT_SIZE bytes of the file open as `fd`, shared and
+/// writable, when `sized` says the file is at least that long; closes `fd`
+/// either way (the mapping outlives it). `None` when nothing was mapped.
+fn map_and_close(fd: libc::c_int, sized: bool) -> Option<*mut Layout> {
+    let m = if sized {
+        // SAFETY: the caller checked the file holds LAYOUT_SIZE bytes.
         unsafe {
             libc::mmap(
                 ptr::null_mut(),
@@ -234,17 +250,7 @@ fn map_tree(dir: &CString) {
     };
     // SAFETY: closing our descriptor; the mapping stays.
     unsafe { libc::close(fd) };
-    if m == libc::MAP_FAILED {
-        return;
-    }
-    let l = m.cast::<Layout>();
-    // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
-    if unsafe { &*l }.validate().is_ok() {
-        TREE.store(l, Release);
-    } else {
-        // SAFETY: our mapping, unused.
-        unsafe { libc::munmap(m, LAYOUT_SIZE) };
-    }
+    (m != libc::MAP_FAILED).then(|| m.cast::<Layout>())
 }
 
 /// Maps the region of `pid`: its file in `dir` (kept if it already belongs
@@ -259,7 +265,7 @@ fn create(dir: Option<&CString>, pid: u32) -> *mut Layout {
         if d.len() + 12 < path.len() {
             path[..d.len()].copy_from_slice(d);
             path[d.len()] = b'/';
-            let n = d.len() + 1 + write_u32(&mut path[d.len() + 1..], pid);
+            let n = d.len() + 1 + shm::liveness::write_u32(&mut path[d.len() + 1..], pid);
             path[n] = 0;
             if let Some(l) = map_file(&path, pid, start) {
                 return l;
@@ -300,27 +306,7 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
     }
     // SAFETY: `fd` is ours.
     let ok = unsafe { libc::ftruncate(fd, LAYOUT_SIZE as libc::off_t) } == 0;
-    let m = if ok {
-        // SAFETY: the file is LAYOUT_SIZE bytes long.
-        unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                LAYOUT_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        }
-    } else {
-        libc::MAP_FAILED
-    };
-    // SAFETY: closing our descriptor; the mapping stays.
-    unsafe { libc::close(fd) };
-    if m == libc::MAP_FAILED {
-        return None;
-    }
-    let l = m.cast::<Layout>();
+    let l = map_and_close(fd, ok)?;
     // SAFETY: mapped, LAYOUT_SIZE bytes, atomics only.
     let layout = unsafe { &*l };
     let h = &layout.header;
@@ -343,7 +329,7 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
         return Some(l);
     }
     // SAFETY: ours to overwrite: a new file, or a dead process's.
-    unsafe { ptr::write_bytes(m.cast::<u8>(), 0, LAYOUT_SIZE) };
+    unsafe { ptr::write_bytes(l.cast::<u8>(), 0, LAYOUT_SIZE) };
     layout.init(pid, start, FLAG_COUNTING | FLAG_SHARED);
     Some(l)
 }
@@ -370,21 +356,4 @@ extern "C" fn at_exit() {
             shm::tree::settle(t, l);
         }
     }
-}
-
-fn write_u32(out: &mut [u8], mut v: u32) -> usize {
-    let mut digits = [0u8; 10];
-    let mut n = 0;
-    loop {
-        digits[n] = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for i in 0..n {
-        out[i] = digits[n - 1 - i];
-    }
-    n
 }
