@@ -48,40 +48,37 @@ from ..units import MiB
 from ..windows import Window
 
 
-class MaxRAM:
-    """Avalanche's ``MaxRAM`` metric, exact: the peak of ``sources`` (default:
-    this process's RSS) since the last :meth:`reset`, in MiB (float).
-    ``every`` is accepted for compatibility and ignored (nothing is polled
-    for exact sources; sampled sources follow the memprobe monitor)."""
+class _PeakMetric:
+    """An Avalanche-style metric over one memprobe window: ``reset`` starts a
+    new interval, ``result`` is the peak since, in MiB. Subclasses say how
+    the window is opened (``_open``; None while there is nothing to measure)
+    and how its peaks make one figure (``result_bytes``)."""
 
-    def __init__(self, every: Optional[float] = None, sources: Union[Source, Iterable[Source], None] = None):
-        self.every = every
-        self._sources = as_sources(sources)
-        self._window: Optional[Window] = None
+    _window: Optional[Window] = None
 
-    def _w(self) -> Window:
+    def _open(self) -> Optional[Window]:
+        raise NotImplementedError
+
+    def _w(self) -> Optional[Window]:
         if self._window is None:
-            self._window = Window(self._sources)
+            self._window = self._open()
         return self._window
-
-    def update(self) -> None:
-        """Nothing to do: the peak is kept by the kernel (or the monitor)."""
 
     def reset(self) -> None:
         """Starts a new interval now."""
         if self._window is None:
-            self._window = Window(self._sources)
+            self._w()
         else:
             self._window.restart()
 
-    def result(self) -> float:
-        """The highest peak over the sources since the last reset, MiB."""
-        return max(self._w().peaks()) / MiB
-
     def result_bytes(self) -> int:
-        return max(self._w().peaks())
+        raise NotImplementedError
 
-    # Avalanche's MaxRAM API, kept so code written for it runs unchanged.
+    def result(self) -> float:
+        """The peak since the last reset, MiB."""
+        return self.result_bytes() / MiB
+
+    # Avalanche's API for these metrics, kept so code written for it runs unchanged.
     def start_thread(self) -> None:
         self._w()
 
@@ -92,6 +89,29 @@ class MaxRAM:
         if self._window is not None:
             self._window.close()
             self._window = None
+
+
+class MaxRAM(_PeakMetric):
+    """Avalanche's ``MaxRAM`` metric, exact: the peak of ``sources`` (default:
+    this process's RSS) since the last :meth:`reset`, in MiB (float).
+    ``every`` is accepted for compatibility and ignored (nothing is polled
+    for exact sources; sampled sources follow the memprobe monitor)."""
+
+    def __init__(self, every: Optional[float] = None, sources: Union[Source, Iterable[Source], None] = None):
+        self.every = every
+        self._sources = as_sources(sources)
+        self._window = None
+
+    def _open(self) -> Window:
+        return Window(self._sources)
+
+    def update(self) -> None:
+        """Nothing to do: the peak is kept by the kernel (or the monitor)."""
+
+    def result_bytes(self) -> int:
+        """The highest peak over the sources since the last reset, bytes."""
+        w = self._w()  # MaxRAM always opens one
+        return 0 if w is None else max(w.peaks())
 
 
 # class -> (metric name, reset_at, emit_at, mode), as in Avalanche 0.6
@@ -185,7 +205,7 @@ def __getattr__(name: str) -> Any:
 # --- GPU: gpu_usage_metrics with exact allocator peaks ----------------------------
 
 
-class MaxGPU:
+class MaxGPU(_PeakMetric):
     """Avalanche's ``MaxGPU`` metric, exact: the peak of PyTorch's caching
     allocator on CUDA device ``gpu_id`` since the last :meth:`reset`, in MiB
     (float). ``gpu_id`` is torch's device ordinal, so ``CUDA_VISIBLE_DEVICES``
@@ -207,50 +227,28 @@ class MaxGPU:
         self._sources: Optional[List[Source]] = None
         self._window: Optional[Window] = None
 
-    def _w(self) -> Optional[Window]:
-        if self._window is None:
-            from .torch import allocator_sources, cuda_initialized
+    def _open(self) -> Optional[Window]:
+        from .torch import allocator_sources, cuda_initialized
 
-            if not cuda_initialized():
-                return None
-            srcs = allocator_sources(self.gpu_id, reserved=self.stat == "reserved")
-            src = srcs[-1]
-            srcs.close()  # no since-start window needed here
-            self._sources = [src]
-            self._window = Window(self._sources)
-        return self._window
+        if not cuda_initialized():
+            return None
+        srcs = allocator_sources(self.gpu_id, reserved=self.stat == "reserved")
+        src = srcs[-1]
+        srcs.close()  # no since-start window needed here
+        self._sources = [src]
+        return Window(self._sources)
 
     def update(self) -> None:
         """Nothing to do: torch keeps the mark."""
         self._w()
 
-    def reset(self) -> None:
-        """Starts a new interval now."""
-        if self._window is None:
-            self._w()
-        else:
-            self._window.restart()
-
     def result_bytes(self) -> int:
+        """The allocator's peak since the last reset, bytes (0 before CUDA)."""
         w = self._w()
-        if w is None:
-            return 0
-        return w.peak(0)
-
-    def result(self) -> float:
-        """The allocator's peak since the last reset, MiB."""
-        return self.result_bytes() / MiB
-
-    def start_thread(self) -> None:
-        self._w()
-
-    def stop_thread(self) -> None:
-        pass
+        return 0 if w is None else w.peak(0)
 
     def close(self) -> None:
-        if self._window is not None:
-            self._window.close()
-            self._window = None
+        super().close()
         self._sources = None
 
 
