@@ -14,12 +14,58 @@
 //! member's boundary makes, the group reads the mark of every other member
 //! and carries it until that member's own next fold: a reset through one
 //! source never loses another's peak.
+//!
+//! A window over several members of one group resets the group once per
+//! boundary, not once per member: the other members' intervals end at the
+//! first member's reset (one `reset_peak_memory_stats` per step for a
+//! window over a device's allocated and reserved bytes).
 
 use crate::error::{Error, Result};
 use crate::lock::Lock;
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// One window boundary over several sources (a [`Window`](crate::Window)'s
+/// open or reset), on this thread. Within a sweep, the members of one group
+/// share its one reset: the first member's boundary carries every other
+/// member's mark and resets the group; the others' intervals then end at
+/// that same reset instead of making one reset each. That is the same
+/// partition of time with one framework reset per group instead of one per
+/// member (a window over PyTorch's allocated and reserved bytes: one
+/// `reset_peak_memory_stats` per step, not two).
+pub(crate) struct Sweep {
+    outer: u64,
+}
+
+static SWEEPS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static SWEEP: Cell<u64> = const { Cell::new(0) };
+}
+
+impl Sweep {
+    /// Begins a sweep on this thread (a nested one, e.g. a callback opening
+    /// a window, gets its own id and restores the outer one when it ends).
+    pub(crate) fn begin() -> Sweep {
+        let id = SWEEPS.fetch_add(1, Ordering::Relaxed);
+        Sweep {
+            outer: SWEEP.with(|c| c.replace(id)),
+        }
+    }
+
+    fn current() -> u64 {
+        SWEEP.with(Cell::get)
+    }
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        SWEEP.with(|c| c.set(self.outer));
+    }
+}
 
 /// The caller's marks: the three functions a [`MarkGroup`] calls, each
 /// under the group's lock (never two at once for one group).
@@ -114,6 +160,8 @@ struct Group {
 struct GroupState {
     marks: Box<dyn Marks>,
     members: Vec<Member>,
+    /// The sweep in which the group was last reset (0: outside any sweep).
+    reset_in: u64,
 }
 
 struct Member {
@@ -121,6 +169,9 @@ struct Member {
     /// The highest mark read for this member at other members' resets since
     /// its own last boundary: folded into its windows at its next fold.
     carried: Option<u64>,
+    /// Carried at the group's reset in sweep `reset_in`, with no boundary of
+    /// its own since: within that sweep, its interval ends at that reset.
+    swept: bool,
 }
 
 impl MarkGroup {
@@ -131,6 +182,7 @@ impl MarkGroup {
                 state: Lock::new(GroupState {
                     marks,
                     members: Vec::new(),
+                    reset_in: 0,
                 }),
             }),
         }
@@ -153,6 +205,7 @@ impl MarkGroup {
         st.members.push(Member {
             index,
             carried: None,
+            swept: false,
         });
         Ok(MarkSampler {
             group: Arc::clone(&self.shared),
@@ -213,10 +266,23 @@ impl GroupState {
         self.marks
             .reset()
             .map_err(|e| context(e, "the shared reset", info, index))?;
-        if let Some(m) = self.members.iter_mut().find(|m| m.index == index) {
-            m.carried = None;
+        self.reset_in = Sweep::current();
+        for m in &mut self.members {
+            m.swept = self.reset_in != 0 && m.index != index;
+            if m.index == index {
+                m.carried = None;
+            }
         }
         Ok(())
+    }
+
+    /// Whether member `index`'s interval already ended at the group's reset
+    /// in the sweep under way (see [`Sweep`]).
+    fn swept(&self, index: usize) -> bool {
+        let now = Sweep::current();
+        now != 0
+            && self.reset_in == now
+            && self.members.iter().any(|m| m.index == index && m.swept)
     }
 }
 
@@ -255,6 +321,12 @@ impl Sampler for MarkSampler {
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
         let mut st = self.group.state.lock()?;
+        if st.swept(self.index) {
+            // The interval ends at the sweep's reset: what the mark has seen
+            // since belongs to the next one (the mark keeps it).
+            let carried = st.members.iter().find(|m| m.index == self.index);
+            return Ok(Some(carried.and_then(|m| m.carried).unwrap_or(0)));
+        }
         let peak = st
             .marks
             .peak(self.index)
@@ -269,7 +341,15 @@ impl Sampler for MarkSampler {
 
     fn reset_peak(&mut self) -> Result<Sample> {
         let mut st = self.group.state.lock()?;
-        st.reset(self.index, &self.info)?;
+        if st.swept(self.index) {
+            // Reset already, by the sweep's first member: start from there.
+            if let Some(m) = st.members.iter_mut().find(|m| m.index == self.index) {
+                m.carried = None;
+                m.swept = false;
+            }
+        } else {
+            st.reset(self.index, &self.info)?;
+        }
         self.current(&mut st)
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
+use crate::mark::Sweep;
 use crate::sample::{monotonic_ns, Sample};
 use crate::source::{SlotId, Source};
 
@@ -78,6 +79,7 @@ impl Window {
         }
         let started_at_ns = monotonic_ns();
         let mut parts: Vec<Part> = Vec::with_capacity(sources.len());
+        let _sweep = Sweep::begin();
         for source in sources {
             // On failure, `parts` drops and closes the slots opened so far.
             let (slot, start) = source.open_slot()?;
@@ -163,6 +165,7 @@ impl Window {
     pub fn reset(&mut self) -> Result<Vec<SourceDelta>> {
         self.started_at_ns = monotonic_ns();
         let mut ended = Vec::with_capacity(self.parts.len());
+        let _sweep = Sweep::begin();
         for p in &mut self.parts {
             let (peak, sample) = p.source.restart_slot(p.slot)?;
             let info = p.source.info();

@@ -30,6 +30,9 @@ struct State {
     resets: u64,
     /// A buggy framework: its peaks read 0.
     peak_reads_zero: bool,
+    /// Another thread's temporary allocation right after the next reset:
+    /// (mark, bytes).
+    blip_after_reset: Option<(usize, u64)>,
 }
 
 /// The framework: allocations are scripted by the test; memprobe reads it
@@ -133,6 +136,9 @@ impl Marks for Script {
             }
             s.peak = s.now.clone();
             s.resets += 1;
+            if let Some((i, bytes)) = s.blip_after_reset.take() {
+                s.peak[i] = s.peak[i].max(s.now[i] + bytes);
+            }
             Ok(())
         })
     }
@@ -290,6 +296,58 @@ fn a_shared_reset_through_one_source_never_loses_the_others_peaks() {
     let w = one(&kept);
     fw.blip(2, 77);
     assert_eq!(w.peaks().unwrap(), vec![base[2] + 77]);
+}
+
+#[test]
+fn a_window_over_several_members_resets_the_group_once_per_boundary() {
+    // A step window over one device's allocated and reserved marks (PyTorch:
+    // one reset_peak_memory_stats for both), an epoch window over the same,
+    // and a window over reserved alone.
+    let fw = Framework::new(2);
+    let group = fw.group();
+    let alloc = Source::over_mark(&group, 0, "alloc:0", SourceKind::GpuProcess).unwrap();
+    let reserved = Source::over_mark(&group, 1, "reserved:0", SourceKind::GpuProcess).unwrap();
+    let both = [alloc.clone(), reserved.clone()];
+    fw.alloc(0, 100 * MIB);
+    fw.alloc(1, 200 * MIB);
+    let epoch = Window::open(&both).unwrap();
+    let mut lone = one(&reserved);
+    let before = fw.resets();
+    let mut step = Window::open(&both).unwrap();
+    assert_eq!(fw.resets(), before + 1, "one reset opens a window over both");
+
+    let mut epoch_peak = [100 * MIB, 200 * MIB];
+    for round in 1..=50u64 {
+        // Blips on both marks; an allocation that stays on reserved.
+        fw.blip(0, round * MIB);
+        fw.blip(1, 3 * round * MIB);
+        fw.alloc(1, MIB);
+        let resets = fw.resets();
+        let d = step.reset().unwrap();
+        assert_eq!(fw.resets(), resets + 1, "round {round}: one reset per boundary");
+        let now1 = 200 * MIB + round * MIB;
+        assert_eq!(d[0].peak, 100 * MIB + round * MIB, "round {round}: alloc");
+        assert_eq!(d[1].peak, now1 - MIB + 3 * round * MIB, "round {round}: reserved");
+        assert_eq!(d[1].used_end, now1);
+        epoch_peak[0] = epoch_peak[0].max(d[0].peak);
+        epoch_peak[1] = epoch_peak[1].max(d[1].peak);
+        // Right after the boundary, nothing has happened in the new interval.
+        assert_eq!(step.peaks().unwrap(), vec![100 * MIB, now1], "round {round}");
+    }
+    assert_eq!(epoch.peaks().unwrap(), epoch_peak.to_vec());
+    // The window over reserved alone saw every blip of reserved too.
+    let lone_peak = lone.reset().unwrap()[0].peak;
+    assert_eq!(lone_peak, epoch_peak[1]);
+
+    // What another thread allocates and frees right after the boundary's
+    // one reset, before reserved's turn in it, lands in exactly one
+    // interval: the next (the interval of every member ends at the reset).
+    fw.state.lock().unwrap().blip_after_reset = Some((1, 7 * MIB));
+    let d = step.reset().unwrap();
+    assert_eq!(d[1].peak, 250 * MIB, "not in the interval that ended");
+    assert_eq!(step.peaks().unwrap()[1], 250 * MIB + 7 * MIB, "in the next");
+    assert_eq!(epoch.peaks().unwrap()[1], epoch_peak[1].max(250 * MIB + 7 * MIB));
+    assert_eq!(lone.peaks().unwrap()[0], 250 * MIB + 7 * MIB, "and in every window");
 }
 
 #[test]
