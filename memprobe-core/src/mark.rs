@@ -280,9 +280,7 @@ impl GroupState {
     /// in the sweep under way (see [`Sweep`]).
     fn swept(&self, index: usize) -> bool {
         let now = Sweep::current();
-        now != 0
-            && self.reset_in == now
-            && self.members.iter().any(|m| m.index == index && m.swept)
+        now != 0 && self.reset_in == now && self.members.iter().any(|m| m.index == index && m.swept)
     }
 }
 

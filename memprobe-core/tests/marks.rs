@@ -314,7 +314,11 @@ fn a_window_over_several_members_resets_the_group_once_per_boundary() {
     let mut lone = one(&reserved);
     let before = fw.resets();
     let mut step = Window::open(&both).unwrap();
-    assert_eq!(fw.resets(), before + 1, "one reset opens a window over both");
+    assert_eq!(
+        fw.resets(),
+        before + 1,
+        "one reset opens a window over both"
+    );
 
     let mut epoch_peak = [100 * MIB, 200 * MIB];
     for round in 1..=50u64 {
@@ -324,15 +328,27 @@ fn a_window_over_several_members_resets_the_group_once_per_boundary() {
         fw.alloc(1, MIB);
         let resets = fw.resets();
         let d = step.reset().unwrap();
-        assert_eq!(fw.resets(), resets + 1, "round {round}: one reset per boundary");
+        assert_eq!(
+            fw.resets(),
+            resets + 1,
+            "round {round}: one reset per boundary"
+        );
         let now1 = 200 * MIB + round * MIB;
         assert_eq!(d[0].peak, 100 * MIB + round * MIB, "round {round}: alloc");
-        assert_eq!(d[1].peak, now1 - MIB + 3 * round * MIB, "round {round}: reserved");
+        assert_eq!(
+            d[1].peak,
+            now1 - MIB + 3 * round * MIB,
+            "round {round}: reserved"
+        );
         assert_eq!(d[1].used_end, now1);
         epoch_peak[0] = epoch_peak[0].max(d[0].peak);
         epoch_peak[1] = epoch_peak[1].max(d[1].peak);
         // Right after the boundary, nothing has happened in the new interval.
-        assert_eq!(step.peaks().unwrap(), vec![100 * MIB, now1], "round {round}");
+        assert_eq!(
+            step.peaks().unwrap(),
+            vec![100 * MIB, now1],
+            "round {round}"
+        );
     }
     assert_eq!(epoch.peaks().unwrap(), epoch_peak.to_vec());
     // The window over reserved alone saw every blip of reserved too.
@@ -346,8 +362,15 @@ fn a_window_over_several_members_resets_the_group_once_per_boundary() {
     let d = step.reset().unwrap();
     assert_eq!(d[1].peak, 250 * MIB, "not in the interval that ended");
     assert_eq!(step.peaks().unwrap()[1], 250 * MIB + 7 * MIB, "in the next");
-    assert_eq!(epoch.peaks().unwrap()[1], epoch_peak[1].max(250 * MIB + 7 * MIB));
-    assert_eq!(lone.peaks().unwrap()[0], 250 * MIB + 7 * MIB, "and in every window");
+    assert_eq!(
+        epoch.peaks().unwrap()[1],
+        epoch_peak[1].max(250 * MIB + 7 * MIB)
+    );
+    assert_eq!(
+        lone.peaks().unwrap()[0],
+        250 * MIB + 7 * MIB,
+        "and in every window"
+    );
 }
 
 #[test]
