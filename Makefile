@@ -45,10 +45,11 @@ demo:
 demo-c: $(BUILD)/trainer
 	$(BUILD)/trainer 3 4 256 16
 
-# The lint and doc gate, first in `make test`: clippy and rustdoc deny every
-# warning (go vet and gofmt run with the Go tests, which need the installed
+# The lint and doc gate, first in `make test`: rustfmt's check, and clippy and
+# rustdoc denying every warning (go vet and gofmt run with the Go tests, which need the installed
 # prefix to find memprobe through pkg-config; mypy runs with the Python tests).
 lint:
+	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -j$(JOBS) --workspace --no-deps
 
