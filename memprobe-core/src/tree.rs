@@ -345,18 +345,20 @@ mod tests {
 
     #[test]
     fn follows_processes_until_they_exit() {
+        // The tree is this test process's: tests running beside this one
+        // start and end children of their own, so only `kid` is checked.
         let mut kid = Command::new("sleep").arg("5").spawn().unwrap();
         let mut tree = ProcessTree::new(std::process::id());
         let first = tree.read();
         assert!(first.processes.iter().any(|(p, _)| *p == kid.id()));
-        assert!(first.exited.is_empty());
+        assert!(!first.exited.contains(&kid.id()));
         assert!(first.rss() > 0);
         kid.kill().unwrap();
         kid.wait().unwrap();
         let second = tree.read();
-        assert_eq!(second.exited, vec![kid.id()]);
+        assert!(second.exited.contains(&kid.id()), "{:?}", second.exited);
         assert!(!second.processes.iter().any(|(p, _)| *p == kid.id()));
-        assert!(tree.read().exited.is_empty(), "reported once");
+        assert!(!tree.read().exited.contains(&kid.id()), "reported once");
     }
 
     #[test]
