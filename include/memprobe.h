@@ -426,6 +426,31 @@ typedef uint32_t memprobe_gpu_backend;
 #endif // __cplusplus
 
 /**
+ * Which value of its marks a memprobe_mark_read_many_fn reads.
+ */
+enum memprobe_mark_value
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * The bytes in use now.
+   */
+  MEMPROBE_MARK_VALUE_CURRENT = 0,
+  /**
+   * The high-water mark since the group's last reset.
+   */
+  MEMPROBE_MARK_VALUE_PEAK = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum memprobe_mark_value memprobe_mark_value;
+#else
+typedef uint32_t memprobe_mark_value;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * An HTTP endpoint serving `GET /metrics` in the Prometheus text format
  * (see docs/metrics.md): its sources' readings, the last ended phases of
  * the trackers it watches, and optionally the GPUs as DCGM gauges.
@@ -564,6 +589,13 @@ typedef int32_t (*memprobe_mark_read_fn)(void *user_data, size_t index, uint64_t
  * non-zero on failure.
  */
 typedef int32_t (*memprobe_mark_reset_fn)(void *user_data);
+
+/**
+ * Reads one value (`what`, a memprobe_mark_value) of `count` marks of a
+ * group at once: `out_bytes[i]` receives the value of mark `indices[i]`.
+ * Returns 0 on success, non-zero on failure.
+ */
+typedef int32_t (*memprobe_mark_read_many_fn)(void *user_data, uint32_t what, const size_t *indices, size_t count, uint64_t *out_bytes);
 
 /**
  * Counters of the monitor.
@@ -1052,6 +1084,29 @@ memprobe_status memprobe_source_new_gpu_exact(uint32_t device, memprobe_source *
  * the group and every source, window, trace or tracker over it are freed.
  */
 memprobe_status memprobe_mark_group_new(memprobe_mark_read_fn current, memprobe_mark_read_fn peak, memprobe_mark_reset_fn reset, void *user_data, memprobe_mark_group **out);
+
+/**
+ * A group of resettable marks that the caller reads from one snapshot
+ * (PyTorch's `memory_stats`: one read gives every mark of a device):
+ * `read_many(user_data, what, indices, count, out_bytes)` stores the
+ * value `what` (MEMPROBE_MARK_VALUE_CURRENT: bytes in use now;
+ * MEMPROBE_MARK_VALUE_PEAK: the high-water mark since the last reset) of
+ * mark `indices[i]` in `out_bytes[i]` for each `i < count` (`count >= 1`;
+ * both arrays are memprobe's, valid for the call only), and
+ * `reset(user_data)` resets every mark of the group at once. Each returns
+ * 0 on success; a non-zero return fails the memprobe call that needed it
+ * with MEMPROBE_STATUS_UNAVAILABLE, as for memprobe_mark_group_new.
+ *
+ * Same sources, same peaks as memprobe_mark_group_new, fewer calls: a
+ * window boundary over any number of the group's sources makes three
+ * (every peak, the reset, every current value) instead of two per source
+ * plus one. The peaks of the other members are read at the start of the
+ * boundary rather than right before the reset: as for the member whose
+ * boundary it is, a temporary allocation another thread makes and frees
+ * inside the boundary itself is in neither interval. Threading, re-entry
+ * and `user_data` as for memprobe_mark_group_new.
+ */
+memprobe_status memprobe_mark_group_new_many(memprobe_mark_read_many_fn read_many, memprobe_mark_reset_fn reset, void *user_data, memprobe_mark_group **out);
 
 /**
  * Releases a group handle. Sources made over the group keep it (and its

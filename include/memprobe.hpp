@@ -310,6 +310,23 @@ class MarkGroup {
 public:
     using ReadFn = std::function<std::uint64_t(std::size_t)>;
     using ResetFn = std::function<void()>;
+    /** Stores value `what` of mark `indices[i]` in `out[i]`, `i < count`. */
+    using ReadManyFn =
+        std::function<void(memprobe_mark_value what, const std::size_t *indices, std::size_t count, std::uint64_t *out)>;
+
+    /** A group whose marks are read several at once, from one snapshot
+     *  (memprobe_mark_group_new_many): a window boundary over any number of
+     *  its sources calls `read_many` twice and `reset` once. Same sources,
+     *  same peaks as the three-function group. */
+    static MarkGroup many(ReadManyFn read_many, ResetFn reset) {
+        if (!read_many || !reset)
+            throw Error(MEMPROBE_STATUS_NULL_POINTER, "a mark group needs read_many and reset functions");
+        MarkGroup g;
+        g.keep_ = detail::register_callable(ManyFns{std::move(read_many), std::move(reset)});
+        detail::check(
+            memprobe_mark_group_new_many(&MarkGroup::call_read_many, &MarkGroup::call_reset_many, g.keep_->user_data(), &g.h_));
+        return g;
+    }
 
     MarkGroup(ReadFn current, ReadFn peak, ResetFn reset) {
         if (!current || !peak || !reset)
@@ -344,10 +361,38 @@ public:
     const memprobe_mark_group *handle() const noexcept { return h_; }
 
 private:
+    MarkGroup() = default;
     struct Fns {
         ReadFn current, peak;
         ResetFn reset;
     };
+    struct ManyFns {
+        ReadManyFn read_many;
+        ResetFn reset;
+    };
+    static std::int32_t call_read_many(void *user_data, std::uint32_t what, const std::size_t *indices,
+                                       std::size_t count, std::uint64_t *out) noexcept {
+        try {
+            std::shared_ptr<ManyFns> f = detail::registered<ManyFns>(user_data);
+            if (!f) return 1;
+            f->read_many(static_cast<memprobe_mark_value>(what), indices, count, out);
+            return 0;
+        } catch (...) {
+            detail::keep_pending();
+            return 2;
+        }
+    }
+    static std::int32_t call_reset_many(void *user_data) noexcept {
+        try {
+            std::shared_ptr<ManyFns> f = detail::registered<ManyFns>(user_data);
+            if (!f) return 1;
+            f->reset();
+            return 0;
+        } catch (...) {
+            detail::keep_pending();
+            return 2;
+        }
+    }
     static std::int32_t call_read(void *user_data, std::size_t index, std::uint64_t *out, bool peak) noexcept {
         try {
             std::shared_ptr<Fns> f = detail::registered<Fns>(user_data);

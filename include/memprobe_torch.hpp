@@ -101,14 +101,17 @@ public:
      *  stand-in, or an allocator wrapper); names use `device`. */
     AllocatorSources(int device, StatsFn stats, ResetFn reset, bool with_active = false)
         : device_(device),
-          group_(
-              [stats](std::size_t i) {
-                  return static_cast<std::uint64_t>(aggregate(stats(), static_cast<Stat>(i)).current);
+          // One getDeviceStats per read of every mark: a step boundary makes
+          // two and one resetPeakStats, whatever the number of sources.
+          group_(MarkGroup::many(
+              [stats](memprobe_mark_value what, const std::size_t *idx, std::size_t n, std::uint64_t *out) {
+                  const c10::cuda::CUDACachingAllocator::DeviceStats s = stats();
+                  for (std::size_t i = 0; i < n; i++) {
+                      const auto &st = aggregate(s, static_cast<Stat>(idx[i]));
+                      out[i] = static_cast<std::uint64_t>(what == MEMPROBE_MARK_VALUE_PEAK ? st.peak : st.current);
+                  }
               },
-              [stats](std::size_t i) {
-                  return static_cast<std::uint64_t>(aggregate(stats(), static_cast<Stat>(i)).peak);
-              },
-              std::move(reset)),
+              std::move(reset))),
           sources_(make_sources(group_, device, with_active)),
           since_start_(SourceList(sources_)) {}
 

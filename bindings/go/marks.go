@@ -5,6 +5,7 @@ package memprobe
 #include "memprobe.h"
 
 memprobe_status mpgo_mark_group_new(uintptr_t id, memprobe_mark_group **out);
+memprobe_status mpgo_mark_group_new_many(uintptr_t id, memprobe_mark_group **out);
 */
 import "C"
 
@@ -33,6 +34,28 @@ type Marks interface {
 	Current(index int) (uint64, error)
 	Peak(index int) (uint64, error)
 	Reset() error
+}
+
+// MarkValue says which value of its marks MarksMany.ReadMany reads
+// (memprobe_mark_value).
+type MarkValue uint32
+
+const (
+	// MarkCurrent is the bytes in use now.
+	MarkCurrent MarkValue = C.MEMPROBE_MARK_VALUE_CURRENT
+	// MarkPeak is the high-water mark since the group's last Reset.
+	MarkPeak MarkValue = C.MEMPROBE_MARK_VALUE_PEAK
+)
+
+// MarksMany is implemented by Marks that read every mark from one snapshot
+// (PyTorch's statistics: one read gives every mark of a device). ReadMany
+// stores value what of mark indices[i] in out[i] (len(out) ==
+// len(indices)). NewMarkGroup then uses memprobe_mark_group_new_many: a
+// window boundary over any number of the group's sources calls ReadMany
+// twice and Reset once, instead of Current and Peak once per source.
+type MarksMany interface {
+	Marks
+	ReadMany(what MarkValue, indices []int, out []uint64) error
 }
 
 // markState is the Go side of a group, reachable from C through its
@@ -75,7 +98,8 @@ type MarkGroup struct {
 	freed bool
 }
 
-// NewMarkGroup is a group over m.
+// NewMarkGroup is a group over m (read several marks at once when m is
+// also a MarksMany).
 func NewMarkGroup(m Marks) (*MarkGroup, error) {
 	if m == nil {
 		return nil, &Error{Status: StatusNullPointer, Message: "NewMarkGroup: marks is nil"}
@@ -83,7 +107,13 @@ func NewMarkGroup(m Marks) (*MarkGroup, error) {
 	st := &markState{marks: m, refs: 1}
 	st.id = callbacks.add(st)
 	var h *C.memprobe_mark_group
-	if err := call(func() C.memprobe_status { return C.mpgo_mark_group_new(C.uintptr_t(st.id), &h) }); err != nil {
+	_, many := m.(MarksMany)
+	if err := call(func() C.memprobe_status {
+		if many {
+			return C.mpgo_mark_group_new_many(C.uintptr_t(st.id), &h)
+		}
+		return C.mpgo_mark_group_new(C.uintptr_t(st.id), &h)
+	}); err != nil {
 		callbacks.del(st.id)
 		return nil, err
 	}
@@ -173,4 +203,29 @@ func mpgoMarkPeak(userData unsafe.Pointer, index C.size_t, out *C.uint64_t) C.in
 //export mpgoMarkReset
 func mpgoMarkReset(userData unsafe.Pointer) C.int32_t {
 	return markCall(userData, "Reset", func(st *markState) error { return st.marks.Reset() })
+}
+
+//export mpgoMarkReadMany
+func mpgoMarkReadMany(userData unsafe.Pointer, what C.uint32_t, indices *C.size_t, count C.size_t, out *C.uint64_t) C.int32_t {
+	return markCall(userData, "ReadMany", func(st *markState) error {
+		mm, ok := st.marks.(MarksMany)
+		if !ok {
+			return fmt.Errorf("marks %T has no ReadMany", st.marks)
+		}
+		n := int(count)
+		cidx := unsafe.Slice(indices, n)
+		cout := unsafe.Slice(out, n)
+		idx := make([]int, n)
+		for i, v := range cidx {
+			idx[i] = int(v)
+		}
+		vals := make([]uint64, n)
+		if err := mm.ReadMany(MarkValue(what), idx, vals); err != nil {
+			return err
+		}
+		for i, v := range vals {
+			cout[i] = C.uint64_t(v)
+		}
+		return nil
+	})
 }

@@ -220,3 +220,60 @@ func TestMarkTrackerPerStepAndEpoch(t *testing.T) {
 		t.Fatalf("epoch %+v", r)
 	}
 }
+
+// batchedAllocator reads every mark from one snapshot (MarksMany).
+type batchedAllocator struct {
+	fakeAllocator
+	reads int
+}
+
+func (a *batchedAllocator) ReadMany(what MarkValue, indices []int, out []uint64) error {
+	a.reads++
+	for i, idx := range indices {
+		var err error
+		switch what {
+		case MarkCurrent:
+			out[i], err = a.Current(idx)
+		case MarkPeak:
+			out[i], err = a.Peak(idx)
+		default:
+			return errors.New("unknown mark value")
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestMarksReadAtOnceGiveTheSamePeaksInTwoReads(t *testing.T) {
+	checkLeaks(t)
+	a := &batchedAllocator{}
+	g := must(NewMarkGroup(a))(t)
+	defer g.Close()
+	alloc := must(g.Source(0, "alloc:0"))(t)
+	defer alloc.Close()
+	reserved := must(g.Source(1, "reserved:0"))(t)
+	defer reserved.Close()
+	a.set(0, 10*MiB)
+	a.set(1, 30*MiB)
+	step := must(OpenWindow(alloc, reserved))(t)
+	defer step.Close()
+	for i := uint64(1); i <= 10; i++ {
+		a.spike(0, i*MiB)
+		a.spike(1, 2*i*MiB)
+		reads, resets := a.reads, a.resets
+		d := must(step.Reset())(t)
+		if d[0].Peak != 10*MiB+i*MiB || d[1].Peak != 30*MiB+2*i*MiB {
+			t.Fatalf("round %d: %+v", i, d)
+		}
+		if a.reads != reads+2 || a.resets != resets+1 {
+			t.Fatalf("round %d: %d reads, %d resets per boundary", i, a.reads-reads, a.resets-resets)
+		}
+	}
+	a.failPeak = errors.New("stats are gone")
+	if _, err := step.Reset(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("failing ReadMany: %v", err)
+	}
+	a.failPeak = nil
+}

@@ -62,3 +62,12 @@ memprobe_status mpgo_mark_group_new(uintptr_t id, memprobe_mark_group **out) {
     return memprobe_mark_group_new(mark_current_trampoline, mark_peak_trampoline, mark_reset_trampoline, (void *)id,
                                    out);
 }
+
+static int32_t mark_read_many_trampoline(void *user_data, uint32_t what, const size_t *indices, size_t count,
+                                         uint64_t *out_bytes) {
+    return mpgoMarkReadMany(user_data, what, (size_t *)indices, count, out_bytes);
+}
+
+memprobe_status mpgo_mark_group_new_many(uintptr_t id, memprobe_mark_group **out) {
+    return memprobe_mark_group_new_many(mark_read_many_trampoline, mark_reset_trampoline, (void *)id, out);
+}

@@ -44,7 +44,7 @@ mod window;
 
 pub use delta::{b2mb, deltas, SourceDelta};
 pub use error::{Error, ErrorKind, Result};
-pub use mark::{MarkGroup, Marks};
+pub use mark::{MarkGroup, MarkValue, Marks};
 pub use phase::{PhaseInfo, PhaseKind};
 pub use sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 pub use sampler::Sampler;

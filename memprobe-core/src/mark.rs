@@ -67,6 +67,15 @@ impl Drop for Sweep {
     }
 }
 
+/// Which value of a mark [`Marks::read_many`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkValue {
+    /// The bytes in use now ([`Marks::current`]).
+    Current,
+    /// The high-water mark since the last reset ([`Marks::peak`]).
+    Peak,
+}
+
 /// The caller's marks: the three functions a [`MarkGroup`] calls, each
 /// under the group's lock (never two at once for one group).
 ///
@@ -92,6 +101,30 @@ pub trait Marks: Send {
 
     /// Resets every mark of the group to its current value.
     fn reset(&mut self) -> Result<()>;
+
+    /// Reads `what` of every mark in `indices` into `out` (as long as
+    /// `indices`) in one call, for marks that come from one snapshot
+    /// (PyTorch's statistics: one `memory_stats` read gives every mark of a
+    /// device). With it, a window boundary over a group costs three calls
+    /// whatever the number of members: every peak, the reset, every
+    /// current value. The other members' peaks are then read at the start
+    /// of the boundary rather than right before the reset: the gap in which
+    /// another thread's rise and fall is in neither interval widens by the
+    /// boundary's own work, as it already is for the member whose boundary
+    /// it is.
+    ///
+    /// `None` (the default): this implementation reads one mark at a time,
+    /// and the group calls [`current`](Marks::current) and
+    /// [`peak`](Marks::peak) for the marks it needs only.
+    fn read_many(
+        &mut self,
+        what: MarkValue,
+        indices: &[usize],
+        out: &mut [u64],
+    ) -> Option<Result<()>> {
+        let _ = (what, indices, out);
+        None
+    }
 }
 
 /// A group of exact sources over marks that share one reset.
@@ -162,6 +195,9 @@ struct GroupState {
     members: Vec<Member>,
     /// The sweep in which the group was last reset (0: outside any sweep).
     reset_in: u64,
+    /// The sweep in which every member's peak was read and carried in one
+    /// [`Marks::read_many`] (0: none).
+    peaks_read_in: u64,
 }
 
 struct Member {
@@ -172,6 +208,9 @@ struct Member {
     /// Carried at the group's reset in sweep `reset_in`, with no boundary of
     /// its own since: within that sweep, its interval ends at that reset.
     swept: bool,
+    /// Its value read right after that reset, when the group reads every
+    /// member at once: the start of its next interval.
+    current_at_reset: Option<u64>,
 }
 
 impl MarkGroup {
@@ -183,6 +222,7 @@ impl MarkGroup {
                     marks,
                     members: Vec::new(),
                     reset_in: 0,
+                    peaks_read_in: 0,
                 }),
             }),
         }
@@ -206,6 +246,7 @@ impl MarkGroup {
             index,
             carried: None,
             swept: false,
+            current_at_reset: None,
         });
         Ok(MarkSampler {
             group: Arc::clone(&self.shared),
@@ -248,32 +289,96 @@ fn context(e: Error, what: &str, info: &SourceInfo, index: usize) -> Error {
 }
 
 impl GroupState {
+    fn indices(&self) -> Vec<usize> {
+        self.members.iter().map(|m| m.index).collect()
+    }
+
+    /// Reads `what` of every member in one call, when the marks can and the
+    /// group has several members (`None` otherwise).
+    fn read_all(
+        &mut self,
+        what: MarkValue,
+        info: &SourceInfo,
+        index: usize,
+    ) -> Option<Result<Vec<u64>>> {
+        if self.members.len() < 2 {
+            return None;
+        }
+        let indices = self.indices();
+        let mut out = vec![0; indices.len()];
+        let r = self.marks.read_many(what, &indices, &mut out)?;
+        let label = match what {
+            MarkValue::Current => "reading the current values",
+            MarkValue::Peak => "reading the peaks",
+        };
+        Some(r.map(|()| out).map_err(|e| context(e, label, info, index)))
+    }
+
+    /// Carries `peak` for member `i` (by position) until its own next fold.
+    fn carry(&mut self, i: usize, peak: u64) {
+        let m = &mut self.members[i];
+        m.carried = Some(m.carried.map_or(peak, |c| c.max(peak)));
+    }
+
     /// Carries every other member's mark, then resets the group. On error
     /// the marks are not reset (or were, with every other mark carried).
-    fn reset(&mut self, index: usize, info: &SourceInfo) -> Result<()> {
-        for i in 0..self.members.len() {
-            let other = self.members[i].index;
-            if other == index {
-                continue;
+    /// Returns `index`'s value right after the reset when the group read
+    /// every member's at once.
+    fn reset(&mut self, index: usize, info: &SourceInfo) -> Result<Option<u64>> {
+        let sweep = Sweep::current();
+        let carried_already = sweep != 0 && self.peaks_read_in == sweep && self.reset_in != sweep;
+        if !carried_already {
+            match self.read_all(MarkValue::Peak, info, index) {
+                Some(peaks) => {
+                    for (i, peak) in peaks?.into_iter().enumerate() {
+                        if self.members[i].index != index {
+                            self.carry(i, peak);
+                        }
+                    }
+                }
+                None => {
+                    for i in 0..self.members.len() {
+                        let other = self.members[i].index;
+                        if other == index {
+                            continue;
+                        }
+                        let peak = self
+                            .marks
+                            .peak(other)
+                            .map_err(|e| context(e, "reading the peak", info, other))?;
+                        self.carry(i, peak);
+                    }
+                }
             }
-            let peak = self
-                .marks
-                .peak(other)
-                .map_err(|e| context(e, "reading the peak", info, other))?;
-            let m = &mut self.members[i];
-            m.carried = Some(m.carried.map_or(peak, |c| c.max(peak)));
         }
         self.marks
             .reset()
             .map_err(|e| context(e, "the shared reset", info, index))?;
-        self.reset_in = Sweep::current();
+        self.reset_in = sweep;
         for m in &mut self.members {
             m.swept = self.reset_in != 0 && m.index != index;
+            m.current_at_reset = None;
             if m.index == index {
                 m.carried = None;
             }
         }
-        Ok(())
+        if sweep == 0 {
+            return Ok(None);
+        }
+        // Within a sweep the other members' intervals end at this reset and
+        // start from their value right after it: read them all at once.
+        let Some(now) = self.read_all(MarkValue::Current, info, index) else {
+            return Ok(None);
+        };
+        let mut own = None;
+        for (m, v) in self.members.iter_mut().zip(now?) {
+            if m.index == index {
+                own = Some(v);
+            } else {
+                m.current_at_reset = Some(v);
+            }
+        }
+        Ok(own)
     }
 
     /// Whether member `index`'s interval already ended at the group's reset
@@ -292,12 +397,17 @@ pub(crate) struct MarkSampler {
 }
 
 impl MarkSampler {
-    fn current(&self, st: &mut GroupState) -> Result<Sample> {
+    /// A sample of `known` (a value the group read already) or of a fresh
+    /// reading.
+    fn current(&self, st: &mut GroupState, known: Option<u64>) -> Result<Sample> {
         let t0 = monotonic_ns();
-        let used = st
-            .marks
-            .current(self.index)
-            .map_err(|e| context(e, "reading the current value", &self.info, self.index))?;
+        let used = match known {
+            Some(v) => v,
+            None => st
+                .marks
+                .current(self.index)
+                .map_err(|e| context(e, "reading the current value", &self.info, self.index))?,
+        };
         Ok(Sample {
             used,
             taken_at_ns: t0,
@@ -314,7 +424,7 @@ impl Sampler for MarkSampler {
 
     fn read(&mut self) -> Result<Sample> {
         let mut st = self.group.state.lock()?;
-        self.current(&mut st)
+        self.current(&mut st, None)
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
@@ -325,10 +435,35 @@ impl Sampler for MarkSampler {
             let carried = st.members.iter().find(|m| m.index == self.index);
             return Ok(Some(carried.and_then(|m| m.carried).unwrap_or(0)));
         }
-        let peak = st
-            .marks
-            .peak(self.index)
-            .map_err(|e| context(e, "reading the peak", &self.info, self.index))?;
+        let sweep = Sweep::current();
+        let peak = if sweep != 0 && st.reset_in != sweep {
+            // A boundary under way: read every member's peak at once and
+            // carry the others' to the reset that follows in this sweep.
+            match st.read_all(MarkValue::Peak, &self.info, self.index) {
+                Some(peaks) => {
+                    let mut own = 0;
+                    for (i, peak) in peaks?.into_iter().enumerate() {
+                        if st.members[i].index == self.index {
+                            own = peak;
+                        } else {
+                            st.carry(i, peak);
+                        }
+                    }
+                    st.peaks_read_in = sweep;
+                    Some(own)
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        let peak = match peak {
+            Some(p) => p,
+            None => st
+                .marks
+                .peak(self.index)
+                .map_err(|e| context(e, "reading the peak", &self.info, self.index))?,
+        };
         let carried = st
             .members
             .iter()
@@ -339,16 +474,20 @@ impl Sampler for MarkSampler {
 
     fn reset_peak(&mut self) -> Result<Sample> {
         let mut st = self.group.state.lock()?;
-        if st.swept(self.index) {
+        let known = if st.swept(self.index) {
             // Reset already, by the sweep's first member: start from there.
-            if let Some(m) = st.members.iter_mut().find(|m| m.index == self.index) {
-                m.carried = None;
-                m.swept = false;
-            }
+            st.members
+                .iter_mut()
+                .find(|m| m.index == self.index)
+                .and_then(|m| {
+                    m.carried = None;
+                    m.swept = false;
+                    m.current_at_reset.take()
+                })
         } else {
-            st.reset(self.index, &self.info)?;
-        }
-        self.current(&mut st)
+            st.reset(self.index, &self.info)?
+        };
+        self.current(&mut st, known)
     }
 }
 

@@ -5,8 +5,8 @@
 //! callbacks never run concurrently, and trackers and traces over them.
 
 use memprobe_core::{
-    Error, ErrorKind, MarkGroup, Marks, PeakFidelity, PhaseKind, Result, Source, SourceKind, Trace,
-    TraceOptions, Tracker, Window,
+    Error, ErrorKind, MarkGroup, MarkValue, Marks, PeakFidelity, PhaseKind, Result, Source,
+    SourceKind, Trace, TraceOptions, Tracker, Window,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,6 +45,9 @@ struct Framework {
     inside: Arc<AtomicBool>,
     overlaps: Arc<AtomicU64>,
     calls: Arc<AtomicU64>,
+    /// Reads every mark of one kind in one call ([`Marks::read_many`]), as
+    /// PyTorch's statistics dictionary does.
+    batched: bool,
 }
 
 impl Framework {
@@ -59,7 +62,19 @@ impl Framework {
             inside: Arc::new(AtomicBool::new(false)),
             overlaps: Arc::new(AtomicU64::new(0)),
             calls: Arc::new(AtomicU64::new(0)),
+            batched: false,
         }
+    }
+
+    fn batched(marks: usize) -> Framework {
+        Framework {
+            batched: true,
+            ..Framework::new(marks)
+        }
+    }
+
+    fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
     }
 
     fn alloc(&self, i: usize, bytes: u64) {
@@ -127,6 +142,31 @@ impl Marks for Script {
             }
             Ok(if s.peak_reads_zero { 0 } else { s.peak[i] })
         })
+    }
+
+    fn read_many(
+        &mut self,
+        what: MarkValue,
+        indices: &[usize],
+        out: &mut [u64],
+    ) -> Option<Result<()>> {
+        if !self.0.batched {
+            return None;
+        }
+        Some(self.0.call(|s, fail| {
+            for (o, &i) in out.iter_mut().zip(indices) {
+                *o = match what {
+                    MarkValue::Current if fail == Fail::Current(i) => {
+                        return Err(failed("current"))
+                    }
+                    MarkValue::Peak if fail == Fail::Peak(i) => return Err(failed("peak")),
+                    MarkValue::Current => s.now[i],
+                    MarkValue::Peak if s.peak_reads_zero => 0,
+                    MarkValue::Peak => s.peak[i],
+                };
+            }
+            Ok(())
+        }))
     }
 
     fn reset(&mut self) -> Result<()> {
@@ -230,8 +270,12 @@ fn nested_and_sibling_windows_stay_independent() {
 
 #[test]
 fn a_shared_reset_through_one_source_never_loses_the_others_peaks() {
+    a_shared_reset_through_one_source_never_loses_the_others_peaks_with(Framework::new(6));
+    a_shared_reset_through_one_source_never_loses_the_others_peaks_with(Framework::batched(6));
+}
+
+fn a_shared_reset_through_one_source_never_loses_the_others_peaks_with(fw: Framework) {
     // PyTorch's layout on two devices: allocated, reserved, active per device.
-    let fw = Framework::new(6);
     let group = fw.group();
     let names = [
         "alloc:0",
@@ -300,10 +344,19 @@ fn a_shared_reset_through_one_source_never_loses_the_others_peaks() {
 
 #[test]
 fn a_window_over_several_members_resets_the_group_once_per_boundary() {
-    // A step window over one device's allocated and reserved marks (PyTorch:
-    // one reset_peak_memory_stats for both), an epoch window over the same,
-    // and a window over reserved alone.
-    let fw = Framework::new(2);
+    several_members_one_reset(Framework::new(2), 5);
+}
+
+#[test]
+fn marks_read_at_once_give_the_same_peaks_in_three_calls_per_boundary() {
+    several_members_one_reset(Framework::batched(2), 3);
+}
+
+/// A step window over one device's allocated and reserved marks (PyTorch:
+/// one reset_peak_memory_stats for both), an epoch window over the same,
+/// and a window over reserved alone; each step boundary makes
+/// `calls_per_step` callbacks.
+fn several_members_one_reset(fw: Framework, calls_per_step: u64) {
     let group = fw.group();
     let alloc = Source::over_mark(&group, 0, "alloc:0", SourceKind::GpuProcess).unwrap();
     let reserved = Source::over_mark(&group, 1, "reserved:0", SourceKind::GpuProcess).unwrap();
@@ -326,12 +379,17 @@ fn a_window_over_several_members_resets_the_group_once_per_boundary() {
         fw.blip(0, round * MIB);
         fw.blip(1, 3 * round * MIB);
         fw.alloc(1, MIB);
-        let resets = fw.resets();
+        let (resets, calls) = (fw.resets(), fw.calls());
         let d = step.reset().unwrap();
         assert_eq!(
             fw.resets(),
             resets + 1,
             "round {round}: one reset per boundary"
+        );
+        assert_eq!(
+            fw.calls(),
+            calls + calls_per_step,
+            "round {round}: callbacks"
         );
         let now1 = 200 * MIB + round * MIB;
         assert_eq!(d[0].peak, 100 * MIB + round * MIB, "round {round}: alloc");
@@ -375,7 +433,11 @@ fn a_window_over_several_members_resets_the_group_once_per_boundary() {
 
 #[test]
 fn failing_callbacks_fail_the_call_and_keep_every_peak() {
-    let fw = Framework::new(2);
+    failing_callbacks_fail_the_call_and_keep_every_peak_with(Framework::new(2));
+    failing_callbacks_fail_the_call_and_keep_every_peak_with(Framework::batched(2));
+}
+
+fn failing_callbacks_fail_the_call_and_keep_every_peak_with(fw: Framework) {
     let group = fw.group();
     let a = Source::over_mark(&group, 0, "a", SourceKind::Custom).unwrap();
     let b = Source::over_mark(&group, 1, "b", SourceKind::Custom).unwrap();
@@ -460,7 +522,11 @@ fn a_mark_below_the_current_value_is_raised_to_it() {
 /// interval.)
 #[test]
 fn callbacks_of_one_group_never_run_concurrently() {
-    let fw = Framework::new(4);
+    callbacks_of_one_group_never_run_concurrently_with(Framework::new(4));
+    callbacks_of_one_group_never_run_concurrently_with(Framework::batched(4));
+}
+
+fn callbacks_of_one_group_never_run_concurrently_with(fw: Framework) {
     let group = fw.group();
     let sources: Vec<Source> = (0..4)
         .map(|i| Source::over_mark(&group, i, &format!("m{i}"), SourceKind::Custom).unwrap())
@@ -499,7 +565,11 @@ fn callbacks_of_one_group_never_run_concurrently() {
 
 #[test]
 fn a_tracker_reports_exact_peaks_per_step_and_per_epoch() {
-    let fw = Framework::new(2);
+    a_tracker_reports_exact_peaks_per_step_and_per_epoch_with(Framework::new(2));
+    a_tracker_reports_exact_peaks_per_step_and_per_epoch_with(Framework::batched(2));
+}
+
+fn a_tracker_reports_exact_peaks_per_step_and_per_epoch_with(fw: Framework) {
     let group = fw.group();
     let alloc = Source::over_mark(&group, 0, "torch_alloc:0", SourceKind::GpuProcess).unwrap();
     let reserved =

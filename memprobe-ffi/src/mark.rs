@@ -12,7 +12,7 @@ use crate::boundary::{entry_point, free_point, text, UserData};
 use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::memprobe_source;
 use crate::status::memprobe_status;
-use memprobe_core::{Error, ErrorKind, MarkGroup, Marks, Result, Source, SourceKind};
+use memprobe_core::{Error, ErrorKind, MarkGroup, MarkValue, Marks, Result, Source, SourceKind};
 use std::ffi::{c_char, c_void};
 
 /// A group of marks sharing one reset (e.g. one device's allocated,
@@ -42,6 +42,31 @@ pub type memprobe_mark_read_fn =
 /// non-zero on failure.
 #[allow(non_camel_case_types)]
 pub type memprobe_mark_reset_fn = Option<unsafe extern "C" fn(user_data: *mut c_void) -> i32>;
+
+/// Which value of its marks a memprobe_mark_read_many_fn reads.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum memprobe_mark_value {
+    /// The bytes in use now.
+    Current = 0,
+    /// The high-water mark since the group's last reset.
+    Peak = 1,
+}
+
+/// Reads one value (`what`, a memprobe_mark_value) of `count` marks of a
+/// group at once: `out_bytes[i]` receives the value of mark `indices[i]`.
+/// Returns 0 on success, non-zero on failure.
+#[allow(non_camel_case_types)]
+pub type memprobe_mark_read_many_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        what: u32,
+        indices: *const usize,
+        count: usize,
+        out_bytes: *mut u64,
+    ) -> i32,
+>;
 
 /// The caller's three functions behind [`Marks`].
 struct CMarks {
@@ -100,6 +125,77 @@ impl Marks for CMarks {
     }
 }
 
+type ReadManyFn = unsafe extern "C" fn(*mut c_void, u32, *const usize, usize, *mut u64) -> i32;
+
+/// The caller's two functions behind [`Marks`] when it reads every mark of
+/// a group from one snapshot.
+struct CMarksMany {
+    read: ReadManyFn,
+    reset: unsafe extern "C" fn(*mut c_void) -> i32,
+    data: UserData,
+}
+
+impl CMarksMany {
+    fn one(&self, what: memprobe_mark_value, index: usize) -> Result<u64> {
+        let mut out = [0u64];
+        self.many(what, &[index], &mut out)?;
+        Ok(out[0])
+    }
+
+    fn many(&self, what: memprobe_mark_value, indices: &[usize], out: &mut [u64]) -> Result<()> {
+        // SAFETY: the caller's function with the caller's data, per the
+        // contract of memprobe_mark_group_new_many; both arrays hold
+        // `indices.len()` elements.
+        let rc = unsafe {
+            (self.read)(
+                self.data.get(),
+                what as u32,
+                indices.as_ptr(),
+                indices.len(),
+                out.as_mut_ptr(),
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(failed("read_many", rc))
+        }
+    }
+}
+
+impl Marks for CMarksMany {
+    fn current(&mut self, index: usize) -> Result<u64> {
+        self.one(memprobe_mark_value::Current, index)
+    }
+
+    fn peak(&mut self, index: usize) -> Result<u64> {
+        self.one(memprobe_mark_value::Peak, index)
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        // SAFETY: as in `many`.
+        let rc = unsafe { (self.reset)(self.data.get()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(failed("reset", rc))
+        }
+    }
+
+    fn read_many(
+        &mut self,
+        what: MarkValue,
+        indices: &[usize],
+        out: &mut [u64],
+    ) -> Option<Result<()>> {
+        let what = match what {
+            MarkValue::Current => memprobe_mark_value::Current,
+            MarkValue::Peak => memprobe_mark_value::Peak,
+        };
+        Some(self.many(what, indices, out))
+    }
+}
+
 /// A group of resettable marks kept by the caller (a framework allocator's
 /// allocated / reserved / active bytes, per device): `current(user_data,
 /// index, &bytes)` reads the bytes in use of mark `index`, `peak(user_data,
@@ -132,6 +228,43 @@ pub extern "C" fn memprobe_mark_group_new(
         let marks = CMarks {
             current: current.ok_or_else(|| crate::boundary::null("current"))?,
             peak: peak.ok_or_else(|| crate::boundary::null("peak"))?,
+            reset: reset.ok_or_else(|| crate::boundary::null("reset"))?,
+            data: UserData::new(user_data),
+        };
+        publish(MarkGroup::new(Box::new(marks)), out)
+    })
+}
+
+/// A group of resettable marks that the caller reads from one snapshot
+/// (PyTorch's `memory_stats`: one read gives every mark of a device):
+/// `read_many(user_data, what, indices, count, out_bytes)` stores the
+/// value `what` (MEMPROBE_MARK_VALUE_CURRENT: bytes in use now;
+/// MEMPROBE_MARK_VALUE_PEAK: the high-water mark since the last reset) of
+/// mark `indices[i]` in `out_bytes[i]` for each `i < count` (`count >= 1`;
+/// both arrays are memprobe's, valid for the call only), and
+/// `reset(user_data)` resets every mark of the group at once. Each returns
+/// 0 on success; a non-zero return fails the memprobe call that needed it
+/// with MEMPROBE_STATUS_UNAVAILABLE, as for memprobe_mark_group_new.
+///
+/// Same sources, same peaks as memprobe_mark_group_new, fewer calls: a
+/// window boundary over any number of the group's sources makes three
+/// (every peak, the reset, every current value) instead of two per source
+/// plus one. The peaks of the other members are read at the start of the
+/// boundary rather than right before the reset: as for the member whose
+/// boundary it is, a temporary allocation another thread makes and frees
+/// inside the boundary itself is in neither interval. Threading, re-entry
+/// and `user_data` as for memprobe_mark_group_new.
+#[no_mangle]
+pub extern "C" fn memprobe_mark_group_new_many(
+    read_many: memprobe_mark_read_many_fn,
+    reset: memprobe_mark_reset_fn,
+    user_data: *mut c_void,
+    out: *mut *mut memprobe_mark_group,
+) -> memprobe_status {
+    entry_point("memprobe_mark_group_new_many", || {
+        crate::boundary::out(out, "out")?;
+        let marks = CMarksMany {
+            read: read_many.ok_or_else(|| crate::boundary::null("read_many"))?,
             reset: reset.ok_or_else(|| crate::boundary::null("reset"))?,
             data: UserData::new(user_data),
         };

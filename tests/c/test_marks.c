@@ -2,7 +2,9 @@
  * scripted stand-in for a framework allocator (2 devices x allocated /
  * reserved bytes, one shared reset) checked to the byte through windows,
  * traces and trackers, failing callbacks, re-entry, and bad input on every
- * mark entry point. */
+ * mark entry point; each scenario runs over a group made with
+ * memprobe_mark_group_new and again over one made with
+ * memprobe_mark_group_new_many (every mark read from one snapshot). */
 #include <stdint.h>
 #include <stdlib.h>
 #include "check.h"
@@ -17,6 +19,7 @@ typedef struct {
     uint64_t now[N_MARKS], peak[N_MARKS];
     int32_t fail_current, fail_peak, fail_reset; /* returned when non-zero */
     int resets;
+    int calls; /* callbacks made, of any kind */
     /* Re-entry: a source the current callback reads, and what it got. */
     memprobe_source *reenter;
     memprobe_mark_group *reenter_group;
@@ -37,6 +40,7 @@ static void spike(allocator *a, int i, uint64_t bytes) {
 
 static int32_t read_current(void *user_data, size_t index, uint64_t *out) {
     allocator *a = user_data;
+    a->calls++;
     if (a->reenter) {
         memprobe_sample s;
         memprobe_source *src = NULL;
@@ -52,6 +56,7 @@ static int32_t read_current(void *user_data, size_t index, uint64_t *out) {
 
 static int32_t read_peak(void *user_data, size_t index, uint64_t *out) {
     allocator *a = user_data;
+    a->calls++;
     if (a->fail_peak) return a->fail_peak;
     if (index >= N_MARKS) return -1;
     *out = a->peak[index];
@@ -61,10 +66,38 @@ static int32_t read_peak(void *user_data, size_t index, uint64_t *out) {
 static int32_t reset_all(void *user_data) {
     allocator *a = user_data;
     int i;
+    a->calls++;
     if (a->fail_reset) return a->fail_reset;
     for (i = 0; i < N_MARKS; i++) a->peak[i] = a->now[i];
     a->resets++;
     return 0;
+}
+
+/* Every requested mark from one snapshot of the allocator: one call. */
+static int32_t read_many(void *user_data, uint32_t what, const size_t *indices, size_t count, uint64_t *out) {
+    allocator *a = user_data;
+    size_t i;
+    int32_t rc = 0;
+    int calls = a->calls;
+    CHECK(count >= 1 && indices != NULL && out != NULL);
+    for (i = 0; i < count && rc == 0; i++) {
+        if (what == MEMPROBE_MARK_VALUE_CURRENT)
+            rc = read_current(user_data, indices[i], &out[i]);
+        else if (what == MEMPROBE_MARK_VALUE_PEAK)
+            rc = read_peak(user_data, indices[i], &out[i]);
+        else
+            rc = -2;
+    }
+    a->calls = calls + 1;
+    return rc;
+}
+
+/* Which constructor make_group uses. */
+static int use_many;
+
+static memprobe_status new_group(allocator *a, memprobe_mark_group **g) {
+    return use_many ? memprobe_mark_group_new_many(read_many, reset_all, a, g)
+                    : memprobe_mark_group_new(read_current, read_peak, reset_all, a, g);
 }
 
 static const char *const NAMES[N_MARKS] = {"alloc:0", "reserved:0", "alloc:1", "reserved:1"};
@@ -73,7 +106,7 @@ static const char *const NAMES[N_MARKS] = {"alloc:0", "reserved:0", "alloc:1", "
 static memprobe_mark_group *make_group(allocator *a, memprobe_source *src[N_MARKS]) {
     memprobe_mark_group *g = NULL;
     int i;
-    OK(memprobe_mark_group_new(read_current, read_peak, reset_all, a, &g));
+    OK(new_group(a, &g));
     for (i = 0; i < N_MARKS; i++) {
         src[i] = NULL;
         OK(memprobe_source_new_mark(g, (size_t)i, NAMES[i], &src[i]));
@@ -300,7 +333,8 @@ static void test_failing_callbacks_leave_windows_intact(void) {
     EXPECT(memprobe_window_peak(w, 0, &p), MEMPROBE_STATUS_UNAVAILABLE);
     CHECK(strstr(memprobe_last_error(), "alloc:0") != NULL);
     CHECK(strstr(memprobe_last_error(), "mark 0") != NULL);
-    CHECK(strstr(memprobe_last_error(), "peak callback returned 7") != NULL);
+    CHECK(strstr(memprobe_last_error(), "reading the peak") != NULL);
+    CHECK(strstr(memprobe_last_error(), use_many ? "read_many callback returned 7" : "peak callback returned 7") != NULL);
     a.fail_peak = 0;
     CHECK(peak_of(w, 0) == 45 * MIB);
 
@@ -318,9 +352,10 @@ static void test_failing_callbacks_leave_windows_intact(void) {
     a.fail_current = 9;
     EXPECT(memprobe_source_read(src[2], &s), MEMPROBE_STATUS_UNAVAILABLE);
     CHECK(strstr(memprobe_last_error(), "alloc:1") != NULL && strstr(memprobe_last_error(), "mark 2") != NULL);
-    CHECK(strstr(memprobe_last_error(), "current callback returned 9") != NULL);
+    CHECK(strstr(memprobe_last_error(), "reading the current value") != NULL);
+    CHECK(strstr(memprobe_last_error(), use_many ? "read_many callback returned 9" : "current callback returned 9") != NULL);
     OK(memprobe_source_get_last_error(src[2], &err, msg, sizeof msg, NULL));
-    CHECK(err == MEMPROBE_STATUS_UNAVAILABLE && strstr(msg, "current callback returned 9") != NULL);
+    CHECK(err == MEMPROBE_STATUS_UNAVAILABLE && strstr(msg, use_many ? "read_many callback returned 9" : "current callback returned 9") != NULL);
     EXPECT(memprobe_window_open((const memprobe_source *const *)&src[1], 1, &other), MEMPROBE_STATUS_UNAVAILABLE);
     a.fail_current = 0;
 
@@ -356,6 +391,68 @@ static void test_reentry_is_wrong_order(void) {
     a.reenter = NULL;
     OK(memprobe_source_read(src[0], &s));
     free_group(g, src);
+}
+
+/* A step window over one device's allocated and reserved sources: one
+ * reset per boundary either way; five callbacks with one read per mark,
+ * three with every mark read at once; the same peaks. */
+static void test_callbacks_per_boundary(void) {
+    allocator a = {0};
+    memprobe_source *src[N_MARKS];
+    memprobe_mark_group *g = make_group(&a, src);
+    memprobe_window *step = NULL;
+    memprobe_delta d[2];
+    int i, calls, resets;
+
+    set(&a, 0, 100 * MIB);
+    set(&a, 1, 300 * MIB);
+    OK(memprobe_window_open((const memprobe_source *const *)src, 2, &step));
+    for (i = 1; i <= 20; i++) {
+        spike(&a, 0, (uint64_t)i * MIB);
+        spike(&a, 1, (uint64_t)i * 2 * MIB);
+        calls = a.calls;
+        resets = a.resets;
+        OK(memprobe_window_reset(step, d, 2));
+        CHECK(a.resets == resets + 1);
+        /* Four sources live in the group: the other two's peaks are
+         * carried too (one call each without read_many). */
+        CHECK(a.calls - calls == (use_many ? 3 : 7));
+        CHECK(d[0].peak == 100 * MIB + (uint64_t)i * MIB);
+        CHECK(d[1].peak == 300 * MIB + (uint64_t)i * 2 * MIB);
+        CHECK(d[1].used_end == 300 * MIB);
+    }
+    FREE_OK(memprobe_window_free(step));
+    free_group(g, src);
+}
+
+static void test_bad_input_many(void) {
+    allocator a = {0};
+    memprobe_mark_group *g = NULL;
+    memprobe_source *s = NULL;
+    uint64_t v = 0;
+
+    EXPECT(memprobe_mark_group_new_many(NULL, reset_all, &a, &g), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_mark_group_new_many(read_many, NULL, &a, &g), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_mark_group_new_many(read_many, reset_all, &a, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    CHECK(g == NULL);
+    OK(memprobe_mark_group_new_many(read_many, reset_all, &a, &g));
+    OK(memprobe_source_new_mark(g, 2, "alloc:1", &s));
+    set(&a, 2, 5 * MIB);
+    OK(memprobe_source_read(s, &(memprobe_sample){0}));
+    /* A failing read_many: UNAVAILABLE naming the callback. */
+    {
+        memprobe_window *w = NULL;
+        OK(memprobe_window_open((const memprobe_source *const *)&s, 1, &w));
+        a.fail_peak = 9;
+        EXPECT(memprobe_window_peak(w, 0, &v), MEMPROBE_STATUS_UNAVAILABLE);
+        CHECK(strstr(memprobe_last_error(), "read_many") != NULL);
+        a.fail_peak = 0;
+        OK(memprobe_window_peak(w, 0, &v));
+        CHECK(v == 5 * MIB);
+        FREE_OK(memprobe_window_free(w));
+    }
+    FREE_OK(memprobe_source_free(s));
+    FREE_OK(memprobe_mark_group_free(g));
 }
 
 static void test_bad_input(void) {
@@ -422,14 +519,18 @@ static void test_bad_input(void) {
 
 int main(void) {
     uint64_t sources = 0, windows = 0, traces = 0, trackers = 0;
-    test_spike_is_the_peak_to_the_byte();
-    test_nested_and_sibling_windows();
-    test_shared_reset_keeps_other_peaks();
-    test_tracker_per_step_and_epoch();
-    test_trace_report_line();
-    test_failing_callbacks_leave_windows_intact();
-    test_reentry_is_wrong_order();
+    for (use_many = 0; use_many < 2; use_many++) {
+        test_spike_is_the_peak_to_the_byte();
+        test_nested_and_sibling_windows();
+        test_shared_reset_keeps_other_peaks();
+        test_tracker_per_step_and_epoch();
+        test_trace_report_line();
+        test_failing_callbacks_leave_windows_intact();
+        test_reentry_is_wrong_order();
+        test_callbacks_per_boundary();
+    }
     test_bad_input();
+    test_bad_input_many();
     OK(memprobe_debug_live_handles(&sources, &windows, &traces, &trackers));
     CHECK(sources == 0 && windows == 0 && traces == 0 && trackers == 0);
     return check_summary();

@@ -99,6 +99,57 @@ int main() {
     using namespace memprobe;
     const char *names[] = {"torch_alloc:0", "torch_reserved:0", "torch_alloc:1", "torch_reserved:1"};
 
+    // A group read from one snapshot: two reads and one reset per boundary
+    // over both of a device's sources, the same peaks; an exception from
+    // read_many is rethrown after the call and loses nothing.
+    {
+        Allocator a;
+        int reads = 0;
+        MarkGroup g = MarkGroup::many(
+            [&a, &reads](memprobe_mark_value what, const std::size_t *idx, std::size_t n, std::uint64_t *out) {
+                reads++;
+                if (a.fail) throw AllocatorGone();
+                for (std::size_t i = 0; i < n; i++)
+                    out[i] = what == MEMPROBE_MARK_VALUE_PEAK ? a.peak.at(idx[i]) : a.now.at(idx[i]);
+            },
+            [&a] {
+                a.peak = a.now;
+                a.resets++;
+            });
+        std::vector<Source> both;
+        both.push_back(g.source(0, names[0]));
+        both.push_back(g.source(1, names[1]));
+        a.set(0, 10 * MIB);
+        a.set(1, 30 * MIB);
+        Window step(both);
+        for (std::uint64_t i = 1; i <= 5; i++) {
+            a.spike(0, i * MIB);
+            a.spike(1, 2 * i * MIB);
+            int r = reads, resets = a.resets;
+            std::vector<memprobe_delta> d = step.reset();
+            CHECK(reads == r + 2 && a.resets == resets + 1);
+            CHECK(d.at(0).peak == 10 * MIB + i * MIB && d.at(1).peak == 30 * MIB + 2 * i * MIB);
+        }
+        a.spike(1, 50 * MIB);
+        a.fail = true;
+        bool thrown = false;
+        try {
+            step.reset();
+        } catch (const AllocatorGone &) {
+            thrown = true;
+        }
+        CHECK(thrown);
+        a.fail = false;
+        CHECK(step.peak(1) == 80 * MIB);
+        bool null_refused = false;
+        try {
+            MarkGroup::many(nullptr, [] {});
+        } catch (const Error &e) {
+            null_refused = e.status() == MEMPROBE_STATUS_NULL_POINTER;
+        }
+        CHECK(null_refused);
+    }
+
     // Exact peaks over marks, sources built at run time (2 devices).
     {
         Allocator a;

@@ -169,6 +169,8 @@ memprobe_line_fn = CFUNCTYPE(None, c_char_p, c_void_p)
 memprobe_mark_read_fn = CFUNCTYPE(c_int32, c_void_p, c_size_t, POINTER(c_uint64))
 #: int32_t (*)(void *user_data)
 memprobe_mark_reset_fn = CFUNCTYPE(c_int32, c_void_p)
+#: int32_t (*)(void *user_data, uint32_t what, const size_t *indices, size_t count, uint64_t *out_bytes)
+memprobe_mark_read_many_fn = CFUNCTYPE(c_int32, c_void_p, c_uint32, POINTER(c_size_t), c_size_t, POINTER(c_uint64))
 
 P = POINTER
 PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
@@ -213,6 +215,10 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_mark_group_new": (
         status_t,
         [memprobe_mark_read_fn, memprobe_mark_read_fn, memprobe_mark_reset_fn, c_void_p, P(handle_t)],
+    ),
+    "memprobe_mark_group_new_many": (
+        status_t,
+        [memprobe_mark_read_many_fn, memprobe_mark_reset_fn, c_void_p, P(handle_t)],
     ),
     "memprobe_mark_group_free": (status_t, [handle_t]),
     "memprobe_source_new_mark": (status_t, [handle_t, c_size_t, c_char_p, P(handle_t)]),

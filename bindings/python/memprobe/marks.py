@@ -18,6 +18,11 @@ any number of nested and concurrent windows keep exact peaks::
     )
     alloc, reserved = group.source(0, "alloc"), group.source(1, "reserved")
 
+When one read of the framework gives every mark (PyTorch's statistics
+dictionary), :meth:`MarkGroup.many` takes one function that reads several
+marks at once: a window boundary then calls it twice and ``reset`` once,
+whatever the number of sources over the group.
+
 The functions are called on the thread that reads a source or opens, resets
 or closes a window over one of the group's sources (or on an exporter's
 thread for a scrape), one at a time per group, never by the monitor thread.
@@ -29,13 +34,38 @@ and every window keeps its peak.
 
 from __future__ import annotations
 
+import enum
 from ctypes import byref
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from . import _ffi, sources
 from ._ffi import C, check
 from ._owned import Owned
 from .sources import Source
+
+
+class MarkValue(enum.IntEnum):
+    """``memprobe_mark_value``: which value of its marks a
+    :meth:`MarkGroup.many` reader is asked for."""
+
+    #: The bytes in use now.
+    CURRENT = 0
+    #: The high-water mark since the group's last reset.
+    PEAK = 1
+
+
+def _c_reset(reset: Callable[[], None], errors: List[BaseException]) -> Callable[[Any], int]:
+    def c_reset(_user_data: Any) -> int:
+        if sources._finalizing:
+            return 1
+        try:
+            reset()
+            return 0
+        except BaseException as e:  # noqa: BLE001 - reported through the status
+            errors[:] = [e]
+            return 1
+
+    return c_reset
 
 
 class MarkGroup(Owned):
@@ -72,28 +102,66 @@ class MarkGroup(Owned):
 
             return c_read
 
-        def c_reset(_user_data: Any) -> int:
+        self._errors = errors
+        # The ctypes callbacks: kept by the group and by every source over it,
+        # since C may call them until the last of those is freed.
+        self._callbacks: Tuple[Any, ...] = (
+            _ffi.memprobe_mark_read_fn(read(current, "current")),
+            _ffi.memprobe_mark_read_fn(read(peak, "peak")),
+            _ffi.memprobe_mark_reset_fn(_c_reset(reset, errors)),
+        )
+        h = _ffi.out_handle()
+        check(C.memprobe_mark_group_new(*self._callbacks, None, byref(h)))
+        self._handle = h.value
+        self._closed = False
+
+    @classmethod
+    def many(
+        cls,
+        read_many: Callable[[str, Sequence[int]], Sequence[int]],
+        reset: Callable[[], None],
+    ) -> "MarkGroup":
+        """A group whose marks are read several at once:
+        ``read_many(what, indices)`` returns, in order, the value ``what``
+        (``"current"``: bytes in use now; ``"peak"``: the high-water mark
+        since the last reset) of each mark in ``indices``. Same sources and
+        same peaks as :class:`MarkGroup`, fewer calls: a window boundary over
+        any number of the group's sources calls ``read_many`` twice and
+        ``reset`` once (``memprobe_mark_group_new_many``)."""
+        self = cls.__new__(cls)
+        self._closed = True
+        errors: List[BaseException] = []
+        names: Dict[int, str] = {int(MarkValue.CURRENT): "current", int(MarkValue.PEAK): "peak"}
+
+        def c_read_many(_user_data: Any, what: int, indices: Any, count: int, out: Any) -> int:
             if sources._finalizing:
                 return 1
             try:
-                reset()
+                name = names[what]
+                wanted = [indices[i] for i in range(count)]
+                values = list(read_many(name, wanted))
+                if len(values) != count:
+                    raise ValueError(f"read_many({name!r}, {wanted}) returned {len(values)} values, not {count}")
+                for i, v in enumerate(values):
+                    v = int(v)
+                    if v < 0:
+                        raise ValueError(f"read_many({name!r}, ...) returned {v} bytes for mark {wanted[i]}")
+                    out[i] = v
                 return 0
             except BaseException as e:  # noqa: BLE001 - reported through the status
                 errors[:] = [e]
                 return 1
 
         self._errors = errors
-        # The ctypes callbacks: kept by the group and by every source over it,
-        # since C may call them until the last of those is freed.
-        self._callbacks: Tuple[Any, Any, Any] = (
-            _ffi.memprobe_mark_read_fn(read(current, "current")),
-            _ffi.memprobe_mark_read_fn(read(peak, "peak")),
-            _ffi.memprobe_mark_reset_fn(c_reset),
+        self._callbacks = (
+            _ffi.memprobe_mark_read_many_fn(c_read_many),
+            _ffi.memprobe_mark_reset_fn(_c_reset(reset, errors)),
         )
         h = _ffi.out_handle()
-        check(C.memprobe_mark_group_new(*self._callbacks, None, byref(h)))
+        check(C.memprobe_mark_group_new_many(*self._callbacks, None, byref(h)))
         self._handle = h.value
         self._closed = False
+        return self
 
     def source(self, index: int, name: str) -> Source:
         """An exact source over mark ``index`` named ``name`` (1 to 64
@@ -112,4 +180,4 @@ class MarkGroup(Owned):
         return f"<memprobe.MarkGroup {'closed' if self._closed else 'open'}>"
 
 
-__all__ = ["MarkGroup"]
+__all__ = ["MarkGroup", "MarkValue"]

@@ -24,6 +24,7 @@ from conftest import ROOT, require
 from memprobe import _ffi, _version
 from memprobe.errors import Status
 from memprobe.gpu import Backend
+from memprobe.marks import MarkValue
 from memprobe.sources import Fidelity, SourceKind
 from memprobe.tracker import PhaseKind
 
@@ -36,6 +37,7 @@ ENUMS = {
     "MEMPROBE_FIDELITY_": Fidelity,
     "MEMPROBE_PHASE_KIND_": PhaseKind,
     "MEMPROBE_GPU_BACKEND_": Backend,
+    "MEMPROBE_MARK_VALUE_": MarkValue,
 }
 # #defines that are not constants of the ABI's calls.
 NOT_CONSTANTS = {"MEMPROBE_H"}

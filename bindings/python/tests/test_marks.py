@@ -12,13 +12,18 @@ from memprobe import Fidelity, MarkGroup, SourceKind, Window
 
 
 class Marks:
-    """Two marks with one shared reset, like an allocator's."""
+    """Two marks with one shared reset, like an allocator's. ``style``
+    picks the group's constructor: one read per mark (``MarkGroup``) or
+    every mark at once (``MarkGroup.many``); every test runs with both."""
+
+    style = "one"
 
     def __init__(self, n: int = 2):
         self.now = [0] * n
         self.hwm = [0] * n
         self.resets = 0
         self.fail_in = None
+        self.calls = 0
 
     def set(self, i: int, v: int) -> None:
         self.now[i] = v
@@ -40,8 +45,51 @@ class Marks:
         self.resets += 1
         self.hwm = list(self.now)
 
+    def read_many(self, what: str, indices):
+        self.calls += 1
+        return [self.current(i) if what == "current" else self.peak(i) for i in indices]
+
     def group(self) -> MarkGroup:
+        if self.style == "many":
+            return MarkGroup.many(self.read_many, self.reset)
         return MarkGroup(self.current, self.peak, self.reset)
+
+
+@pytest.fixture(autouse=True, params=["one", "many"])
+def style(request, monkeypatch):
+    monkeypatch.setattr(Marks, "style", request.param)
+    return request.param
+
+
+def test_a_boundary_over_a_group_read_at_once_makes_three_calls(style):
+    m = Marks()
+    g = m.group()
+    a, b = g.source(0, "alloc"), g.source(1, "reserved")
+    m.set(0, 10 * MiB)
+    m.set(1, 30 * MiB)
+    with Window([a, b]) as step:
+        for i in range(1, 11):
+            m.set(0, 10 * MiB + i * MiB)
+            m.set(0, 10 * MiB)
+            m.set(1, 30 * MiB + 2 * i * MiB)
+            m.set(1, 30 * MiB)
+            calls, resets = m.calls, m.resets
+            d = step.reset()
+            assert [x.peak for x in d] == [10 * MiB + i * MiB, 30 * MiB + 2 * i * MiB]
+            assert m.resets == resets + 1
+            if style == "many":
+                assert m.calls == calls + 2  # every peak, then every current value
+
+
+@pytest.mark.parametrize("bad", [[1], [1, 2, 3], [-1, 0], ["x", 0]])
+def test_read_many_must_return_one_byte_count_per_mark(bad, style):
+    if style != "many":
+        pytest.skip("MarkGroup.many only")
+    g = MarkGroup.many(lambda what, idx: bad, lambda: None)
+    a, b = g.source(0, "a"), g.source(1, "b")
+    with pytest.raises(memprobe.UnavailableError) as e:
+        Window([a, b]).reset()
+    assert isinstance(e.value.__cause__, ValueError)
 
 
 def test_mark_sources_are_exact_and_named():

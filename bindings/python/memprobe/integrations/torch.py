@@ -72,35 +72,35 @@ def cuda_initialized() -> bool:
 
 
 class _DeviceMarks:
-    """The caching allocator's marks of one device, read from one
-    ``memory_stats_as_nested_dict(device)`` per callback (torch's own
-    ``memory_allocated`` builds that dictionary and then flattens and sorts
-    it: the nested one is the cheaper read)."""
+    """The caching allocator's marks of one device. One
+    ``memory_stats_as_nested_dict(device)`` gives every mark of the device,
+    so the group reads them all at once (:meth:`MarkGroup.many`): a window
+    boundary over ``torch_alloc:N`` and ``torch_reserved:N`` makes two such
+    reads and one ``reset_peak_memory_stats(N)``. The nested dictionary is
+    the cheaper read: torch's own ``memory_allocated`` builds it and then
+    flattens and sorts it."""
 
     def __init__(self, cuda: Any, device: int):
         self.device = device
         nested = getattr(cuda, "memory_stats_as_nested_dict", None)
-        if nested is not None:
-            self._stat = self._nested(nested)
-        else:  # pragma: no cover - every torch since 1.4 has it
+        if nested is None:  # pragma: no cover - every torch since 1.4 has it
             flat = cuda.memory_stats
-            self._stat = lambda key, which: flat(device).get(f"{key}.all.{which}", 0)
+
+            def nested(d: int) -> Dict[str, Any]:
+                out: Dict[str, Any] = {}
+                for key, v in flat(d).items():
+                    name, _, rest = key.partition(".all.")
+                    if rest:
+                        out.setdefault(name, {}).setdefault("all", {})[rest] = v
+                return out
+
+        self._nested: Callable[[int], Dict[str, Any]] = nested
         self._reset = cuda.reset_peak_memory_stats
 
-    def _nested(self, nested: Callable[[int], Dict[str, Any]]) -> Callable[[str, str], int]:
-        device = self.device
-
-        def stat(key: str, which: str) -> int:
-            # An allocator that never allocated has no entry yet: 0 bytes.
-            return int(nested(device).get(key, {}).get("all", {}).get(which, 0))
-
-        return stat
-
-    def current(self, index: int) -> int:
-        return self._stat(_DEVICE_MARKS[index][1], "current")
-
-    def peak(self, index: int) -> int:
-        return self._stat(_DEVICE_MARKS[index][1], "peak")
+    def read_many(self, what: str, indices: Iterable[int]) -> List[int]:
+        stats = self._nested(self.device)
+        # An allocator that never allocated has no entry yet: 0 bytes.
+        return [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
 
     def reset(self) -> None:
         self._reset(self.device)
@@ -132,7 +132,10 @@ class _Shared:
     def __init__(self, marks: Any, names: List[str]):
         self.marks = marks
         self.names = names
-        self.group = MarkGroup(marks.current, marks.peak, marks.reset)
+        if hasattr(marks, "read_many"):
+            self.group = MarkGroup.many(marks.read_many, marks.reset)
+        else:
+            self.group = MarkGroup(marks.current, marks.peak, marks.reset)
         self.members: Dict[int, "weakref.ref[Source]"] = {}
 
     def alive(self) -> bool:
