@@ -6,6 +6,10 @@ the Rust workspace two levels up, in release mode:
 
 - memprobe-ffi's cdylib, stripped, becomes ``memprobe/_lib/libmemprobe.abi3.so``
   (the ctypes binding loads it first: memprobe/_loader.py);
+- the GPU driver-API interposer (memprobe-interpose/preload), stripped,
+  becomes ``memprobe/_lib/libmemprobe_interpose.abi3.so``: ``memprobe run
+  --gpu-exact`` finds it there from the environment's ``bin/memprobe``, and
+  ``memprobe.interposer_library()`` names it for ``LD_PRELOAD``;
 - memprobe-cli's ``memprobe`` binary, stripped, goes to the environment's
   ``bin/`` (the wheel's scripts).
 
@@ -64,6 +68,15 @@ setup(
         RustExtension(
             "memprobe._lib.libmemprobe",
             path=manifest("memprobe-ffi"),
+            binding=Binding.NoBinding,
+            py_limited_api=True,
+            strip=Strip.All,
+            debug=False,
+            cargo_manifest_args=["--locked"],
+        ),
+        RustExtension(
+            "memprobe._lib.libmemprobe_interpose",
+            path=manifest("memprobe-interpose/preload"),
             binding=Binding.NoBinding,
             py_limited_api=True,
             strip=Strip.All,

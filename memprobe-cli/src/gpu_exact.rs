@@ -37,10 +37,17 @@ pub(crate) const LIBRARY_NAME: &str = "libmemprobe_interpose.so";
 /// Names the interposer when it is not next to the `memprobe` binary.
 pub(crate) const LIBRARY_ENV: &str = "MEMPROBE_INTERPOSE_LIBRARY";
 
+/// The interposer as the Python package carries it (`pip install`:
+/// `memprobe/_lib/`, tagged like the package's other library).
+const PYTHON_LIBRARY_NAME: &str = "libmemprobe_interpose.abi3.so";
+
 /// Finds the interposer: next to the `memprobe` binary, then
 /// `$MEMPROBE_INTERPOSE_LIBRARY`, then the install prefix's `lib/`
-/// (`<prefix>/bin/memprobe` → `<prefix>/lib/`). The error names every place
-/// searched.
+/// (`<prefix>/bin/memprobe` → `<prefix>/lib/`), then the Python package
+/// installed in that prefix (`pip install` puts the command in
+/// `<prefix>/bin` and the interposer in
+/// `<prefix>/lib/pythonX.Y/{site,dist}-packages/memprobe/_lib/`). The error
+/// names every place searched.
 pub(crate) fn find_library() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().ok();
     find_library_in(
@@ -68,6 +75,18 @@ fn find_library_in(exe_dir: Option<&Path>, named: Option<OsString>) -> Result<Pa
     if let Some(d) = exe_dir.and_then(Path::parent) {
         let p = d.join("lib").join(LIBRARY_NAME);
         candidates.push((p.clone(), p.display().to_string()));
+        let python = python_packages(d);
+        if python.is_empty() {
+            searched.push(format!(
+                "{}/lib/python3*/{{site,dist}}-packages/memprobe/_lib/{PYTHON_LIBRARY_NAME} (no Python package)",
+                d.display()
+            ));
+        }
+        candidates.extend(
+            python
+                .into_iter()
+                .map(|p| (p.clone(), p.display().to_string())),
+        );
     }
     for (p, shown) in candidates {
         if p.is_file() {
@@ -91,6 +110,32 @@ fn find_library_in(exe_dir: Option<&Path>, named: Option<OsString>) -> Result<Pa
          it with `make install`, or name it with {LIBRARY_ENV}=/path/to/{LIBRARY_NAME}",
         searched.join(", ")
     ))
+}
+
+/// Where the Python package installed under `prefix` keeps the interposer,
+/// for every Python version found there (newest name first).
+fn python_packages(prefix: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut versions: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        versions.sort();
+        for v in versions.iter().rev() {
+            for packages in ["site-packages", "dist-packages"] {
+                let p = v.join(packages).join("memprobe").join("_lib");
+                if p.is_dir() {
+                    found.push(p.join(PYTHON_LIBRARY_NAME));
+                }
+            }
+        }
+    }
+    found
 }
 
 /// The run's directory of regions: private (0700), named for this memprobe
@@ -496,6 +541,29 @@ mod tests {
         std::fs::write(bin.join(LIBRARY_NAME), b"").unwrap();
         let found = find_library_in(Some(&bin), Some(named.into())).unwrap();
         assert!(found.ends_with(format!("bin/{LIBRARY_NAME}")), "{found:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_python_packages_copy_is_found_from_the_venvs_bin() {
+        let d = scratch("venv");
+        let bin = d.join("bin");
+        let e = find_library_in(Some(&bin), None).unwrap_err();
+        assert!(e.contains("(no Python package)"), "{e}");
+        let lib = d.join("lib/python3.11/site-packages/memprobe/_lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let e = find_library_in(Some(&bin), None).unwrap_err();
+        assert!(
+            e.contains(&lib.join(PYTHON_LIBRARY_NAME).display().to_string()),
+            "{e}"
+        );
+        std::fs::write(lib.join(PYTHON_LIBRARY_NAME), b"").unwrap();
+        let found = find_library_in(Some(&bin), None).unwrap();
+        assert_eq!(found, lib.join(PYTHON_LIBRARY_NAME).canonicalize().unwrap());
+        // The prefix's lib/ comes first.
+        std::fs::write(d.join("lib").join(LIBRARY_NAME), b"").unwrap();
+        let found = find_library_in(Some(&bin), None).unwrap();
+        assert!(found.ends_with(format!("lib/{LIBRARY_NAME}")), "{found:?}");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

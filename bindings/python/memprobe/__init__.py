@@ -20,6 +20,8 @@ MiB. Failures raise :class:`MemprobeError` subclasses carrying the status.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from . import gpu, monitor
 from ._ffi import FOUND_BY as _FOUND_BY
 from ._ffi import LIBRARY_PATH as _LIBRARY_PATH
@@ -27,6 +29,7 @@ from ._ffi import C as _C
 from ._ffi import check as _check
 from ._ffi import status_name
 from ._ffi import version as library_version
+from . import _loader
 from ._loader import LibraryNotFoundError
 from ._version import ABI, __version__
 from .exporter import Exporter
@@ -66,6 +69,16 @@ def library_path() -> str:
 def library_found_by() -> str:
     """How the library was found: ``MEMPROBE_LIBRARY``, ``bundled``, ..."""
     return _FOUND_BY
+
+
+def interposer_library() -> Optional[str]:
+    """The GPU driver-API interposer this package carries
+    (``memprobe/_lib/libmemprobe_interpose.abi3.so``; None when the package
+    was not built with it): ``LD_PRELOAD`` it to count every device
+    allocation of a program exactly (docs/gpu.md). ``memprobe run
+    --gpu-exact`` finds it by itself."""
+    p = _loader.bundled_interposer()
+    return None if p is None else str(p)
 
 
 def soname() -> str:
@@ -123,6 +136,7 @@ __all__ = [
     "__version__",
     "b2mb",
     "gpu",
+    "interposer_library",
     "library_found_by",
     "library_path",
     "library_version",

@@ -78,12 +78,26 @@ def _prefix_dirs_for(home: Path) -> List[Path]:
     return out
 
 
+#: The GPU driver-API interposer's file name stem (``LD_PRELOAD``-ed, never
+#: loaded by this package).
+INTERPOSER = "libmemprobe_interpose"
+
+
+def bundled_interposer() -> Optional[Path]:
+    """The interposer the package carries (``pip install`` builds it in)."""
+    for name in (f"{INTERPOSER}.abi3.so", f"{INTERPOSER}.so"):
+        p = BUNDLED_DIR / name
+        if p.is_file():
+            return p
+    return None
+
+
 def _bundled() -> Optional[Path]:
     if not BUNDLED_DIR.is_dir():
         return None
     # The wheel's name first, then the names a hand-placed copy may have.
     names = ["libmemprobe.abi3.so", "libmemprobe.so", abi_soname()]
-    names += sorted(p.name for p in BUNDLED_DIR.glob("libmemprobe*.so*"))
+    names += sorted(p.name for p in BUNDLED_DIR.glob("libmemprobe*.so*") if not p.name.startswith(INTERPOSER))
     for name in names:
         p = BUNDLED_DIR / name
         if p.is_file():

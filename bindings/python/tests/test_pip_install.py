@@ -89,6 +89,20 @@ def check_installed(bin_dir: Path, cwd: Path) -> None:
     assert summary["exit"]["code"] == 0
     assert summary["peak_process"]["peak_rss_bytes"] >= 96 * MiB
 
+    # The GPU interposer comes with the package: the venv's `memprobe`
+    # finds it with nothing set, and the package names it for LD_PRELOAD.
+    r = run(["python", "-c", "import memprobe; print(memprobe.interposer_library())"], cwd=str(cwd), env=env)
+    interposer = Path(r.stdout.strip())
+    assert interposer.name == "libmemprobe_interpose.abi3.so" and interposer.is_file(), r.stdout
+    assert str(interposer.resolve()).startswith(str(bin_dir.parent.resolve())), r.stdout
+    out = cwd / "run-gpu-exact.json"
+    r = run(["memprobe", "run", "--gpu-exact", "--json", str(out), "--", "python", "-c", "print('counted')"],
+            cwd=str(cwd), env=env)
+    assert r.stdout.strip() == "counted", r.stdout + r.stderr
+    summary = json.loads(out.read_text())
+    assert summary["exit"]["code"] == 0
+    assert summary["gpu_exact"]["library"] == str(interposer.resolve()), summary["gpu_exact"]
+
 
 def test_pip_install_from_a_clean_clone(clone, tmp_path):
     bin_dir = fresh_venv(tmp_path / "venv")
