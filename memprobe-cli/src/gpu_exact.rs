@@ -25,6 +25,7 @@
 //! interposer sees) leaves the tree's counter, and its final figures are
 //! kept before its file is removed.
 
+use crate::gpu_readings::GpuReading;
 use memprobe_interpose::{self as interpose, tree, Counter, Mark, Region};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -234,6 +235,28 @@ pub(crate) struct ExactProcess {
     /// Allocations that passed through uncounted, and their bytes.
     pub(crate) not_counted_calls: u64,
     pub(crate) not_counted_bytes: u64,
+    /// Per device ordinal: NVML's figure for this process at the last tick
+    /// that had both readings (`None`: NVML never listed it there).
+    pub(crate) nvml_used: Vec<Option<u64>>,
+    /// Per device ordinal: NVML's figure minus what the interposer counted
+    /// at that tick: the context and the driver's own reservations, which
+    /// no call reveals.
+    pub(crate) context: Vec<Option<u64>>,
+}
+
+impl ExactProcess {
+    /// Folds in NVML's figure of `used` bytes on device `d`, read at the
+    /// same tick as the interposer's counters.
+    fn observe_nvml(&mut self, d: usize, used: u64) {
+        if self.nvml_used.len() <= d {
+            self.nvml_used.resize(d + 1, None);
+            self.context.resize(d + 1, None);
+        }
+        let counted = self.end.get(d).copied().unwrap_or(0);
+        self.nvml_used[d] = Some(used);
+        // NVML reads a moment apart and rounds to pages: never below 0.
+        self.context[d] = Some(used.saturating_sub(counted));
+    }
 }
 
 /// What the run's interposed processes held, exactly.
@@ -284,9 +307,10 @@ pub(crate) struct Watcher {
 
 impl Watcher {
     /// One tick: new processes' regions claimed, every process's figures
-    /// read, ended processes settled; returns the tree's exact peak per
-    /// device since the last tick.
-    pub(crate) fn tick(&mut self) -> Vec<u64> {
+    /// read (with NVML's per-process figures of the same tick, `gpus`, for
+    /// the context memory no call reveals), ended processes settled;
+    /// returns the tree's exact peak per device since the last tick.
+    pub(crate) fn tick(&mut self, gpus: Option<&[GpuReading]>) -> Vec<u64> {
         if let Ok(list) = interpose::processes(&self.dir) {
             for e in list {
                 if self.watched.contains_key(&e.pid) {
@@ -316,6 +340,16 @@ impl Watcher {
         let mut gone = Vec::new();
         for (&pid, w) in &mut self.watched {
             read_figures(&w.region, &mut w.figures);
+            // Devices are matched by ordinal: NVML's as memprobe numbers
+            // them, the interposer's as the process does (the same unless
+            // it changed CUDA_VISIBLE_DEVICES).
+            for g in gpus.unwrap_or_default() {
+                for p in g.processes.iter().filter(|p| p.pid == pid) {
+                    if let Some(used) = p.used_bytes {
+                        w.figures.observe_nvml(g.index as usize, used);
+                    }
+                }
+            }
             if !w.region.alive() {
                 // What it still held went with it.
                 tree::settle(self.tree.layout(), w.region.layout());
@@ -405,6 +439,11 @@ pub(crate) struct ExactProcessReport {
     pub(crate) oom_failures: u64,
     pub(crate) not_counted_calls: u64,
     pub(crate) not_counted_bytes: u64,
+    /// Per device ordinal: NVML's figure for the process (null: not listed).
+    pub(crate) nvml_used_bytes: Vec<Option<u64>>,
+    /// Per device ordinal: NVML's figure minus the counted bytes, at the
+    /// same tick: context memory (null without an NVML figure).
+    pub(crate) context_bytes: Vec<Option<u64>>,
 }
 
 impl GpuExactReport {
@@ -413,13 +452,18 @@ impl GpuExactReport {
         let n = rec
             .processes
             .iter()
-            .map(|p| p.peak.len())
+            .map(|p| p.peak.len().max(p.nvml_used.len()))
             .chain([rec.tree_peak.len()])
             .max()
             .unwrap_or(0);
         let pad = |v: &[u64]| {
             let mut v = v.to_vec();
             v.resize(n, 0);
+            v
+        };
+        let pad_opt = |v: &[Option<u64>]| {
+            let mut v = v.to_vec();
+            v.resize(n, None);
             v
         };
         let devices = (0..n)
@@ -456,6 +500,8 @@ impl GpuExactReport {
                     oom_failures: p.oom_failures,
                     not_counted_calls: p.not_counted_calls,
                     not_counted_bytes: p.not_counted_bytes,
+                    nvml_used_bytes: pad_opt(&p.nvml_used),
+                    context_bytes: pad_opt(&p.context),
                 })
                 .collect(),
         }

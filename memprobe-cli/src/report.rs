@@ -500,13 +500,27 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
                 .filter(|(_, &b)| b > 0)
                 .map(|(d, &b)| format!("GPU {d} {}", units::bytes(b)))
                 .collect();
+            let context: Vec<String> = p
+                .context_bytes
+                .iter()
+                .enumerate()
+                .filter_map(|(d, c)| Some(format!("GPU {d} {}", units::bytes((*c)?))))
+                .collect();
             row(
                 &mut out,
                 &format!("  pid {}", p.pid),
                 format!(
-                    "{} peak (exact){}",
+                    "{} peak (exact){}{}",
                     per.join(", "),
-                    if p.exited { ", ended" } else { "" }
+                    if p.exited { ", ended" } else { "" },
+                    if context.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; context {} (NVML minus counted, sampled)",
+                            context.join(", ")
+                        )
+                    }
                 ),
             );
         }

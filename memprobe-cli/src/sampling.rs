@@ -170,18 +170,26 @@ impl State {
             let rec = self.rec.cgroup.as_mut()?;
             rec.observe(c.read().ok(), now)
         });
+        let readings = if self.rec.gpus.is_empty() {
+            None
+        } else {
+            gpu_readings::read_gpus().ok()
+        };
         let gpus = if self.rec.gpus.is_empty() {
             Vec::new()
         } else {
             let pids: HashSet<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();
-            let readings = gpu_readings::read_gpus().ok();
             self.rec
                 .gpus
                 .iter_mut()
                 .map(|series| series.observe(readings.as_deref(), &pids, now))
                 .collect()
         };
-        let gpu_exact = self.exact.as_mut().map(Watcher::tick).unwrap_or_default();
+        let gpu_exact = self
+            .exact
+            .as_mut()
+            .map(|w| w.tick(readings.as_deref()))
+            .unwrap_or_default();
         self.rec.add_point(Point {
             t_ns: now,
             tree_rss,

@@ -101,6 +101,16 @@ fn built() -> &'static Built {
 /// `memprobe run --gpu-exact --json FILE -- tree MODE ARGS`: the output and
 /// the JSON document.
 fn run(name: &str, mode_args: &[&str], extra: &[&str]) -> (Output, Value) {
+    run_env(name, mode_args, extra, &[])
+}
+
+/// [`run`] with more environment (set last: it overrides the defaults).
+fn run_env(
+    name: &str,
+    mode_args: &[&str],
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> (Output, Value) {
     let b = built();
     let json = scratch().join(format!("{name}.json"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_memprobe"));
@@ -118,6 +128,9 @@ fn run(name: &str, mode_args: &[&str], extra: &[&str]) -> (Output, Value) {
         .env_remove("MEMPROBE_GPU_EXACT_DIR")
         .env_remove("FAKE_CUDA_MEMORY")
         .env_remove("LD_PRELOAD");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let o = cmd.output().expect("run memprobe");
     assert!(
         o.status.success(),
@@ -256,6 +269,50 @@ fn a_killed_child_keeps_its_figures_and_leaves_the_tree() {
     assert_eq!(mib(&child["end_bytes"])[0], 8, "held when it was killed");
     assert_eq!(v["gpu_exact"]["devices"][0]["tree_peak_bytes"], 8 * MIB);
     assert_eq!(v["gpu_exact"]["devices"][0]["tree_end_bytes"], 0);
+}
+
+#[test]
+fn context_memory_is_nvmls_figure_minus_the_counted_bytes() {
+    // NVML (the fake) gives each child of memprobe 768 MiB on device 0; the
+    // child holds 256 MiB through the driver: 512 MiB no call revealed.
+    let dir = scratch().join("nvml");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libnvidia-ml.so.1");
+    let fake = root().join("tests/fake-gpu/fake_nvml.c");
+    cc(
+        &["-shared", "-fPIC", fake.to_str().unwrap(), "-lpthread"],
+        &lib,
+    );
+    let script = dir.join("fake_nvml.script");
+    std::fs::write(
+        &script,
+        format!("devices 1\ndevice 0 procs children:{}\n", 768 * MIB),
+    )
+    .unwrap();
+    let (o, v) = run_env(
+        "context",
+        &["hold", "256", "300"],
+        &["--interval", "10ms"],
+        &[
+            ("MEMPROBE_GPU_BACKEND", Path::new("nvml")),
+            ("MEMPROBE_NVML_LIBRARY", &lib),
+            ("FAKE_NVML_SCRIPT", &script),
+        ],
+    );
+    let p = process(&v, pid_of(&o, "pid"));
+    assert_eq!(mib(&p["peak_bytes"]), vec![256]);
+    assert_eq!(p["nvml_used_bytes"][0], 768 * MIB, "{p:#}");
+    assert_eq!(p["context_bytes"][0], 512 * MIB, "{p:#}");
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        text.contains("context GPU 0 512 MiB (NVML minus counted, sampled)"),
+        "{text}"
+    );
+    // Without NVML the figures are null, not 0.
+    let (o, v) = run("context-none", &["hold", "8", "50"], &[]);
+    let p = process(&v, pid_of(&o, "pid"));
+    assert_eq!(p["context_bytes"][0], Value::Null, "{p:#}");
+    assert_eq!(p["nvml_used_bytes"][0], Value::Null, "{p:#}");
 }
 
 #[test]

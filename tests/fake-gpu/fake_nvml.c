@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -117,6 +118,7 @@ static const struct {
 struct proc {
     unsigned int pid;
     unsigned long long used;
+    int children; /* stands for every child process of this one */
 };
 
 struct step {
@@ -250,7 +252,8 @@ static int parse_int(const char *s, int *out) {
     return 0;
 }
 
-/* PID:BYTES where PID is a number, `self` (getpid()) or `hostself` (outermost NSpid). */
+/* PID:BYTES where PID is a number, `self` (getpid()), `hostself` (outermost
+ * NSpid) or `children` (each child of this process, at query time). */
 static int parse_proc(const char *s, struct proc *p) {
     char pid[64];
     const char *colon = strchr(s, ':');
@@ -264,6 +267,8 @@ static int parse_proc(const char *s, struct proc *p) {
         p->pid = (unsigned int)getpid();
     } else if (strcmp(pid, "hostself") == 0) {
         p->pid = host_pid();
+    } else if (strcmp(pid, "children") == 0) {
+        p->children = 1;
     } else {
         unsigned long long v;
         if (parse_u64(pid, &v)) {
@@ -801,10 +806,45 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 }
 #endif
 
+/* Expands `children` entries of `list` into `out` (the children of this
+ * process found in /proc, each with the entry's bytes); returns the count. */
+static unsigned int expand(const struct proc *list, unsigned int n, struct proc *out) {
+    unsigned int i, k = 0;
+    for (i = 0; i < n && k < MAX_PROCS; i++) {
+        DIR *dir;
+        struct dirent *e;
+        if (!list[i].children) {
+            out[k++] = list[i];
+            continue;
+        }
+        dir = opendir("/proc");
+        while (dir && (e = readdir(dir)) != NULL && k < MAX_PROCS) {
+            char path[300], buf[512];
+            const char *rp;
+            FILE *f;
+            int ppid = -1;
+            if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+            snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+            f = fopen(path, "r");
+            if (!f) continue;
+            if (fgets(buf, sizeof buf, f) && (rp = strrchr(buf, ')')) != NULL) sscanf(rp + 1, " %*c %d", &ppid);
+            fclose(f);
+            if (ppid == (int)getpid()) {
+                out[k].pid = (unsigned int)strtoul(e->d_name, NULL, 10);
+                out[k].used = list[i].used;
+                out[k].children = 0;
+                k++;
+            }
+        }
+        if (dir) closedir(dir);
+    }
+    return k;
+}
+
 /* One process-list query; `v` is 1, 2 or 3 (the entry layout), lock taken here. */
 MAYBE_UNUSED static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, int v, int graphics) {
     nvmlReturn_t rc;
-    const struct proc *list;
+    struct proc list[MAX_PROCS];
     unsigned int n, i;
     pthread_mutex_lock(&lock);
     if (graphics) {
@@ -827,8 +867,7 @@ MAYBE_UNUSED static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, 
         pthread_mutex_unlock(&lock);
         return rc;
     }
-    list = graphics ? d->gprocs : d->procs;
-    n = (unsigned int)(graphics ? d->n_gprocs : d->n_procs);
+    n = expand(graphics ? d->gprocs : d->procs, (unsigned int)(graphics ? d->n_gprocs : d->n_procs), list);
     if (!graphics && infos && d->procs_insufficient > 0) {
         /* As if a process started between the size query and this one. */
         d->procs_insufficient--;

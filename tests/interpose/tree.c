@@ -14,11 +14,13 @@
  *                   program as "execed": 2 MiB held + a 4 MiB spike (the
  *                   old image's 1 MiB went with it: tree 3 + 6 = 9)
  *   killed          child: 8 MiB held, killed by the parent with SIGKILL
+ *   hold MIB MS     holds MIB MiB on device 0 for MS milliseconds
  */
 #include "cuda_api.h"
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB (1ULL << 20)
@@ -116,6 +118,16 @@ int main(int argc, char **argv) {
         status = reap(child);
         printf("parent %d\n", (int)getpid());
         return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL ? 0 : 5;
+    }
+    if (strcmp(argv[1], "hold") == 0 && argc == 4) {
+        long ms = strtol(argv[3], NULL, 0);
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        hold(strtoull(argv[2], NULL, 0) * MIB);
+        printf("pid %d\n", (int)getpid());
+        fflush(stdout);
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+        return 0;
     }
     fprintf(stderr, "unknown mode %s\n", argv[1]);
     return 2;
