@@ -20,6 +20,7 @@ mod sampling;
 mod signals;
 mod timeline;
 mod timeline_csv;
+mod tree_pss;
 mod unavailable;
 mod units;
 

@@ -205,6 +205,8 @@ pub(crate) struct Recording {
     pub(crate) gpus: Vec<GpuSeries>,
     /// With `--gpu-exact`: every process's and the tree's exact GPU figures.
     pub(crate) gpu_exact: Option<crate::gpu_exact::ExactRecord>,
+    /// With `--pss`: the tree's PSS and USS peaks and the reads' cost.
+    pub(crate) pss: Option<crate::tree_pss::PssReport>,
     /// Source name -> why it was not measured.
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.

@@ -6,6 +6,7 @@ use crate::child::ExitInfo;
 use crate::gpu_exact::GpuExactReport;
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
+use crate::tree_pss::{self, PssReport};
 use crate::unavailable;
 use crate::units;
 use serde::Serialize;
@@ -54,6 +55,9 @@ pub(crate) struct RunReport {
     pub(crate) gpus: Vec<GpuReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) gpu_exact: Option<GpuExactReport>,
+    /// With `--pss` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pss: Option<PssReport>,
     pub(crate) unavailable: BTreeMap<String, String>,
     pub(crate) signals: Vec<SignalReport>,
     pub(crate) command_cpu_s: f64,
@@ -171,6 +175,11 @@ pub(crate) struct PointReport {
     pub(crate) gpu_used_bytes: Vec<Option<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) gpu_exact_peak_bytes: Option<Vec<u64>>,
+    /// With `--pss` only (null where that read failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tree_pss_bytes: Option<Option<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tree_uss_bytes: Option<Option<u64>>,
 }
 
 fn process_report(p: &ProcessRecord) -> ProcessReport {
@@ -283,6 +292,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             })
             .collect(),
         gpu_exact,
+        pss: rec.pss.clone(),
         unavailable: rec.unavailable.clone(),
         signals: facts
             .signals
@@ -311,6 +321,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                     v.resize(n, 0);
                     v
                 }),
+                tree_pss_bytes: rec.pss.is_some().then_some(p.tree_pss),
+                tree_uss_bytes: rec.pss.is_some().then_some(p.tree_uss),
             })
             .collect(),
     }
@@ -401,6 +413,11 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
             )
         },
     );
+    if let Some(pss) = &r.pss {
+        for (label, text) in tree_pss::summary_rows(pss, r.tree.sampled_peak_bytes) {
+            row(&mut out, label, text);
+        }
+    }
     match &r.peak_process {
         Some(p) => {
             let how = match p.peak_source {
@@ -583,6 +600,8 @@ mod tests {
                 } else {
                     vec![1 << 20]
                 },
+                tree_pss: None,
+                tree_uss: None,
             });
         }
         rec.samples = 5;

@@ -23,6 +23,7 @@ use crate::gpu_readings::{self, GpuReading};
 use crate::live::LiveState;
 use crate::recording::{CgroupRecord, GpuSeries, Recording};
 use crate::timeline::Point;
+use crate::tree_pss::{PssPoint, PssRecord};
 use memprobe_core::cgroup::CgroupSampler;
 use memprobe_core::tree::ProcessTree;
 use memprobe_core::Sampler;
@@ -48,6 +49,8 @@ pub(crate) struct Setup {
     pub(crate) live: Option<Arc<LiveState>>,
     /// With `--gpu-exact`: the reader of the interposer's counters.
     pub(crate) exact: Option<Watcher>,
+    /// With `--pss`: read the tree's PSS and USS at every tick.
+    pub(crate) pss: bool,
 }
 
 /// The running sampling thread.
@@ -87,6 +90,7 @@ struct State {
     cgroup: Option<CgroupSampler>,
     live: Option<Arc<LiveState>>,
     exact: Option<Watcher>,
+    pss: Option<PssRecord>,
     rec: Recording,
 }
 
@@ -116,6 +120,7 @@ impl State {
             cgroup,
             live: setup.live,
             exact: setup.exact,
+            pss: setup.pss.then(PssRecord::default),
             rec,
         }
     }
@@ -150,6 +155,7 @@ impl State {
             rec.exact_peak = s.read_peak().ok().flatten();
         }
         self.rec.gpu_exact = self.exact.take().map(Watcher::finish);
+        self.rec.pss = self.pss.as_ref().map(PssRecord::report);
         self.rec.finish();
         self.rec
     }
@@ -165,6 +171,10 @@ impl State {
         }
         let tree_rss = tree.rss();
         let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);
+        let pss = self.pss.as_mut().map_or_else(PssPoint::default, |p| {
+            let pids: Vec<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();
+            p.tick(&pids, self.tree.root(), now)
+        });
 
         let cgroup = self.cgroup.as_mut().and_then(|c| {
             let rec = self.rec.cgroup.as_mut()?;
@@ -189,6 +199,8 @@ impl State {
             cgroup,
             gpus,
             gpu_exact,
+            tree_pss: pss.pss,
+            tree_uss: pss.uss,
         });
         if let Some(l) = &self.live {
             l.publish(tree_rss, processes, cgroup);

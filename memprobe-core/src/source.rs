@@ -189,7 +189,9 @@ impl Source {
     /// workers share copy-on-write count once (PSS), where the tree's summed
     /// RSS counts them once per process. Opt-in: each read walks every
     /// mapping of every process (milliseconds for big processes); processes
-    /// that exit mid-read are skipped.
+    /// that exit mid-read are skipped, and a read during which one ends is
+    /// taken again once (a process read before it ended would have its
+    /// shared pages counted twice; see [`tree_smaps`](crate::tree_smaps)).
     ///
     /// # Errors
     /// [`ErrorKind::Unavailable`] without `smaps_rollup` (Linux < 4.14);

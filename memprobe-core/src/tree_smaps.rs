@@ -13,6 +13,17 @@
 //! file is kept open between reads; it is reopened when the process has
 //! replaced its image (`exec`), since an open `smaps_rollup` belongs to the
 //! address space it was opened on.
+//!
+//! A reading is not one atomic snapshot: the processes are read one after
+//! the other. When a process exits after it was read, the pages it shared
+//! are divided among fewer processes in later reads, and the sum counts
+//! them more than once (DataLoader workers ending at an epoch's end could
+//! add a third of the tree's real size). So after a pass every process read
+//! is checked to still hold its address space (one `pread` of its kept-open
+//! `statm`); a pass that saw a process end is read again once, and reported
+//! as unsettled if it saw one end again. (A process forked during a pass is
+//! not read and makes its parent's share smaller: the sum can only fall
+//! short, never overshoot.)
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::procfs;
@@ -44,15 +55,30 @@ pub struct TreeSmapsReading {
     /// Processes asked for that were gone (exited, or zombies holding no
     /// memory) by the time their file was read: skipped.
     pub vanished: u32,
+    /// No process of the set ended during the reading (see the module's
+    /// description). When false, the sums may count pages shared with an
+    /// ending process more than once.
+    pub settled: bool,
+    /// Passes over the set this reading took (2 when the first was unsettled).
+    pub passes: u32,
 }
 
 /// Reads `smaps_rollup` of many processes, keeping each one's file open.
 #[derive(Debug, Default)]
 pub struct SmapsReader {
-    /// pid -> its open file and the last round that asked for it.
-    files: HashMap<u32, (File, u64)>,
+    /// pid -> its open files and the last round that asked for it.
+    files: HashMap<u32, Kept>,
     round: u64,
     buf: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Kept {
+    smaps: File,
+    /// Reads zeros once the process has released its address space, and
+    /// fails once it is reaped: the check that a pass was settled.
+    statm: Option<File>,
+    round: u64,
 }
 
 /// What reading one process gave.
@@ -78,8 +104,28 @@ impl SmapsReader {
     /// the pid in the message; [`ErrorKind::Parse`] for a malformed file.
     pub fn read(&mut self, pids: impl IntoIterator<Item = u32>) -> Result<TreeSmapsReading> {
         self.round += 1;
-        let mut out = TreeSmapsReading::default();
-        for pid in pids {
+        let pids: Vec<u32> = pids.into_iter().collect();
+        let mut out = self.pass(&pids)?;
+        if !out.settled {
+            // Once more: the processes still alive, in a calmer moment.
+            let again: Vec<u32> = out.processes.iter().map(|p| p.pid).collect();
+            let vanished = out.vanished;
+            out = self.pass(&again)?;
+            out.vanished += vanished;
+            out.passes = 2;
+        }
+        let round = self.round;
+        self.files.retain(|_, k| k.round == round);
+        Ok(out)
+    }
+
+    /// One pass over `pids`, then the check that none of them ended meanwhile.
+    fn pass(&mut self, pids: &[u32]) -> Result<TreeSmapsReading> {
+        let mut out = TreeSmapsReading {
+            passes: 1,
+            ..TreeSmapsReading::default()
+        };
+        for &pid in pids {
             match self.read_one(pid)? {
                 One::Read(rollup) => {
                     out.pss += rollup.pss;
@@ -89,9 +135,23 @@ impl SmapsReader {
                 One::Gone => out.vanished += 1,
             }
         }
-        let round = self.round;
-        self.files.retain(|_, (_, r)| *r == round);
+        // A process found gone may have ended after another one was read.
+        out.settled = out.vanished == 0
+            && out
+                .processes
+                .iter()
+                .all(|p| self.holds_memory(p.pid).unwrap_or(true));
         Ok(out)
+    }
+
+    /// Whether `pid` still has its address space: `statm` reads a non-zero
+    /// size; `None` when that cannot be told (no `statm` kept open).
+    fn holds_memory(&mut self, pid: u32) -> Option<bool> {
+        let statm = self.files.get(&pid)?.statm.as_ref()?;
+        Some(match procfs::read_whole(statm, &mut self.buf) {
+            Ok(len) => procfs::field_u64(&self.buf[..len], 0).is_some_and(|size| size > 0),
+            Err(_) => false,
+        })
     }
 
     /// Number of files kept open.
@@ -100,9 +160,9 @@ impl SmapsReader {
     }
 
     fn read_one(&mut self, pid: u32) -> Result<One> {
-        if let Some((file, round)) = self.files.get_mut(&pid) {
-            *round = self.round;
-            match procfs::read_whole(file, &mut self.buf) {
+        if let Some(kept) = self.files.get_mut(&pid) {
+            kept.round = self.round;
+            match procfs::read_whole(&kept.smaps, &mut self.buf) {
                 Ok(len) => return parse(pid, &self.buf[..len]),
                 // ESRCH: the address space the file was opened on is gone:
                 // the process exited, or exec'd a new image (reopen below).
@@ -123,7 +183,15 @@ impl SmapsReader {
             Err(e) => return Err(read_error(pid, &e)),
         };
         if let One::Read(_) = got {
-            self.files.insert(pid, (file, self.round));
+            let statm = File::open(format!("/proc/{pid}/statm")).ok();
+            self.files.insert(
+                pid,
+                Kept {
+                    smaps: file,
+                    statm,
+                    round: self.round,
+                },
+            );
         }
         Ok(got)
     }
@@ -250,7 +318,8 @@ mod tests {
         let mut r = SmapsReader::new();
         let first = r.read([me, kid.id()]).unwrap();
         assert_eq!(first.processes.len(), 2, "{first:?}");
-        assert_eq!(first.vanished, 0);
+        assert_eq!((first.vanished, first.passes), (0, 1));
+        assert!(first.settled);
         assert!(first.pss > 0 && first.uss > 0 && first.uss <= first.pss);
         assert_eq!(r.open_files(), 2);
         kid.kill().unwrap();
@@ -258,12 +327,34 @@ mod tests {
         // Reaped: the kept file reads ESRCH and the path is gone.
         let second = r.read([me, kid.id()]).unwrap();
         assert_eq!(second.processes.len(), 1);
-        assert_eq!(second.vanished, 1);
+        // The first pass found the child gone, so it was not settled; the
+        // second pass read only this process.
+        assert_eq!((second.passes, second.vanished), (2, 1));
+        assert!(second.settled);
         assert_eq!(r.open_files(), 1);
         // A pid no longer asked for has its file closed.
         let third = r.read([]).unwrap();
-        assert_eq!((third.pss, third.vanished), (0, 0));
+        assert_eq!((third.pss, third.vanished, third.passes), (0, 0, 1));
+        assert!(third.settled);
         assert_eq!(r.open_files(), 0);
+    }
+
+    #[test]
+    fn a_process_that_released_its_memory_is_seen_ending() {
+        let mut kid = Command::new("sleep").arg("5").spawn().unwrap();
+        let mut r = SmapsReader::new();
+        r.read([kid.id()]).unwrap();
+        assert_eq!(r.holds_memory(kid.id()), Some(true));
+        kid.kill().unwrap();
+        // A zombie (not reaped yet) has released its address space.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while r.holds_memory(kid.id()) != Some(false) {
+            assert!(std::time::Instant::now() < deadline, "still holds memory");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        kid.wait().unwrap();
+        assert_eq!(r.holds_memory(kid.id()), Some(false), "reaped");
+        assert_eq!(r.holds_memory(1 << 30), None, "never read");
     }
 
     #[test]

@@ -276,7 +276,8 @@ pub extern "C" fn memprobe_source_new_smaps(
 /// tree's PSS counts it once; the USS counts only pages private to each
 /// process. Opt-in: each read walks every mapping of every process of the
 /// tree (milliseconds for big processes). Processes that exit during a read
-/// are skipped. `metric`: MEMPROBE_SMAPS_PSS (kind
+/// are skipped, and a read during which one ends is taken again once (its
+/// shared pages would otherwise be counted twice). `metric`: MEMPROBE_SMAPS_PSS (kind
 /// MEMPROBE_SOURCE_KIND_PROCESS_TREE_PSS) or MEMPROBE_SMAPS_USS (kind
 /// MEMPROBE_SOURCE_KIND_PROCESS_TREE_USS). MEMPROBE_STATUS_UNAVAILABLE
 /// without smaps_rollup (Linux < 4.14); MEMPROBE_STATUS_PERMISSION_DENIED

@@ -161,6 +161,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         gpus,
         live: live_state.clone(),
         exact,
+        pss: args.pss,
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {

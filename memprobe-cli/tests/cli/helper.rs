@@ -125,6 +125,28 @@ fn child() {
                 .collect();
             wait_all(&pids);
         }
+        // The parent touches MiB, then N workers only read it (sharing its
+        // pages copy-on-write, as DataLoader workers do), all for MS.
+        "shared-workers" => {
+            let (n, mib, hold) = (num(1), num(2) as usize, num(3));
+            let (p, len) = touch(mib);
+            let pids: Vec<_> = (0..n)
+                .map(|_| {
+                    fork(|| {
+                        let mut sum = 0u64;
+                        for off in (0..len).step_by(4096) {
+                            // SAFETY: inside the inherited mapping.
+                            sum += u64::from(unsafe { p.cast::<u8>().add(off).read_volatile() });
+                        }
+                        assert!(sum > 0);
+                        sleep_ms(hold);
+                    })
+                })
+                .collect();
+            sleep_ms(hold);
+            wait_all(&pids);
+            release((p, len));
+        }
         "exit" => std::process::exit(num(1) as i32),
         "marker" => {
             std::fs::write(words[1], b"ran").expect("marker");

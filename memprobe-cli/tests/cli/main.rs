@@ -5,6 +5,7 @@ mod exit_codes;
 mod helper;
 mod outputs;
 mod peaks;
+mod pss;
 mod schema;
 mod serve;
 mod support;
