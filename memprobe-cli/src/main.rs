@@ -13,6 +13,7 @@ mod gpu_readings;
 mod interval;
 mod live;
 mod machine;
+mod oom_kill;
 mod plot;
 mod recording;
 mod report;

@@ -4,6 +4,7 @@
 
 use crate::child::ExitInfo;
 use crate::gpu_exact::GpuExactReport;
+use crate::oom_kill::OomKillReport;
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
 use crate::tree_pss::{self, PssReport};
@@ -58,6 +59,8 @@ pub(crate) struct RunReport {
     /// With `--pss` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pss: Option<PssReport>,
+    /// Whether the kernel's OOM killer ended a process of the run.
+    pub(crate) oom_kill: Option<OomKillReport>,
     pub(crate) unavailable: BTreeMap<String, String>,
     pub(crate) signals: Vec<SignalReport>,
     pub(crate) command_cpu_s: f64,
@@ -226,6 +229,9 @@ pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts) {
             vmhwm: None,
             max_sampled_rss: 0,
             rusage_maxrss: Some(rusage),
+            last_rss: 0,
+            ended_ns: Some(end),
+            wait_status: None,
         },
     );
     rec.processes_seen += 1;
@@ -293,6 +299,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             .collect(),
         gpu_exact,
         pss: rec.pss.clone(),
+        oom_kill: rec.oom_kill.clone(),
         unavailable: rec.unavailable.clone(),
         signals: facts
             .signals
@@ -385,6 +392,9 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
         command_line(&r.command, 100),
         units::secs(r.duration_s)
     );
+    if let Some(text) = r.oom_kill.as_ref().and_then(|o| o.explanation.as_deref()) {
+        let _ = writeln!(out, "memprobe: {text}");
+    }
     let row = |out: &mut String, label: &str, text: String| {
         let _ = writeln!(out, "  {label:<22}{text}");
     };
@@ -618,6 +628,9 @@ mod tests {
                 vmhwm: Some(90 << 20),
                 max_sampled_rss: 80 << 20,
                 rusage_maxrss: None,
+                last_rss: 80 << 20,
+                ended_ns: Some(40_000_000),
+                wait_status: None,
             },
             ProcessRecord {
                 pid: 101,
@@ -629,6 +642,9 @@ mod tests {
                 vmhwm: Some(20 << 20),
                 max_sampled_rss: 20 << 20,
                 rusage_maxrss: None,
+                last_rss: 20 << 20,
+                ended_ns: Some(40_000_000),
+                wait_status: None,
             },
         ];
         rec.processes_seen = 2;

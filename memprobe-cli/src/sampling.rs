@@ -21,6 +21,7 @@
 use crate::gpu_exact::Watcher;
 use crate::gpu_readings::{self, GpuReading};
 use crate::live::LiveState;
+use crate::oom_kill::ZombieWatch;
 use crate::recording::{CgroupRecord, GpuSeries, Recording};
 use crate::timeline::Point;
 use crate::tree_pss::{PssPoint, PssRecord};
@@ -91,6 +92,7 @@ struct State {
     live: Option<Arc<LiveState>>,
     exact: Option<Watcher>,
     pss: Option<PssRecord>,
+    zombies: ZombieWatch,
     rec: Recording,
 }
 
@@ -100,6 +102,7 @@ impl State {
         let cgroup = match setup.cgroup {
             Ok(c) => {
                 rec.cgroup = Some(CgroupRecord::new(c.location()));
+                rec.oom_counters = crate::oom_kill::CounterLog::new(c.location().version);
                 Some(c)
             }
             Err(why) => {
@@ -121,6 +124,7 @@ impl State {
             live: setup.live,
             exact: setup.exact,
             pss: setup.pss.then(PssRecord::default),
+            zombies: ZombieWatch::default(),
             rec,
         }
     }
@@ -163,8 +167,14 @@ impl State {
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let tree = self.tree.read();
+        for (pid, status) in self.zombies.tick(now) {
+            self.rec.ended_with(pid, status);
+        }
         for &pid in &tree.exited {
-            self.rec.exited(pid);
+            // A member not memprobe's own child is seen to die of a signal
+            // only while it is a zombie (cheap: only when one ends).
+            let status = self.zombies.ended(pid, now);
+            self.rec.exited(pid, now, status);
         }
         for (pid, status) in &tree.processes {
             self.rec.observe(*pid, status, now);
@@ -180,6 +190,10 @@ impl State {
             let rec = self.rec.cgroup.as_mut()?;
             rec.observe(c.read().ok(), now)
         });
+        if let Some(c) = self.cgroup.as_mut() {
+            // One small pread: the OOM-kill counters, for the verdict.
+            self.rec.oom_counters.observe(now, c.oom_events());
+        }
         let gpus = if self.rec.gpus.is_empty() {
             Vec::new()
         } else {

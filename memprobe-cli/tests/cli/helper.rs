@@ -147,6 +147,40 @@ fn child() {
             wait_all(&pids);
             release((p, len));
         }
+        // Kills itself with SIGKILL (not the OOM killer: no counter rises).
+        "self-kill" => {
+            sleep_ms(num(1));
+            // SAFETY: raising a signal on this process.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
+        // Touches MiB more every MS milliseconds, forever: in a cgroup with
+        // a small limit, until the OOM killer ends it.
+        "grow" => {
+            let (mib, ms) = (num(1) as usize, num(2));
+            loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            }
+        }
+        // A worker grows as above; the parent, like a busy trainer, notices
+        // its end only at its next poll (300 ms), then exits with 3 if a
+        // signal ended it.
+        "worker-grows" => {
+            let (mib, ms) = (num(1) as usize, num(2));
+            let w = fork(|| loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            });
+            let mut st = 0;
+            loop {
+                sleep_ms(300);
+                // SAFETY: valid pointer; w is our child.
+                if unsafe { libc::waitpid(w, &mut st, libc::WNOHANG) } == w {
+                    break;
+                }
+            }
+            std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
+        }
         "exit" => std::process::exit(num(1) as i32),
         "marker" => {
             std::fs::write(words[1], b"ran").expect("marker");

@@ -3,6 +3,7 @@
 mod commands;
 mod exit_codes;
 mod helper;
+mod oom;
 mod outputs;
 mod peaks;
 mod pss;
