@@ -1192,7 +1192,7 @@ memprobe_status memprobe_source_new_smaps(uint32_t metric, memprobe_source **out
 
 /**
  * The PSS or USS of this process and all its descendants (e.g. DataLoader
- * workers): the sum of each one's /proc/<pid>/smaps_rollup (sampled).
+ * workers): the sum of each one's `/proc/<pid>/smaps_rollup` (sampled).
  * Where the tree's summed RSS counts a page once in every process sharing
  * it (workers forked from a trainer share its pages copy-on-write), the
  * tree's PSS counts it once; the USS counts only pages private to each
