@@ -87,6 +87,7 @@ bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench spike_catch
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench monitor_cpu
+	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench tree_smaps
 	$(CARGO) bench -j$(JOBS) -p memprobe-gpu --bench gpu_read
 	$(CARGO) bench -j$(JOBS) -p memprobe-cli --bench overhead
 	$(CARGO) bench -j$(JOBS) -p memprobe-metrics --bench scrape

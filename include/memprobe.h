@@ -139,12 +139,14 @@
 #define MEMPROBE_PROCESS_PRESERVE_HWM 1
 
 /**
- * `memprobe_source_new_smaps` metric: proportional set size.
+ * `memprobe_source_new_smaps` / `memprobe_source_new_process_tree_smaps`
+ * metric: proportional set size.
  */
 #define MEMPROBE_SMAPS_PSS 0
 
 /**
- * `memprobe_source_new_smaps` metric: unique set size (private pages).
+ * `memprobe_source_new_smaps` / `memprobe_source_new_process_tree_smaps`
+ * metric: unique set size (private pages).
  */
 #define MEMPROBE_SMAPS_USS 1
 
@@ -313,6 +315,16 @@ enum memprobe_source_kind
    * interposer (memprobe_source_new_gpu_exact).
    */
   MEMPROBE_SOURCE_KIND_GPU_EXACT = 9,
+  /**
+   * The PSS of this process and its descendants: pages they share counted
+   * once (memprobe_source_new_process_tree_smaps).
+   */
+  MEMPROBE_SOURCE_KIND_PROCESS_TREE_PSS = 10,
+  /**
+   * The USS of this process and its descendants: the pages private to
+   * each, summed (memprobe_source_new_process_tree_smaps).
+   */
+  MEMPROBE_SOURCE_KIND_PROCESS_TREE_USS = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1232,6 +1244,23 @@ memprobe_status memprobe_source_new_cgroup(memprobe_source **out);
  * costs milliseconds per GiB mapped. `metric`: MEMPROBE_SMAPS_PSS or _USS.
  */
 memprobe_status memprobe_source_new_smaps(uint32_t metric, memprobe_source **out);
+
+/**
+ * The PSS or USS of this process and all its descendants (e.g. DataLoader
+ * workers): the sum of each one's `/proc/<pid>/smaps_rollup` (sampled).
+ * Where the tree's summed RSS counts a page once in every process sharing
+ * it (workers forked from a trainer share its pages copy-on-write), the
+ * tree's PSS counts it once; the USS counts only pages private to each
+ * process. Opt-in: each read walks every mapping of every process of the
+ * tree (milliseconds for big processes). Processes that exit during a read
+ * are skipped, and a read during which one ends is taken again once (its
+ * shared pages would otherwise be counted twice). `metric`: MEMPROBE_SMAPS_PSS (kind
+ * MEMPROBE_SOURCE_KIND_PROCESS_TREE_PSS) or MEMPROBE_SMAPS_USS (kind
+ * MEMPROBE_SOURCE_KIND_PROCESS_TREE_USS). MEMPROBE_STATUS_UNAVAILABLE
+ * without smaps_rollup (Linux < 4.14); MEMPROBE_STATUS_PERMISSION_DENIED
+ * when a process of the tree belongs to another user.
+ */
+memprobe_status memprobe_source_new_process_tree_smaps(uint32_t metric, memprobe_source **out);
 
 /**
  * A source whose values the caller pushes with memprobe_source_push (e.g. a

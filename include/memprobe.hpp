@@ -204,6 +204,13 @@ public:
     static Source pss() { return smaps(MEMPROBE_SMAPS_PSS); }
     /** This process's unique set size. */
     static Source uss() { return smaps(MEMPROBE_SMAPS_USS); }
+    /** The PSS of this process and its descendants: pages that forked
+     *  workers share with their parent counted once (the tree's summed RSS
+     *  counts them once per process). Each read walks every mapping of every
+     *  process of the tree (milliseconds for big processes). */
+    static Source tree_pss() { return make_id(memprobe_source_new_process_tree_smaps, MEMPROBE_SMAPS_PSS); }
+    /** The USS of this process and its descendants: pages private to each. */
+    static Source tree_uss() { return make_id(memprobe_source_new_process_tree_smaps, MEMPROBE_SMAPS_USS); }
     /** A whole GPU (memprobe id; sampled). UNAVAILABLE without a GPU
      *  backend, INVALID_ID for an id that names no GPU. */
     static Source gpu_device(std::uint32_t id) { return make_id(memprobe_source_new_gpu_device, id); }

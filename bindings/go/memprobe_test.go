@@ -178,6 +178,19 @@ func TestOtherSources(t *testing.T) {
 	if _, err := NewSmaps(7); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatal(err)
 	}
+	for m, kind := range map[SmapsMetric]SourceKind{PSS: KindProcessTreePSS, USS: KindProcessTreeUSS} {
+		src := must(NewProcessTreeSmaps(m))(t)
+		if info := must(src.Info())(t); info.Kind != kind || info.Fidelity != Sampled {
+			t.Fatalf("tree smaps info %+v", info)
+		}
+		if must(src.Read())(t).Used == 0 {
+			t.Fatal("tree smaps used 0")
+		}
+		src.Close()
+	}
+	if _, err := NewProcessTreeSmaps(7); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatal(err)
+	}
 }
 
 func TestPushed(t *testing.T) {

@@ -29,12 +29,17 @@ const (
 	KindCustom      SourceKind = C.MEMPROBE_SOURCE_KIND_CUSTOM
 	KindProcessPSS  SourceKind = C.MEMPROBE_SOURCE_KIND_PROCESS_PSS
 	KindProcessUSS  SourceKind = C.MEMPROBE_SOURCE_KIND_PROCESS_USS
+	// KindProcessTreePSS: the PSS of this process and its descendants.
+	KindProcessTreePSS SourceKind = C.MEMPROBE_SOURCE_KIND_PROCESS_TREE_PSS
+	// KindProcessTreeUSS: the USS of this process and its descendants.
+	KindProcessTreeUSS SourceKind = C.MEMPROBE_SOURCE_KIND_PROCESS_TREE_USS
 )
 
 var kindNames = map[SourceKind]string{
 	KindProcess: "process", KindProcessTree: "process tree", KindSystemRAM: "system RAM",
 	KindCgroup: "cgroup", KindGPUDevice: "GPU device", KindGPUProcess: "GPU process",
 	KindCustom: "custom", KindProcessPSS: "PSS", KindProcessUSS: "USS",
+	KindProcessTreePSS: "process tree PSS", KindProcessTreeUSS: "process tree USS",
 }
 
 func (k SourceKind) String() string {
@@ -106,7 +111,7 @@ type SourceInfo struct {
 	Fidelity Fidelity
 }
 
-// SmapsMetric picks PSS or USS for NewSmaps.
+// SmapsMetric picks PSS or USS for NewSmaps and NewProcessTreeSmaps.
 type SmapsMetric uint32
 
 // Smaps metrics.
@@ -206,6 +211,19 @@ func NewCgroup() (*Source, error) {
 func NewSmaps(metric SmapsMetric) (*Source, error) {
 	return newSource(func(out **C.memprobe_source) C.memprobe_status {
 		return C.memprobe_source_new_smaps(C.uint32_t(metric), out)
+	})
+}
+
+// NewProcessTreeSmaps is the PSS or USS of this process and all its
+// descendants: the sum of each one's /proc/<pid>/smaps_rollup (sampled).
+// Pages that forked workers share with their parent count once (PSS), where
+// the tree's summed RSS counts them once per process. Each read walks every
+// mapping of every process of the tree (milliseconds for big processes);
+// processes that exit during a read are skipped. ErrPermissionDenied when a
+// process of the tree belongs to another user.
+func NewProcessTreeSmaps(metric SmapsMetric) (*Source, error) {
+	return newSource(func(out **C.memprobe_source) C.memprobe_status {
+		return C.memprobe_source_new_process_tree_smaps(C.uint32_t(metric), out)
 	})
 }
 

@@ -95,6 +95,14 @@ pub(crate) struct RunArgs {
     /// found.
     #[arg(long)]
     pub(crate) gpu_exact: bool,
+    /// Also sample the tree's PSS and USS (each process's smaps_rollup,
+    /// summed): pages the command's workers share with it copy-on-write
+    /// count once, where the summed RSS counts them in every process. The
+    /// summary shows them beside the summed RSS. Costly: the kernel walks
+    /// every mapping of every process at each read, milliseconds per read
+    /// for processes of several GiB; raise --interval for big trees.
+    #[arg(long)]
+    pub(crate) pss: bool,
     /// The command to run and its arguments; put them after `--` when an
     /// argument could be taken for one of memprobe's options.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]

@@ -18,10 +18,13 @@ pub(crate) struct SpawnError {
     pub(crate) message: String,
 }
 
-/// Starts `argv` with inherited stdio, environment and process group.
+/// Starts `argv` with inherited stdio, environment and process group;
+/// `oom_score_adj`: the value the child gets back when memprobe shielded
+/// itself from the OOM killer (see [`crate::oom_kill::shield_self`]).
 pub(crate) fn spawn(
     argv: &[OsString],
     env: &[(OsString, Option<OsString>)],
+    oom_score_adj: Option<i32>,
 ) -> Result<u32, SpawnError> {
     let (program, args) = argv.split_first().ok_or_else(|| SpawnError {
         status: crate::exit::USAGE,
@@ -36,12 +39,29 @@ pub(crate) fn spawn(
             None => cmd.env_remove(k),
         };
     }
+    // Formatted before the fork: the hook must not allocate.
+    let adj = oom_score_adj.map(|v| {
+        let text = v.to_string();
+        let mut buf = [0u8; 16];
+        buf[..text.len()].copy_from_slice(text.as_bytes());
+        (buf, text.len())
+    });
     // memprobe blocks the signals it forwards; a child inherits the mask
     // across exec and would never see them. Clear it between fork and exec.
-    // SAFETY: the hook only calls sigemptyset and pthread_sigmask, which are
-    // async-signal-safe and allocate nothing.
+    // SAFETY: the hook only calls sigemptyset, pthread_sigmask, open, write
+    // and close, which are async-signal-safe, and allocates nothing.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if let Some((buf, len)) = adj {
+                let fd = libc::open(
+                    c"/proc/self/oom_score_adj".as_ptr(),
+                    libc::O_WRONLY | libc::O_CLOEXEC,
+                );
+                if fd >= 0 {
+                    libc::write(fd, buf.as_ptr().cast(), len);
+                    libc::close(fd);
+                }
+            }
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             match libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) {

@@ -13,6 +13,7 @@ mod gpu_readings;
 mod interval;
 mod live;
 mod machine;
+mod oom_kill;
 mod plot;
 mod recording;
 mod report;
@@ -20,6 +21,7 @@ mod sampling;
 mod signals;
 mod timeline;
 mod timeline_csv;
+mod tree_pss;
 mod unavailable;
 mod units;
 

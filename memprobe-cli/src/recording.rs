@@ -44,6 +44,13 @@ pub(crate) struct ProcessRecord {
     pub(crate) max_sampled_rss: u64,
     /// For the direct child: `wait4`'s `ru_maxrss`, bytes.
     pub(crate) rusage_maxrss: Option<u64>,
+    /// The last `VmRSS` sampled, bytes.
+    pub(crate) last_rss: u64,
+    /// The sample that first saw it ended, ns.
+    pub(crate) ended_ns: Option<u64>,
+    /// Its wait status, when a sample caught it as a zombie (before its
+    /// parent reaped it): how a process that is not memprobe's child died.
+    pub(crate) wait_status: Option<i32>,
 }
 
 impl ProcessRecord {
@@ -59,6 +66,9 @@ impl ProcessRecord {
             vmhwm: None,
             max_sampled_rss: 0,
             rusage_maxrss: None,
+            last_rss: 0,
+            ended_ns: None,
+            wait_status: None,
         }
     }
 
@@ -72,6 +82,7 @@ impl ProcessRecord {
         }
         self.vmhwm = Some(self.vmhwm.unwrap_or(0).max(s.hwm));
         self.max_sampled_rss = self.max_sampled_rss.max(s.rss);
+        self.last_rss = s.rss;
         self.last_seen_ns = now;
     }
 
@@ -205,6 +216,13 @@ pub(crate) struct Recording {
     pub(crate) gpus: Vec<GpuSeries>,
     /// With `--gpu-exact`: every process's and the tree's exact GPU figures.
     pub(crate) gpu_exact: Option<crate::gpu_exact::ExactRecord>,
+    /// With `--pss`: the tree's PSS and USS peaks and the reads' cost.
+    pub(crate) pss: Option<crate::tree_pss::PssReport>,
+    /// The container's OOM event counters over the run.
+    pub(crate) oom_counters: crate::oom_kill::CounterLog,
+    /// Whether the kernel's OOM killer ended a process of the run (set
+    /// after the child is reaped).
+    pub(crate) oom_kill: Option<crate::oom_kill::OomKillReport>,
     /// Source name -> why it was not measured.
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.
@@ -228,13 +246,16 @@ impl Recording {
             .observe(s, now);
     }
 
-    /// Marks `pid` as exited and keeps its record, dropping the smallest
+    /// Marks `pid` as exited, seen at `now` with `wait_status` if it was
+    /// caught as a zombie, and keeps its record, dropping the smallest
     /// exited one when too many are kept.
-    pub(crate) fn exited(&mut self, pid: u32) {
+    pub(crate) fn exited(&mut self, pid: u32, now: u64, wait_status: Option<i32>) {
         let Some(mut record) = self.live.remove(&pid) else {
             return;
         };
         record.exited = true;
+        record.ended_ns = Some(now);
+        record.wait_status = wait_status;
         if self.processes.len() + self.live.len() >= MAX_PROCESS_RECORDS {
             if let Some((i, smallest)) = self
                 .processes
@@ -249,6 +270,13 @@ impl Recording {
             }
         }
         self.processes.push(record);
+    }
+
+    /// Sets the wait status of an exited process caught as a zombie later.
+    pub(crate) fn ended_with(&mut self, pid: u32, wait_status: i32) {
+        if let Some(r) = self.processes.iter_mut().rev().find(|r| r.pid == pid) {
+            r.wait_status = Some(wait_status);
+        }
     }
 
     /// Appends one sample's point.
@@ -289,6 +317,9 @@ mod tests {
             vmhwm: Some(100),
             max_sampled_rss: 90,
             rusage_maxrss: Some(50),
+            last_rss: 80,
+            ended_ns: None,
+            wait_status: None,
         };
         assert_eq!(p.peak(), (100, PeakSource::VmHwm));
         p.rusage_maxrss = Some(300);

@@ -4,8 +4,10 @@
 
 use crate::child::ExitInfo;
 use crate::gpu_exact::GpuExactReport;
+use crate::oom_kill::OomKillReport;
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
+use crate::tree_pss::{self, PssReport};
 use crate::unavailable;
 use crate::units;
 use serde::Serialize;
@@ -54,6 +56,11 @@ pub(crate) struct RunReport {
     pub(crate) gpus: Vec<GpuReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) gpu_exact: Option<GpuExactReport>,
+    /// With `--pss` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pss: Option<PssReport>,
+    /// Whether the kernel's OOM killer ended a process of the run.
+    pub(crate) oom_kill: Option<OomKillReport>,
     pub(crate) unavailable: BTreeMap<String, String>,
     pub(crate) signals: Vec<SignalReport>,
     pub(crate) command_cpu_s: f64,
@@ -171,6 +178,11 @@ pub(crate) struct PointReport {
     pub(crate) gpu_used_bytes: Vec<Option<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) gpu_exact_peak_bytes: Option<Vec<u64>>,
+    /// With `--pss` only (null where that read failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tree_pss_bytes: Option<Option<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tree_uss_bytes: Option<Option<u64>>,
 }
 
 fn process_report(p: &ProcessRecord) -> ProcessReport {
@@ -217,6 +229,9 @@ pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts) {
             vmhwm: None,
             max_sampled_rss: 0,
             rusage_maxrss: Some(rusage),
+            last_rss: 0,
+            ended_ns: Some(end),
+            wait_status: None,
         },
     );
     rec.processes_seen += 1;
@@ -283,6 +298,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             })
             .collect(),
         gpu_exact,
+        pss: rec.pss.clone(),
+        oom_kill: rec.oom_kill.clone(),
         unavailable: rec.unavailable.clone(),
         signals: facts
             .signals
@@ -311,6 +328,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                     v.resize(n, 0);
                     v
                 }),
+                tree_pss_bytes: rec.pss.is_some().then_some(p.tree_pss),
+                tree_uss_bytes: rec.pss.is_some().then_some(p.tree_uss),
             })
             .collect(),
     }
@@ -373,6 +392,9 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
         command_line(&r.command, 100),
         units::secs(r.duration_s)
     );
+    if let Some(text) = r.oom_kill.as_ref().and_then(|o| o.explanation.as_deref()) {
+        let _ = writeln!(out, "memprobe: {text}");
+    }
     let row = |out: &mut String, label: &str, text: String| {
         let _ = writeln!(out, "  {label:<22}{text}");
     };
@@ -401,6 +423,11 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
             )
         },
     );
+    if let Some(pss) = &r.pss {
+        for (label, text) in tree_pss::summary_rows(pss, r.tree.sampled_peak_bytes) {
+            row(&mut out, label, text);
+        }
+    }
     match &r.peak_process {
         Some(p) => {
             let how = match p.peak_source {
@@ -597,6 +624,8 @@ mod tests {
                 } else {
                     vec![1 << 20]
                 },
+                tree_pss: None,
+                tree_uss: None,
             });
         }
         rec.samples = 5;
@@ -613,6 +642,9 @@ mod tests {
                 vmhwm: Some(90 << 20),
                 max_sampled_rss: 80 << 20,
                 rusage_maxrss: None,
+                last_rss: 80 << 20,
+                ended_ns: Some(40_000_000),
+                wait_status: None,
             },
             ProcessRecord {
                 pid: 101,
@@ -624,6 +656,9 @@ mod tests {
                 vmhwm: Some(20 << 20),
                 max_sampled_rss: 20 << 20,
                 rusage_maxrss: None,
+                last_rss: 20 << 20,
+                ended_ns: Some(40_000_000),
+                wait_status: None,
             },
         ];
         rec.processes_seen = 2;

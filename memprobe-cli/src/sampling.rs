@@ -21,8 +21,10 @@
 use crate::gpu_exact::Watcher;
 use crate::gpu_readings::{self, GpuReading};
 use crate::live::LiveState;
+use crate::oom_kill::ZombieWatch;
 use crate::recording::{CgroupRecord, GpuSeries, Recording};
 use crate::timeline::Point;
+use crate::tree_pss::{PssPoint, PssRecord};
 use memprobe_core::cgroup::CgroupSampler;
 use memprobe_core::tree::ProcessTree;
 use memprobe_core::Sampler;
@@ -48,6 +50,8 @@ pub(crate) struct Setup {
     pub(crate) live: Option<Arc<LiveState>>,
     /// With `--gpu-exact`: the reader of the interposer's counters.
     pub(crate) exact: Option<Watcher>,
+    /// With `--pss`: read the tree's PSS and USS at every tick.
+    pub(crate) pss: bool,
 }
 
 /// The running sampling thread.
@@ -87,6 +91,8 @@ struct State {
     cgroup: Option<CgroupSampler>,
     live: Option<Arc<LiveState>>,
     exact: Option<Watcher>,
+    pss: Option<PssRecord>,
+    zombies: ZombieWatch,
     rec: Recording,
 }
 
@@ -96,6 +102,7 @@ impl State {
         let cgroup = match setup.cgroup {
             Ok(c) => {
                 rec.cgroup = Some(CgroupRecord::new(c.location()));
+                rec.oom_counters = crate::oom_kill::CounterLog::new(c.location().version);
                 Some(c)
             }
             Err(why) => {
@@ -116,6 +123,8 @@ impl State {
             cgroup,
             live: setup.live,
             exact: setup.exact,
+            pss: setup.pss.then(PssRecord::default),
+            zombies: ZombieWatch::default(),
             rec,
         }
     }
@@ -150,6 +159,7 @@ impl State {
             rec.exact_peak = s.read_peak().ok().flatten();
         }
         self.rec.gpu_exact = self.exact.take().map(Watcher::finish);
+        self.rec.pss = self.pss.as_ref().map(PssRecord::report);
         self.rec.finish();
         self.rec
     }
@@ -157,19 +167,33 @@ impl State {
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let tree = self.tree.read();
+        for (pid, status) in self.zombies.tick(now) {
+            self.rec.ended_with(pid, status);
+        }
         for &pid in &tree.exited {
-            self.rec.exited(pid);
+            // A member not memprobe's own child is seen to die of a signal
+            // only while it is a zombie (cheap: only when one ends).
+            let status = self.zombies.ended(pid, now);
+            self.rec.exited(pid, now, status);
         }
         for (pid, status) in &tree.processes {
             self.rec.observe(*pid, status, now);
         }
         let tree_rss = tree.rss();
         let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);
+        let pss = self.pss.as_mut().map_or_else(PssPoint::default, |p| {
+            let pids: Vec<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();
+            p.tick(&pids, self.tree.root(), now)
+        });
 
         let cgroup = self.cgroup.as_mut().and_then(|c| {
             let rec = self.rec.cgroup.as_mut()?;
             rec.observe(c.read().ok(), now)
         });
+        if let Some(c) = self.cgroup.as_mut() {
+            // One small pread: the OOM-kill counters, for the verdict.
+            self.rec.oom_counters.observe(now, c.oom_events());
+        }
         let readings = if self.rec.gpus.is_empty() {
             None
         } else {
@@ -197,6 +221,8 @@ impl State {
             cgroup,
             gpus,
             gpu_exact,
+            tree_pss: pss.pss,
+            tree_uss: pss.uss,
         });
         if let Some(l) = &self.live {
             l.publish(tree_rss, processes, cgroup);

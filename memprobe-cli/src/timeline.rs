@@ -23,6 +23,10 @@ pub(crate) struct Point {
     /// With `--gpu-exact`: per device ordinal, the tree's exact peak since
     /// the previous point (empty until a device is used).
     pub(crate) gpu_exact: Vec<u64>,
+    /// With `--pss`: the tree's PSS and USS; `None` when not read or the
+    /// read failed.
+    pub(crate) tree_pss: Option<u64>,
+    pub(crate) tree_uss: Option<u64>,
 }
 
 impl Point {
@@ -31,6 +35,8 @@ impl Point {
         self.tree_rss = self.tree_rss.max(later.tree_rss);
         self.processes = self.processes.max(later.processes);
         self.cgroup = max_opt(self.cgroup, later.cgroup);
+        self.tree_pss = max_opt(self.tree_pss, later.tree_pss);
+        self.tree_uss = max_opt(self.tree_uss, later.tree_uss);
         for (a, b) in self.gpus.iter_mut().zip(&later.gpus) {
             *a = max_opt(*a, *b);
         }
@@ -141,6 +147,8 @@ mod tests {
             cgroup: Some(v * 2),
             gpus: vec![None, Some(v)],
             gpu_exact: if t % 2 == 0 { vec![v] } else { vec![0, v] },
+            tree_pss: (t % 3 != 0).then_some(v / 2),
+            tree_uss: Some(v / 4),
         }
     }
 
@@ -157,6 +165,8 @@ mod tests {
         assert_eq!(max, 1_000);
         assert_eq!(tl.points().map(|p| p.cgroup).max().unwrap(), Some(2_000));
         assert_eq!(tl.points().map(|p| p.gpus[1]).max().unwrap(), Some(1_000));
+        assert_eq!(tl.points().map(|p| p.tree_pss).max().unwrap(), Some(500));
+        assert_eq!(tl.points().map(|p| p.tree_uss).max().unwrap(), Some(250));
         // The exact series keeps its peaks too, and grows to every device.
         assert!(tl.points().all(|p| p.gpu_exact.len() == 2));
         assert_eq!(tl.points().map(|p| p.gpu_exact[1]).max().unwrap(), 1_000);

@@ -1,7 +1,8 @@
 //! The timeline as CSV: one row per point.
 //!
 //! Columns: `t_s` (seconds since the child started, 6 decimals),
-//! `tree_rss_bytes`, `processes`, then `cgroup_bytes` when the container's
+//! `tree_rss_bytes`, `processes`, then with `--pss` `tree_pss_bytes` and
+//! `tree_uss_bytes`, then `cgroup_bytes` when the container's
 //! cgroup was measured, then `gpu<index>_used_bytes` per GPU, then with
 //! `--gpu-exact` `gpu<ordinal>_exact_peak_bytes` per device used (the tree's
 //! exact peak since the previous row). An empty cell is a reading that
@@ -14,7 +15,11 @@ use std::fmt::Write as _;
 pub(crate) fn render(r: &RunReport) -> String {
     let with_cgroup = r.cgroup.is_some();
     let mut out = String::with_capacity(64 * (r.timeline.len() + 1));
+    let with_pss = r.pss.is_some();
     out.push_str("t_s,tree_rss_bytes,processes");
+    if with_pss {
+        out.push_str(",tree_pss_bytes,tree_uss_bytes");
+    }
     if with_cgroup {
         out.push_str(",cgroup_bytes");
     }
@@ -34,6 +39,10 @@ pub(crate) fn render(r: &RunReport) -> String {
     };
     for p in &r.timeline {
         let _ = write!(out, "{:.6},{},{}", p.t_s, p.tree_rss_bytes, p.processes);
+        if with_pss {
+            cell(&mut out, p.tree_pss_bytes.flatten());
+            cell(&mut out, p.tree_uss_bytes.flatten());
+        }
         if with_cgroup {
             cell(&mut out, p.cgroup_bytes);
         }

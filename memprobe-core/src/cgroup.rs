@@ -9,6 +9,11 @@
 //! (Linux ≥ 6.12), which disturbs nobody; v1 `memory.max_usage_in_bytes` is
 //! reset by writing 0 (cgroup-wide). Where neither works the peak is sampled.
 //! An unlimited limit (`max` in v2, ≈ 2^63 in v1) is reported as no limit.
+//!
+//! OOM events ([`OomEvents`]): the kernel counts, per cgroup, the times the
+//! OOM killer ran and the processes it killed: v2 `memory.events`, v1
+//! `memory.oom_control` (its `oom_kill` line since Linux 4.13). A kill
+//! shows as a rise of `oom_kill` between two reads.
 
 use crate::error::{Error, Result};
 use crate::procfs::{self, ProcFile};
@@ -146,6 +151,89 @@ impl<'a> Mount<'a> {
     }
 }
 
+/// The OOM event counters of a memory cgroup, as the kernel keeps them.
+/// A counter the kernel does not keep (or this cgroup version lacks) is
+/// `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OomEvents {
+    /// v2 `oom`: times the cgroup hit its limit and reclaim failed, so the
+    /// OOM killer was invoked (whether or not it killed).
+    pub oom: Option<u64>,
+    /// v2 and v1 (Linux ≥ 4.13) `oom_kill`: processes of the cgroup killed
+    /// by an OOM killer (the cgroup's own or the machine's).
+    pub oom_kill: Option<u64>,
+    /// v2 `oom_group_kill` (Linux ≥ 5.17): times the whole cgroup was killed
+    /// at once (`memory.oom.group`).
+    pub oom_group_kill: Option<u64>,
+    /// v2 `max`: times usage reached `memory.max` (reclaim ran; not a kill).
+    pub max: Option<u64>,
+    /// v1 `under_oom`: the cgroup is in an OOM state now (only lasts when
+    /// the OOM killer is disabled for it).
+    pub under_oom: Option<bool>,
+}
+
+impl OomEvents {
+    /// Parses v2 `memory.events` (`<key> <count>` lines); `None` when no
+    /// known key is present.
+    pub fn parse_v2(text: &[u8]) -> Option<OomEvents> {
+        let get = |key: &[u8]| space_keyed_u64(text, key);
+        let e = OomEvents {
+            oom: get(b"oom"),
+            oom_kill: get(b"oom_kill"),
+            oom_group_kill: get(b"oom_group_kill"),
+            max: get(b"max"),
+            under_oom: None,
+        };
+        (e != OomEvents::default()).then_some(e)
+    }
+
+    /// Parses v1 `memory.oom_control` (`oom_kill_disable`, `under_oom` and,
+    /// since Linux 4.13, `oom_kill`); `None` when none is present.
+    pub fn parse_v1(text: &[u8]) -> Option<OomEvents> {
+        let e = OomEvents {
+            oom_kill: space_keyed_u64(text, b"oom_kill"),
+            under_oom: space_keyed_u64(text, b"under_oom").map(|v| v != 0),
+            ..OomEvents::default()
+        };
+        (e != OomEvents::default()).then_some(e)
+    }
+
+    /// Parses the file of `version` (see [`OomEvents::file`]).
+    pub fn parse(version: CgroupVersion, text: &[u8]) -> Option<OomEvents> {
+        match version {
+            CgroupVersion::V1 => OomEvents::parse_v1(text),
+            CgroupVersion::V2 => OomEvents::parse_v2(text),
+        }
+    }
+
+    /// The file holding the counters: `memory.events` (v2) or
+    /// `memory.oom_control` (v1).
+    pub fn file(version: CgroupVersion) -> &'static str {
+        match version {
+            CgroupVersion::V1 => "memory.oom_control",
+            CgroupVersion::V2 => "memory.events",
+        }
+    }
+
+    /// Reads the counters of the cgroup at `location` once; `None` where
+    /// the file is missing or unreadable, or holds no counter.
+    pub fn read(location: &CgroupLocation) -> Option<OomEvents> {
+        let text = std::fs::read(location.dir.join(OomEvents::file(location.version))).ok()?;
+        OomEvents::parse(location.version, &text)
+    }
+}
+
+/// The value of a `key value` line (cgroup flat-keyed files).
+fn space_keyed_u64(text: &[u8], key: &[u8]) -> Option<u64> {
+    text.split(|&c| c == b'\n').find_map(|line| {
+        let rest = line.strip_prefix(key)?;
+        if !rest.first().is_some_and(u8::is_ascii_whitespace) {
+            return None;
+        }
+        procfs::parse_u64(rest)
+    })
+}
+
 /// Options for the cgroup sampler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CgroupOptions {
@@ -167,6 +255,9 @@ pub struct CgroupSampler {
     usage: ProcFile,
     limit: ProcFile,
     peak: Option<PeakFile>,
+    /// The OOM event counters' file, kept open; `None` where it cannot be
+    /// opened.
+    events: Option<ProcFile>,
 }
 
 struct PeakFile {
@@ -214,11 +305,13 @@ impl CgroupSampler {
         } else {
             None
         };
+        let events = ProcFile::open(location.dir.join(OomEvents::file(location.version))).ok();
         let mut s = CgroupSampler {
             location,
             usage,
             limit,
             peak,
+            events,
         };
         s.read()?;
         Ok(s)
@@ -236,6 +329,14 @@ impl CgroupSampler {
     pub fn lifetime_peak(&self) -> Option<u64> {
         let text = std::fs::read(self.location.dir.join(files(self.location.version).2)).ok()?;
         procfs::parse_u64(&text)
+    }
+
+    /// The OOM event counters now (one `pread` of a kept-open file); `None`
+    /// where this kernel or cgroup keeps none, or the read failed.
+    pub fn oom_events(&mut self) -> Option<OomEvents> {
+        let version = self.location.version;
+        let text = self.events.as_mut()?.read().ok()?;
+        OomEvents::parse(version, text)
     }
 
     fn read_limit(&mut self) -> Result<Option<u64>> {
@@ -324,6 +425,67 @@ impl std::fmt::Debug for CgroupSampler {
         f.debug_struct("CgroupSampler")
             .field("location", &self.location)
             .field("resettable_peak", &self.peak.is_some())
+            .field("oom_events", &self.events.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_v2_memory_events() {
+        let text = b"low 0\nhigh 12\nmax 40\noom 3\noom_kill 2\noom_group_kill 1\n";
+        let e = OomEvents::parse_v2(text).unwrap();
+        assert_eq!(
+            e,
+            OomEvents {
+                oom: Some(3),
+                oom_kill: Some(2),
+                oom_group_kill: Some(1),
+                max: Some(40),
+                under_oom: None,
+            }
+        );
+        // Before Linux 5.17: no oom_group_kill.
+        let old = OomEvents::parse_v2(b"low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n").unwrap();
+        assert_eq!((old.oom_kill, old.oom_group_kill), (Some(0), None));
+        assert_eq!(OomEvents::parse_v2(b""), None);
+        assert_eq!(OomEvents::parse_v2(b"low 1\n"), None);
+    }
+
+    #[test]
+    fn parses_v1_oom_control() {
+        let e = OomEvents::parse_v1(b"oom_kill_disable 0\nunder_oom 1\noom_kill 7\n").unwrap();
+        assert_eq!(
+            (e.oom_kill, e.under_oom, e.oom),
+            (Some(7), Some(true), None)
+        );
+        // Before Linux 4.13: no oom_kill line.
+        let old = OomEvents::parse_v1(b"oom_kill_disable 0\nunder_oom 0\n").unwrap();
+        assert_eq!((old.oom_kill, old.under_oom), (None, Some(false)));
+        // `oom_kill_disable` is not `oom_kill`.
+        assert_eq!(OomEvents::parse_v1(b"oom_kill_disable 1\n"), None);
+        assert_eq!(
+            OomEvents::parse(CgroupVersion::V1, b"under_oom 0\noom_kill 2\n")
+                .unwrap()
+                .oom_kill,
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn this_machines_counters_or_none() {
+        // Whatever this machine has: a reading that parses, or None; never
+        // an error or a panic.
+        if let Ok(loc) = discover() {
+            if let Some(e) = OomEvents::read(&loc) {
+                assert!(e.oom_kill.is_some() || e.under_oom.is_some() || e.oom.is_some());
+            }
+            if let Ok(mut s) = CgroupSampler::at(loc, CgroupOptions { reset_peak: false }) {
+                let _ = s.oom_events();
+            }
+        }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! - [`Sampler`]s read one source each: this process ([`process`]), its
 //!   process tree ([`tree`]), system RAM ([`system`]), the container's
-//!   [`cgroup`], PSS/USS ([`smaps`]), custom [`callback`]s; GPU samplers live
+//!   [`cgroup`], PSS/USS of this process ([`smaps`]) and of its tree
+//!   ([`tree_smaps`]), custom [`callback`]s; GPU samplers live
 //!   in memprobe-gpu.
 //! - A [`Source`] wraps a sampler (or takes pushed values) and keeps the peak
 //!   state of every window open over it.
@@ -40,6 +41,7 @@ pub mod system;
 pub mod trace;
 pub mod tracker;
 pub mod tree;
+pub mod tree_smaps;
 mod window;
 
 pub use delta::{b2mb, deltas, SourceDelta};

@@ -95,6 +95,16 @@ pub fn command_name(pid: u32) -> Option<String> {
     Some(String::from_utf8_lossy(text.trim_ascii()).into_owned())
 }
 
+/// The wait status of `pid` while it is a zombie (ended, not yet reaped by
+/// its parent): the `exit_code` field of `/proc/<pid>/stat` (Linux ≥ 3.5),
+/// encoded as `waitpid` gives it (`libc::WIFSIGNALED`, `libc::WTERMSIG`).
+/// `None` while it runs, once it is reaped, or on kernels without the field.
+/// This is how a process that is not one's own child can be seen to have
+/// died of a signal (the kernel's OOM killer sends `SIGKILL`).
+pub fn zombie_wait_status(pid: u32) -> Option<i32> {
+    procfs::parse_zombie_status(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// How the process sampler treats the kernel's `VmHWM`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HwmMode {
@@ -238,5 +248,27 @@ mod tests {
             None,
             "reaped: the descriptor reads nothing"
         );
+    }
+
+    #[test]
+    fn a_killed_childs_status_while_it_is_a_zombie() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert_eq!(zombie_wait_status(child.id()), None, "running");
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = zombie_wait_status(child.id()) {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "never a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(libc::WIFSIGNALED(status), "{status:#x}");
+        assert_eq!(libc::WTERMSIG(status), libc::SIGKILL);
+        child.wait().unwrap();
+        assert_eq!(zombie_wait_status(child.id()), None, "reaped");
     }
 }

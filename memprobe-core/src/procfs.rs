@@ -165,6 +165,23 @@ fn trim_ascii(s: &[u8]) -> &[u8] {
     &s[..end]
 }
 
+/// A zombie's wait status from the text of `/proc/<pid>/stat`: field 52
+/// (`exit_code`) when field 3 (the state) is `Z` or `X`.
+pub(crate) fn parse_zombie_status(stat: &[u8]) -> Option<i32> {
+    // The command name may contain spaces and parentheses: split after the last ')'.
+    let close = stat.iter().rposition(|&c| c == b')')?;
+    let mut fields = stat[close + 1..]
+        .split(|c| c.is_ascii_whitespace())
+        .filter(|f| !f.is_empty());
+    let state = fields.next()?;
+    if state != b"Z" && state != b"X" {
+        return None;
+    }
+    // Field 3 was the state; exit_code is field 52.
+    let code = fields.nth(52 - 4)?;
+    std::str::from_utf8(code).ok()?.parse().ok()
+}
+
 /// The whitespace-separated pids of a `children` file, appended to `out`.
 pub(crate) fn parse_pids(text: &[u8], out: &mut Vec<u32>) {
     out.extend(
@@ -249,6 +266,26 @@ RssAnon:\t    1024 kB\nThreads:\t3\nSigQ:\t0/100\n";
         assert_eq!(outermost("NSpid:\tx\n"), None);
         assert_eq!(outermost("NSpid:\t4242\tx\n"), None);
         assert_eq!(parse_status(LIVE).unwrap().outermost_pid, None);
+    }
+
+    #[test]
+    fn a_zombies_wait_status() {
+        // 52 fields; the name holds a space and a parenthesis.
+        let stat = |state: &str, code: &str| {
+            let mut f = vec!["42".to_string(), "(my (worker)".into(), state.into()];
+            f.extend((4..52).map(|i| i.to_string()));
+            f.push(code.into());
+            f.join(" ") + "\n"
+        };
+        assert_eq!(parse_zombie_status(stat("Z", "9").as_bytes()), Some(9));
+        assert_eq!(parse_zombie_status(stat("X", "256").as_bytes()), Some(256));
+        assert_eq!(parse_zombie_status(stat("S", "0").as_bytes()), None);
+        assert_eq!(
+            parse_zombie_status(b"42 (x) Z 1 2 3\n"),
+            None,
+            "no exit_code"
+        );
+        assert_eq!(parse_zombie_status(b""), None);
     }
 
     #[test]

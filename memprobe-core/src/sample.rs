@@ -96,6 +96,11 @@ pub enum SourceKind {
     /// This process's device memory on one GPU (or its pinned host memory)
     /// as counted by the driver-API interposer at every allocation and free.
     GpuExact,
+    /// The PSS of this process and its descendants (shared pages counted
+    /// once across the tree).
+    ProcessTreePss,
+    /// The USS of this process and its descendants (pages private to each).
+    ProcessTreeUss,
 }
 
 impl SourceKind {
@@ -112,6 +117,8 @@ impl SourceKind {
             SourceKind::ProcessPss => "process_pss",
             SourceKind::ProcessUss => "process_uss",
             SourceKind::GpuExact => "gpu_exact",
+            SourceKind::ProcessTreePss => "process_tree_pss",
+            SourceKind::ProcessTreeUss => "process_tree_uss",
         }
     }
 }

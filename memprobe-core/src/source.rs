@@ -35,6 +35,7 @@ use crate::sampler::Sampler;
 use crate::smaps::{SmapsMetric, SmapsSampler};
 use crate::system::SystemRamSampler;
 use crate::tree::ProcessTreeSampler;
+use crate::tree_smaps::TreeSmapsSampler;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -181,6 +182,25 @@ impl Source {
     /// PSS or USS from smaps_rollup (opt-in: costs milliseconds per GiB).
     pub fn smaps(metric: SmapsMetric) -> Result<Source> {
         Ok(Source::from_sampler(Box::new(SmapsSampler::new(metric)?)))
+    }
+
+    /// PSS or USS of this process and its descendants: the sum over the
+    /// tree of each process's `smaps_rollup` (sampled). Pages that forked
+    /// workers share copy-on-write count once (PSS), where the tree's summed
+    /// RSS counts them once per process. Opt-in: each read walks every
+    /// mapping of every process (milliseconds for big processes); processes
+    /// that exit mid-read are skipped, and a read during which one ends is
+    /// taken again once (a process read before it ended would have its
+    /// shared pages counted twice; see [`tree_smaps`](crate::tree_smaps)).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unavailable`] without `smaps_rollup` (Linux < 4.14);
+    /// [`ErrorKind::PermissionDenied`] when a process of the tree may not be
+    /// read (another user's).
+    pub fn process_tree_smaps(metric: SmapsMetric) -> Result<Source> {
+        Ok(Source::from_sampler(Box::new(TreeSmapsSampler::new(
+            metric,
+        )?)))
     }
 
     /// A custom source read by calling `read` (sampled by the monitor).

@@ -110,6 +110,12 @@ pub enum memprobe_source_kind {
     /// This process's memory on one GPU, counted by the driver-API
     /// interposer (memprobe_source_new_gpu_exact).
     GpuExact = 9,
+    /// The PSS of this process and its descendants: pages they share counted
+    /// once (memprobe_source_new_process_tree_smaps).
+    ProcessTreePss = 10,
+    /// The USS of this process and its descendants: the pages private to
+    /// each, summed (memprobe_source_new_process_tree_smaps).
+    ProcessTreeUss = 11,
 }
 
 /// How exact a source's peaks are (`memprobe_source_info.fidelity`).
@@ -149,6 +155,8 @@ pub(crate) fn kind_code(k: SourceKind) -> u32 {
         SourceKind::ProcessPss => memprobe_source_kind::ProcessPss,
         SourceKind::ProcessUss => memprobe_source_kind::ProcessUss,
         SourceKind::GpuExact => memprobe_source_kind::GpuExact,
+        SourceKind::ProcessTreePss => memprobe_source_kind::ProcessTreePss,
+        SourceKind::ProcessTreeUss => memprobe_source_kind::ProcessTreeUss,
     };
     c as u32
 }
@@ -242,9 +250,11 @@ pub extern "C" fn memprobe_source_new_cgroup(out: *mut *mut memprobe_source) -> 
     })
 }
 
-/// `memprobe_source_new_smaps` metric: proportional set size.
+/// `memprobe_source_new_smaps` / `memprobe_source_new_process_tree_smaps`
+/// metric: proportional set size.
 pub const MEMPROBE_SMAPS_PSS: u32 = 0;
-/// `memprobe_source_new_smaps` metric: unique set size (private pages).
+/// `memprobe_source_new_smaps` / `memprobe_source_new_process_tree_smaps`
+/// metric: unique set size (private pages).
 pub const MEMPROBE_SMAPS_USS: u32 = 1;
 
 /// PSS or USS of this process from /proc/self/smaps_rollup. Opt-in: each read
@@ -255,18 +265,44 @@ pub extern "C" fn memprobe_source_new_smaps(
     out: *mut *mut memprobe_source,
 ) -> memprobe_status {
     entry_point("memprobe_source_new_smaps", || {
-        let metric = match metric {
-            MEMPROBE_SMAPS_PSS => SmapsMetric::Pss,
-            MEMPROBE_SMAPS_USS => SmapsMetric::Uss,
-            other => {
-                return Err(FfiError::new(
-                    memprobe_status::InvalidArgument,
-                    format!("unknown smaps metric {other}"),
-                ))
-            }
-        };
-        publish(Source::smaps(metric)?, out)
+        publish(Source::smaps(smaps_metric(metric)?)?, out)
     })
+}
+
+/// The PSS or USS of this process and all its descendants (e.g. DataLoader
+/// workers): the sum of each one's `/proc/<pid>/smaps_rollup` (sampled).
+/// Where the tree's summed RSS counts a page once in every process sharing
+/// it (workers forked from a trainer share its pages copy-on-write), the
+/// tree's PSS counts it once; the USS counts only pages private to each
+/// process. Opt-in: each read walks every mapping of every process of the
+/// tree (milliseconds for big processes). Processes that exit during a read
+/// are skipped, and a read during which one ends is taken again once (its
+/// shared pages would otherwise be counted twice). `metric`: MEMPROBE_SMAPS_PSS (kind
+/// MEMPROBE_SOURCE_KIND_PROCESS_TREE_PSS) or MEMPROBE_SMAPS_USS (kind
+/// MEMPROBE_SOURCE_KIND_PROCESS_TREE_USS). MEMPROBE_STATUS_UNAVAILABLE
+/// without smaps_rollup (Linux < 4.14); MEMPROBE_STATUS_PERMISSION_DENIED
+/// when a process of the tree belongs to another user.
+#[no_mangle]
+pub extern "C" fn memprobe_source_new_process_tree_smaps(
+    metric: u32,
+    out: *mut *mut memprobe_source,
+) -> memprobe_status {
+    entry_point("memprobe_source_new_process_tree_smaps", || {
+        publish(Source::process_tree_smaps(smaps_metric(metric)?)?, out)
+    })
+}
+
+fn smaps_metric(metric: u32) -> FfiResult<SmapsMetric> {
+    match metric {
+        MEMPROBE_SMAPS_PSS => Ok(SmapsMetric::Pss),
+        MEMPROBE_SMAPS_USS => Ok(SmapsMetric::Uss),
+        other => Err(FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!(
+                "unknown smaps metric {other} (MEMPROBE_SMAPS_PSS = 0, MEMPROBE_SMAPS_USS = 1)"
+            ),
+        )),
+    }
 }
 
 /// A source whose values the caller pushes with memprobe_source_push (e.g. a
@@ -432,6 +468,8 @@ mod tests {
             SourceKind::ProcessPss => 7,
             SourceKind::ProcessUss => 8,
             SourceKind::GpuExact => 9,
+            SourceKind::ProcessTreePss => 10,
+            SourceKind::ProcessTreeUss => 11,
         };
         for k in [
             SourceKind::Process,
@@ -444,6 +482,8 @@ mod tests {
             SourceKind::ProcessPss,
             SourceKind::ProcessUss,
             SourceKind::GpuExact,
+            SourceKind::ProcessTreePss,
+            SourceKind::ProcessTreeUss,
         ] {
             assert_eq!(kind_code(k), promised(k), "{k:?}");
         }

@@ -317,6 +317,10 @@ int main() {
         Source pss = Source::pss();
         CHECK(pss.read().used > 0 && pss.info().kind == MEMPROBE_SOURCE_KIND_PROCESS_PSS);
         CHECK(Source::uss().info().kind == MEMPROBE_SOURCE_KIND_PROCESS_USS);
+        Source tree_pss = Source::tree_pss();
+        CHECK(tree_pss.read().used > 0 && tree_pss.info().kind == MEMPROBE_SOURCE_KIND_PROCESS_TREE_PSS);
+        CHECK(std::string(tree_pss.info().name) == "tree_pss");
+        CHECK(Source::tree_uss().info().kind == MEMPROBE_SOURCE_KIND_PROCESS_TREE_USS);
         // The test runs with MEMPROBE_GPU_BACKEND=none: no GPU here.
         threw = false;
         try {

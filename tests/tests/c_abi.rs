@@ -53,6 +53,11 @@ fn abi_end_to_end_and_bad_input() {
 }
 
 #[test]
+fn tree_pss_counts_pages_shared_with_workers_once() {
+    check_all_ways("test_tree_smaps.c", &[]);
+}
+
+#[test]
 fn tracker_phases_sinks_policies() {
     check_all_ways("test_tracker.c", &[]);
 }

@@ -207,11 +207,29 @@ fn run_seed(seed: u64, steps: usize) -> usize {
                 }
                 3 => {
                     let mut h = std::ptr::null_mut::<memprobe_source>();
-                    if call!(
-                        "new_system_ram",
-                        source::memprobe_source_new_system_ram(&mut h)
-                    ) == memprobe_status::Ok
-                    {
+                    let st = if rng.chance(25) {
+                        // The tree's PSS / USS: metrics 0 and 1, or any value.
+                        let metric = if rng.chance(80) {
+                            rng.below(2) as u32
+                        } else {
+                            rng.next() as u32
+                        };
+                        let out = if rng.chance(90) {
+                            &mut h as *mut _
+                        } else {
+                            std::ptr::null_mut()
+                        };
+                        call!(
+                            "new_process_tree_smaps",
+                            source::memprobe_source_new_process_tree_smaps(metric, out)
+                        )
+                    } else {
+                        call!(
+                            "new_system_ram",
+                            source::memprobe_source_new_system_ram(&mut h)
+                        )
+                    };
+                    if st == memprobe_status::Ok {
                         p.sources.push(h as usize);
                     }
                 }

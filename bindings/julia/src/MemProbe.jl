@@ -39,6 +39,7 @@ const FUNCTIONS = (
     :memprobe_monitor_set_interval_ns, :memprobe_monitor_get_stats, :memprobe_monitor_stop,
     :memprobe_source_new_process, :memprobe_source_new_process_tree,
     :memprobe_source_new_system_ram, :memprobe_source_new_cgroup, :memprobe_source_new_smaps,
+    :memprobe_source_new_process_tree_smaps,
     :memprobe_source_new_pushed, :memprobe_source_new_callback, :memprobe_source_free,
     :memprobe_source_read, :memprobe_source_push, :memprobe_source_get_info,
     :memprobe_trace_new, :memprobe_trace_start, :memprobe_trace_stop, :memprobe_trace_reset,
@@ -273,7 +274,8 @@ Sample(c::CSample) = Sample(c.used,
     c.taken_at_ns, c.read_ns)
 
 const KINDS = (:process, :process_tree, :system_ram, :cgroup, :gpu_device, :gpu_process,
-               :custom, :process_pss, :process_uss, :gpu_exact)
+               :custom, :process_pss, :process_uss, :gpu_exact, :process_tree_pss,
+               :process_tree_uss)
 const FIDELITIES = (:exact, :pushed, :sampled)
 kind_symbol(k) = k + 1 <= length(KINDS) ? KINDS[k+1] : Symbol("kind", k)
 fidelity_symbol(f) = f + 1 <= length(FIDELITIES) ? FIDELITIES[f+1] : Symbol("fidelity", f)
@@ -289,7 +291,9 @@ end
 
 A source of readings: `Source(:process)`, `Source(:process_tree)`,
 `Source(:system_ram)`, `Source(:cgroup)`, `Source(:pss)`, `Source(:uss)`,
-`Source(:pushed, name)`, `Source(read::Function, name)` (a custom source
+`Source(:tree_pss)`, `Source(:tree_uss)` (the PSS / USS of this process and
+its descendants: pages forked workers share counted once; each read walks
+every mapping of every process of the tree), `Source(:pushed, name)`, `Source(read::Function, name)` (a custom source
 whose `read()` returns bytes). Release with `close` (a finalizer does it
 too).
 """
@@ -326,6 +330,9 @@ function Source(kind::Symbol, name::AbstractString="")
     elseif kind === :pss || kind === :uss
         ccall(sym(:memprobe_source_new_smaps), UInt32, (UInt32, Ref{Ptr{Cvoid}}),
               kind === :pss ? 0 : 1, out)
+    elseif kind === :tree_pss || kind === :tree_uss
+        ccall(sym(:memprobe_source_new_process_tree_smaps), UInt32, (UInt32, Ref{Ptr{Cvoid}}),
+              kind === :tree_pss ? 0 : 1, out)
     elseif kind === :pushed
         ccall(sym(:memprobe_source_new_pushed), UInt32, (Cstring, Ref{Ptr{Cvoid}}), name, out)
     else

@@ -56,6 +56,12 @@ end
         close(p)
         @test_throws MemprobeError read_sample(p)
         foreach(close, (rss, ram, c))
+        tp = Source(:tree_pss)
+        tu = Source(:tree_uss)
+        @test info(tp).kind === :process_tree_pss && info(tp).fidelity === :sampled
+        @test info(tu).kind === :process_tree_uss
+        @test read_sample(tp).used > 0 && read_sample(tu).used > 0
+        foreach(close, (tp, tu))
     end
 
     @testset "windows" begin

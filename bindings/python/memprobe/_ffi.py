@@ -195,6 +195,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_source_new_system_ram": (status_t, [P(handle_t)]),
     "memprobe_source_new_cgroup": (status_t, [P(handle_t)]),
     "memprobe_source_new_smaps": (status_t, [c_uint32, P(handle_t)]),
+    "memprobe_source_new_process_tree_smaps": (status_t, [c_uint32, P(handle_t)]),
     "memprobe_source_new_pushed": (status_t, [c_char_p, P(handle_t)]),
     "memprobe_source_new_callback": (
         status_t,

@@ -29,6 +29,10 @@ class SourceKind(enum.IntEnum):
     PROCESS_USS = 8
     #: This process's memory on one GPU, counted by the driver-API interposer.
     GPU_EXACT = 9
+    #: The PSS of this process and its descendants (shared pages once).
+    PROCESS_TREE_PSS = 10
+    #: The USS of this process and its descendants.
+    PROCESS_TREE_USS = 11
 
 
 class Fidelity(enum.IntEnum):
@@ -166,11 +170,19 @@ class Source(Owned):
     def smaps(cls, metric: str = "pss") -> "Source":
         """This process's PSS (``"pss"``) or USS (``"uss"``) from
         ``/proc/self/smaps_rollup`` (costs milliseconds per GiB mapped)."""
-        codes = {"pss": _ffi.MEMPROBE_SMAPS_PSS, "uss": _ffi.MEMPROBE_SMAPS_USS}
-        code = codes.get(metric.lower()) if isinstance(metric, str) else metric
-        if code is None:
-            raise ValueError(f"metric must be 'pss' or 'uss', not {metric!r}")
-        return cls._new(C.memprobe_source_new_smaps, code)
+        return cls._new(C.memprobe_source_new_smaps, _smaps_code(metric))
+
+    @classmethod
+    def process_tree_smaps(cls, metric: str = "pss") -> "Source":
+        """The PSS (``"pss"``) or USS (``"uss"``) of this process and all its
+        descendants: the sum of each one's ``/proc/<pid>/smaps_rollup``;
+        sampled. Pages that DataLoader workers share copy-on-write with the
+        trainer count once (PSS), where the tree's summed RSS counts them once
+        per process. Each read walks every mapping of every process of the
+        tree (milliseconds for big processes); processes that exit during a
+        read are skipped. :class:`~memprobe.PermissionDeniedError` when a
+        process of the tree belongs to another user."""
+        return cls._new(C.memprobe_source_new_process_tree_smaps, _smaps_code(metric))
 
     @classmethod
     def pushed(cls, name: str) -> "Source":
@@ -336,3 +348,11 @@ def as_sources(sources) -> List[Source]:
         if not isinstance(s, Source):
             raise TypeError(f"expected memprobe.Source, got {type(s).__name__}")
     return out
+
+
+def _smaps_code(metric: str) -> int:
+    codes = {"pss": _ffi.MEMPROBE_SMAPS_PSS, "uss": _ffi.MEMPROBE_SMAPS_USS}
+    code = codes.get(metric.lower()) if isinstance(metric, str) else metric
+    if code is None:
+        raise ValueError(f"metric must be 'pss' or 'uss', not {metric!r}")
+    return code

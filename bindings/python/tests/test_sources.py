@@ -91,6 +91,49 @@ def test_smaps(metric, kind):
 def test_smaps_rejects_unknown_metric():
     with pytest.raises(ValueError):
         Source.smaps("rss")
+    with pytest.raises(ValueError):
+        Source.process_tree_smaps("rss")
+    with pytest.raises(memprobe.InvalidArgumentError):
+        Source.process_tree_smaps(7)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "metric,kind", [("pss", SourceKind.PROCESS_TREE_PSS), ("uss", SourceKind.PROCESS_TREE_USS)]
+)
+def test_process_tree_smaps(metric, kind):
+    with Source.process_tree_smaps(metric) as src:
+        assert src.kind is kind
+        assert src.name == "tree_" + metric
+        assert src.fidelity is Fidelity.SAMPLED
+        assert src.read().used > 0
+
+
+def test_process_tree_pss_counts_pages_shared_with_a_worker_once():
+    """A forked worker shares this process's 64 MiB copy-on-write: the tree's
+    summed RSS holds it twice, its PSS once."""
+    import os
+    import signal
+
+    buf = bytearray(64 * MiB)
+    for i in range(0, len(buf), 4096):
+        buf[i] = 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: only reads, then waits to be killed
+        total = sum(buf[i] for i in range(0, len(buf), 4096))
+        os.write(w, b"1" if total else b"0")
+        signal.pause()
+        os._exit(0)
+    try:
+        assert os.read(r, 1) == b"1"
+        with Source.process_tree() as tree_rss, Source.process_tree_smaps("pss") as tree_pss:
+            rss, pss = tree_rss.read().used, tree_pss.read().used
+        assert rss >= pss + 64 * MiB * 9 // 10, (rss, pss)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        os.close(w)
 
 
 def test_pushed_source_returns_what_was_pushed():

@@ -137,7 +137,10 @@ pub(crate) fn main(args: RunArgs) -> i32 {
 
     let started_at_unix_s = units::unix_now_s();
     let env = injection.as_ref().map(Injection::env).unwrap_or_default();
-    let pid = match child::spawn(&args.command, &env) {
+    // From before the spawn (a command that fills the container at once
+    // must not find memprobe unshielded); the command gets its value back.
+    let oom_score_adj = crate::oom_kill::shield_self();
+    let pid = match child::spawn(&args.command, &env, oom_score_adj) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("memprobe: {}", e.message);
@@ -145,6 +148,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         }
     };
     let t0 = Instant::now();
+    let t0_monotonic_ns = memprobe_core::monotonic_ns();
     let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
         Ok(f) => Some(f),
         Err(e) => {
@@ -161,6 +165,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         gpus,
         live: live_state.clone(),
         exact,
+        pss: args.pss,
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {
@@ -206,6 +211,8 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         memprobe_cpu_s: child::own_cpu_s(),
     };
     report::add_rusage(&mut recording, &facts);
+    // The phase lookup comes with the phase channel; until then, no phase.
+    crate::oom_kill::explain_run(&mut recording, &facts, t0_monotonic_ns, &|_, _| None);
     let rep = report::build(&recording, &facts);
     eprint!("{}", report::summary(&rep, args.verbose));
 

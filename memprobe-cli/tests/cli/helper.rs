@@ -125,6 +125,62 @@ fn child() {
                 .collect();
             wait_all(&pids);
         }
+        // The parent touches MiB, then N workers only read it (sharing its
+        // pages copy-on-write, as DataLoader workers do), all for MS.
+        "shared-workers" => {
+            let (n, mib, hold) = (num(1), num(2) as usize, num(3));
+            let (p, len) = touch(mib);
+            let pids: Vec<_> = (0..n)
+                .map(|_| {
+                    fork(|| {
+                        let mut sum = 0u64;
+                        for off in (0..len).step_by(4096) {
+                            // SAFETY: inside the inherited mapping.
+                            sum += u64::from(unsafe { p.cast::<u8>().add(off).read_volatile() });
+                        }
+                        assert!(sum > 0);
+                        sleep_ms(hold);
+                    })
+                })
+                .collect();
+            sleep_ms(hold);
+            wait_all(&pids);
+            release((p, len));
+        }
+        // Kills itself with SIGKILL (not the OOM killer: no counter rises).
+        "self-kill" => {
+            sleep_ms(num(1));
+            // SAFETY: raising a signal on this process.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
+        // Touches MiB more every MS milliseconds, forever: in a cgroup with
+        // a small limit, until the OOM killer ends it.
+        "grow" => {
+            let (mib, ms) = (num(1) as usize, num(2));
+            loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            }
+        }
+        // A worker grows as above; the parent, like a busy trainer, notices
+        // its end only at its next poll (300 ms), then exits with 3 if a
+        // signal ended it.
+        "worker-grows" => {
+            let (mib, ms) = (num(1) as usize, num(2));
+            let w = fork(|| loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            });
+            let mut st = 0;
+            loop {
+                sleep_ms(300);
+                // SAFETY: valid pointer; w is our child.
+                if unsafe { libc::waitpid(w, &mut st, libc::WNOHANG) } == w {
+                    break;
+                }
+            }
+            std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
+        }
         "exit" => std::process::exit(num(1) as i32),
         "marker" => {
             std::fs::write(words[1], b"ran").expect("marker");

@@ -3,8 +3,10 @@
 mod commands;
 mod exit_codes;
 mod helper;
+mod oom;
 mod outputs;
 mod peaks;
+mod pss;
 mod schema;
 mod serve;
 mod support;

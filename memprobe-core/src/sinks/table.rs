@@ -57,7 +57,9 @@ impl TableSink {
             SourceKind::Process
             | SourceKind::ProcessTree
             | SourceKind::ProcessPss
-            | SourceKind::ProcessUss => Some("cpu"),
+            | SourceKind::ProcessUss
+            | SourceKind::ProcessTreePss
+            | SourceKind::ProcessTreeUss => Some("cpu"),
             SourceKind::GpuDevice | SourceKind::GpuProcess => Some("gpu"),
             _ => None,
         };

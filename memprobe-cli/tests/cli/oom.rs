@@ -1,0 +1,231 @@
+//! OOM kills explained by `memprobe run`: a SIGKILL that is not the
+//! kernel's must not be called an OOM kill; a real one, in a cgroup with a
+//! small memory limit, is named with its pid, time and peak.
+
+use crate::support::*;
+use memprobe_core::cgroup::{self, CgroupVersion};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// The command kills itself with SIGKILL: status 137 passes through, and the
+/// verdict names no OOM kill (the container's counter did not rise).
+#[test]
+fn a_sigkill_of_its_own_is_not_an_oom_kill() {
+    let (out, json) = run_helper_json(&[], &["self-kill", "100"]);
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    assert_eq!(json["exit"]["signal_name"], "SIGKILL");
+    let oom = &json["oom_kill"];
+    assert_eq!(oom["verdict"], "none", "{oom}");
+    assert_eq!(oom["victims"], Value::Array(Vec::new()));
+    let err = stderr(&out);
+    assert!(!err.contains("OOM killer killed"), "{err}");
+    assert!(!err.contains("most likely"), "{err}");
+    if oom["counters"].is_null() {
+        eprintln!("no OOM counters readable here: the verdict rests on the SIGKILL alone");
+    } else {
+        assert_eq!(u(&oom["oom_kill_rise"]), 0, "{oom}");
+        assert!(
+            err.contains("was killed by SIGKILL, but not by the kernel's OOM killer"),
+            "{err}"
+        );
+    }
+}
+
+/// memprobe keeps the OOM killer off itself where it may, but the command
+/// gets the value memprobe started with.
+#[test]
+fn the_command_keeps_its_oom_score_adj() {
+    let dir = scratch("adj");
+    let file = dir.join("adj");
+    let out = memprobe()
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/self/oom_score_adj > \"$0\"",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mine = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), mine);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A cgroup with a small memory limit, made for one test and removed after.
+struct SmallCgroup {
+    dir: PathBuf,
+    version: CgroupVersion,
+}
+
+impl SmallCgroup {
+    /// Below this process's own memory cgroup, where the machine allows it:
+    /// a writable v1 memory hierarchy, or a delegated v2 subtree with the
+    /// memory controller. `Err` says why not.
+    fn create(tag: &str, limit: u64) -> Result<SmallCgroup, String> {
+        let loc = cgroup::discover().map_err(|e| format!("no memory cgroup: {e}"))?;
+        let dir = loc
+            .dir
+            .join(format!("memprobe-oom-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let cg = SmallCgroup {
+            dir,
+            version: loc.version,
+        };
+        let (limit_file, swap_file) = match loc.version {
+            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+            CgroupVersion::V2 => ("memory.max", "memory.swap.max"),
+        };
+        std::fs::write(cg.dir.join(limit_file), limit.to_string()).map_err(|e| {
+            format!(
+                "cannot set {} in {} (is the memory controller delegated?): {e}",
+                limit_file,
+                cg.dir.display()
+            )
+        })?;
+        // No swap to escape to, where the kernel offers the knob.
+        let _ = std::fs::write(cg.dir.join(swap_file), limit.to_string());
+        Ok(cg)
+    }
+
+    /// Runs `memprobe run --json FILE <opts> -- <helper mode>` inside the
+    /// cgroup (the shell moves itself in, then becomes memprobe).
+    fn run(&self, opts: &[&str], mode: &[&str]) -> (Output, Value) {
+        let dir = scratch("oom");
+        let json = dir.join("run.json");
+        let (argv, (k, v)) = crate::helper::argv(mode);
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c")
+            .arg("echo $$ > \"$1\" && shift && exec \"$@\"")
+            .arg("sh")
+            .arg(self.dir.join("cgroup.procs"))
+            .arg(env!("CARGO_BIN_EXE_memprobe"))
+            .arg("run")
+            .arg("--json")
+            .arg(&json)
+            .args(opts)
+            .arg("--")
+            .args(&argv)
+            .env(k, v);
+        let out = c.output().unwrap();
+        let text = std::fs::read_to_string(&json).unwrap_or_else(|e| {
+            panic!("no JSON ({e}); stderr:\n{}", stderr(&out));
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        (out, serde_json::from_str(&text).unwrap())
+    }
+}
+
+impl Drop for SmallCgroup {
+    fn drop(&mut self) {
+        // Its processes have all ended; the kernel may take a moment to
+        // release the cgroup.
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!("could not remove {}", self.dir.display());
+    }
+}
+
+fn small_cgroup_or_skip(test: &str) -> Option<SmallCgroup> {
+    match SmallCgroup::create(test, 128 * MIB) {
+        Ok(cg) => {
+            eprintln!(
+                "{test}: in {} (cgroup {}), limit 128 MiB",
+                cg.dir.display(),
+                match cg.version {
+                    CgroupVersion::V1 => "v1",
+                    CgroupVersion::V2 => "v2",
+                }
+            );
+            Some(cg)
+        }
+        Err(why) => {
+            eprintln!(
+                "{test}: SKIPPED, this machine does not let a test make a memory cgroup ({why}); \
+                 the detector's tests over recorded counter transitions (oom_kill.rs) still run"
+            );
+            None
+        }
+    }
+}
+
+fn container_counters(path: &Path) -> bool {
+    path.join("memory.events").exists() || path.join("memory.oom_control").exists()
+}
+
+/// The command grows until the kernel's OOM killer ends it: memprobe names
+/// it, with its exact peak, and passes its status through.
+#[test]
+fn a_real_oom_kill_of_the_command_is_confirmed() {
+    let Some(cg) = small_cgroup_or_skip("a_real_oom_kill_of_the_command_is_confirmed") else {
+        return;
+    };
+    assert!(container_counters(&cg.dir));
+    let (out, json) = cg.run(&[], &["grow", "8", "5"]);
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(137), "{err}");
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let oom = &json["oom_kill"];
+    assert_eq!(oom["verdict"], "confirmed", "{oom}");
+    assert!(u(&oom["oom_kill_rise"]) >= 1);
+    let v = &oom["victims"][0];
+    assert_eq!(u(&v["pid"]), u(&json["pid"]));
+    assert_eq!(v["direct_child"], true);
+    assert_eq!(v["sigkill_seen"], true);
+    assert_eq!(v["peak_source"], "rusage");
+    // Its exact peak is near the limit (it held most of the 128 MiB).
+    assert!(u(&v["peak_bytes"]) >= 64 * MIB, "{v}");
+    assert_eq!(u(&oom["container_limit_bytes"]), 128 * MIB);
+    let line = format!(
+        "memprobe: the kernel's OOM killer killed pid {} (",
+        u(&json["pid"])
+    );
+    assert!(err.contains(&line), "{err}");
+    assert!(err.contains("(exact); the container peaked at"), "{err}");
+    assert!(err.contains("of its 128 MiB limit."), "{err}");
+}
+
+/// A worker (not memprobe's child) grows until the OOM killer ends it; its
+/// parent notices only at its next poll, so a sample sees it as a zombie
+/// killed by SIGKILL. The command then exits with 3, which passes through.
+#[test]
+fn a_real_oom_kill_of_a_worker_is_confirmed() {
+    let Some(cg) = small_cgroup_or_skip("a_real_oom_kill_of_a_worker_is_confirmed") else {
+        return;
+    };
+    let (out, json) = cg.run(&[], &["worker-grows", "8", "5"]);
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let oom = &json["oom_kill"];
+    assert_eq!(oom["verdict"], "confirmed", "{oom}");
+    let v = &oom["victims"][0];
+    assert_ne!(u(&v["pid"]), u(&json["pid"]));
+    assert_eq!(v["direct_child"], false);
+    assert_eq!(v["peak_source"], "last_rss");
+    let worker = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == v["pid"])
+        .expect("the victim is one of the run's processes");
+    assert_eq!(worker["ppid"], json["pid"]);
+    assert!(
+        err.contains(&format!(
+            "memprobe: the kernel's OOM killer killed pid {} (",
+            u(&v["pid"])
+        )),
+        "{err}"
+    );
+    assert!(err.contains("its last RSS seen"), "{err}");
+}
