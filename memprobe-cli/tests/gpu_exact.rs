@@ -376,15 +376,32 @@ fn without_the_interposer_it_fails_before_the_command_starts() {
     let dir = scratch().join("lonely/bin");
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("memprobe");
-    std::fs::copy(env!("CARGO_BIN_EXE_memprobe"), &exe).unwrap();
+    // A hard link where it can be: a copy's file is open for writing a
+    // moment, and a child another test forks then holds it open, so that
+    // executing it fails with "text file busy" (retried below).
+    let _ = std::fs::remove_file(&exe);
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_memprobe"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_memprobe"), &exe).unwrap();
+    }
+    let output = |cmd: &mut Command| {
+        for _ in 0..100 {
+            match cmd.output() {
+                Err(e) if e.raw_os_error() == Some(libc_etxtbsy()) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                r => return r.unwrap(),
+            }
+        }
+        panic!("{} stayed busy", exe.display())
+    };
     let marker = scratch().join("lonely/started");
-    let o = Command::new(&exe)
-        .args(["run", "--gpu-exact", "--no-live", "--", "touch"])
-        .arg(&marker)
-        .env_remove("MEMPROBE_INTERPOSE_LIBRARY")
-        .env("MEMPROBE_GPU_BACKEND", "none")
-        .output()
-        .unwrap();
+    let o = output(
+        Command::new(&exe)
+            .args(["run", "--gpu-exact", "--no-live", "--", "touch"])
+            .arg(&marker)
+            .env_remove("MEMPROBE_INTERPOSE_LIBRARY")
+            .env("MEMPROBE_GPU_BACKEND", "none"),
+    );
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -403,17 +420,22 @@ fn without_the_interposer_it_fails_before_the_command_starts() {
 
     // Named through the environment, it is found.
     let _ = built();
-    let o = Command::new(&exe)
-        .args(["run", "--gpu-exact", "--no-live", "--", "true"])
-        .env(
-            "MEMPROBE_INTERPOSE_LIBRARY",
-            Path::new(env!("CARGO_BIN_EXE_memprobe"))
-                .parent()
-                .unwrap()
-                .join("libmemprobe_interpose.so"),
-        )
-        .env("MEMPROBE_GPU_BACKEND", "none")
-        .output()
-        .unwrap();
+    let o = output(
+        Command::new(&exe)
+            .args(["run", "--gpu-exact", "--no-live", "--", "true"])
+            .env(
+                "MEMPROBE_INTERPOSE_LIBRARY",
+                Path::new(env!("CARGO_BIN_EXE_memprobe"))
+                    .parent()
+                    .unwrap()
+                    .join("libmemprobe_interpose.so"),
+            )
+            .env("MEMPROBE_GPU_BACKEND", "none"),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// ETXTBSY on Linux.
+fn libc_etxtbsy() -> i32 {
+    26
 }
