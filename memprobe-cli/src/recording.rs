@@ -209,6 +209,8 @@ pub(crate) struct Recording {
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.
     pub(crate) missed_ticks: u64,
+    /// The phases the command's trackers sent (None: no channel).
+    pub(crate) phases: Option<crate::phase_log::PhaseLog>,
 }
 
 /// At most this many process records are kept; beyond, the record with the

@@ -4,6 +4,7 @@
 
 use crate::child::ExitInfo;
 use crate::gpu_exact::GpuExactReport;
+use crate::phase_report::{self, PhaseChannelReport, PhaseReport};
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
 use crate::unavailable;
@@ -60,6 +61,9 @@ pub(crate) struct RunReport {
     pub(crate) memprobe_cpu_s: f64,
     pub(crate) timeline_merged: u64,
     pub(crate) timeline: Vec<PointReport>,
+    /// The command's phases (phase_report.rs).
+    pub(crate) phases: Vec<PhaseReport>,
+    pub(crate) phase_channel: PhaseChannelReport,
 }
 
 #[derive(Debug, Serialize)]
@@ -241,6 +245,9 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
     });
     let gpu_exact = rec.gpu_exact.as_ref().map(GpuExactReport::new);
     let exact_devices = gpu_exact.as_ref().map(|g| g.devices.len());
+    let end_ns = (facts.duration_s * 1e9) as u64;
+    let (phases, phase_channel) =
+        phase_report::build(rec.phases.as_ref(), &rec.timeline, rec.gpus.len(), end_ns);
     RunReport {
         schema_version: SCHEMA_VERSION,
         kind: "run",
@@ -313,6 +320,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                 }),
             })
             .collect(),
+        phases,
+        phase_channel,
     }
 }
 
@@ -535,6 +544,7 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
             ),
         );
     }
+    out.push_str(&phase_report::summary(r));
     row(
         &mut out,
         "samples",

@@ -20,6 +20,7 @@ use crate::exit;
 use crate::gpu_exact::Injection;
 use crate::gpu_readings;
 use crate::live::{is_tty, LiveLine, LiveState};
+use crate::phase_channel::{PhaseChannel, Receiver};
 use crate::plot;
 use crate::report::{self, RunFacts};
 use crate::sampling::{SamplingThread, Setup};
@@ -136,7 +137,12 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         .collect();
 
     let started_at_unix_s = units::unix_now_s();
-    let env = injection.as_ref().map(Injection::env).unwrap_or_default();
+    let mut env = injection.as_ref().map(Injection::env).unwrap_or_default();
+    // The command's trackers send their phases here (phase_channel.rs).
+    let phases = PhaseChannel::bind();
+    if let Ok(p) = &phases {
+        env.push(p.env());
+    }
     let pid = match child::spawn(&args.command, &env) {
         Ok(pid) => pid,
         Err(e) => {
@@ -145,6 +151,9 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         }
     };
     let t0 = Instant::now();
+    // The same clock as Instant's (CLOCK_MONOTONIC), read at once: phase
+    // times from the command map onto the timeline through it.
+    let phases = phases.and_then(|p| p.start(memprobe_core::monotonic_ns()));
     let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
         Ok(f) => Some(f),
         Err(e) => {
@@ -172,6 +181,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let waited = child::wait_terminated(pid);
     let duration_s = t0.elapsed().as_secs_f64();
     let recording = sampling.map(SamplingThread::finish);
+    let phases = phases.map(Receiver::finish);
     drop(exporter);
     if let Some(l) = live {
         l.stop();
@@ -195,6 +205,12 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             return exit::FAILURE;
         }
     };
+    match phases {
+        Ok(log) => recording.phases = Some(log),
+        Err(why) => {
+            recording.unavailable.insert("phases".into(), why);
+        }
+    }
     let facts = RunFacts {
         command,
         pid,

@@ -145,6 +145,7 @@ fn child() {
             }
             println!("SIGINT count {}", COUNT.load(Ordering::SeqCst));
         }
+        m if m.starts_with("phase-") => crate::phases::child(&words),
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);

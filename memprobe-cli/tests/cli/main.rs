@@ -5,6 +5,7 @@ mod exit_codes;
 mod helper;
 mod outputs;
 mod peaks;
+mod phases;
 mod schema;
 mod serve;
 mod support;
