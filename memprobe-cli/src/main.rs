@@ -17,6 +17,7 @@ mod phase_channel;
 mod phase_log;
 mod phase_report;
 mod plot;
+mod process_lines;
 mod recording;
 mod report;
 mod sampling;

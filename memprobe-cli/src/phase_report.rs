@@ -665,10 +665,10 @@ pub(crate) mod tests {
     use super::*;
     use crate::child::ExitInfo;
     use crate::phase_log::{Event, Message};
-    use memprobe_core::PhaseKind;
     use crate::recording::Recording;
     use crate::report::{build, summary as run_summary, RunFacts};
     use crate::timeline::Point;
+    use memprobe_core::PhaseKind;
     use std::time::Duration;
 
     const MS: u64 = 1_000_000;

@@ -211,6 +211,8 @@ pub(crate) struct Recording {
     pub(crate) missed_ticks: u64,
     /// The phases the command's trackers sent (None: no channel).
     pub(crate) phases: Option<crate::phase_log::PhaseLog>,
+    /// Each process's resident set over time, for the chart.
+    pub(crate) lines: crate::process_lines::ProcessLines,
 }
 
 /// At most this many process records are kept; beyond, the record with the
@@ -228,11 +230,13 @@ impl Recording {
                 ProcessRecord::first_seen(pid, now)
             })
             .observe(s, now);
+        self.lines.observe(pid, s.rss, now);
     }
 
     /// Marks `pid` as exited and keeps its record, dropping the smallest
     /// exited one when too many are kept.
     pub(crate) fn exited(&mut self, pid: u32) {
+        self.lines.exited(pid);
         let Some(mut record) = self.live.remove(&pid) else {
             return;
         };

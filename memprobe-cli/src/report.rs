@@ -64,6 +64,9 @@ pub(crate) struct RunReport {
     /// The command's phases (phase_report.rs).
     pub(crate) phases: Vec<PhaseReport>,
     pub(crate) phase_channel: PhaseChannelReport,
+    /// Each of the largest processes over time, for the chart only.
+    #[serde(skip)]
+    pub(crate) process_lines: crate::process_lines::LinesReport,
 }
 
 #[derive(Debug, Serialize)]
@@ -322,6 +325,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             .collect(),
         phases,
         phase_channel,
+        process_lines: crate::process_lines::report(&rec.lines, &rec.processes, rec.processes_seen),
     }
 }
 
