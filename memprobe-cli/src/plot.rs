@@ -187,9 +187,9 @@ fn process_series(r: &RunReport) -> Vec<Series> {
     pl.lines
         .iter()
         .enumerate()
-        .map(|(i, (pid, name, peak, points))| {
+        .map(|(i, l)| {
             let label = if i < NAMED_PROCESSES {
-                format!("pid {pid} {name} (peak {})", units::bytes(*peak))
+                format!("pid {} {} (peak {})", l.pid, l.name, units::bytes(l.peak))
             } else if i == NAMED_PROCESSES {
                 format!(
                     "{} more processes, grey (the {drawn} largest of {} drawn)",
@@ -205,7 +205,7 @@ fn process_series(r: &RunReport) -> Vec<Series> {
                     .get(i)
                     .copied()
                     .unwrap_or(OTHER_PROCESS_COLOR),
-                points: points.clone(),
+                points: l.points.clone(),
             }
         })
         .collect()
@@ -525,13 +525,11 @@ mod tests {
         let mut r = crate::phase_report::tests::run_with_phases(3, 13);
         r.process_lines = crate::process_lines::LinesReport {
             lines: (0..20u32)
-                .map(|i| {
-                    (
-                        600 + i,
-                        "worker".to_string(),
-                        u64::from(20 - i) << 20,
-                        vec![(0.0, 1 << 20), (0.03, u64::from(20 - i) << 20)],
-                    )
+                .map(|i| crate::process_lines::DrawnLine {
+                    pid: 600 + i,
+                    name: "worker".to_string(),
+                    peak: u64::from(20 - i) << 20,
+                    points: vec![(0.0, 1 << 20), (0.03, u64::from(20 - i) << 20)],
                 })
                 .collect(),
             processes: 40,

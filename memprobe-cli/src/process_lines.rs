@@ -131,11 +131,21 @@ impl ProcessLines {
 /// Processes drawn as lines of their own on the chart.
 pub(crate) const DRAWN: usize = 16;
 
+/// One process's line as drawn.
+#[derive(Debug, Clone)]
+pub(crate) struct DrawnLine {
+    pub(crate) pid: u32,
+    pub(crate) name: String,
+    pub(crate) peak: u64,
+    /// (seconds since spawn, bytes).
+    pub(crate) points: Vec<(f64, u64)>,
+}
+
 /// The lines the chart draws: the [`DRAWN`] largest processes.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LinesReport {
-    /// (pid, name, peak, points as (s, bytes)), largest peak first.
-    pub(crate) lines: Vec<(u32, String, u64, Vec<(f64, u64)>)>,
+    /// Largest peak first.
+    pub(crate) lines: Vec<DrawnLine>,
     /// Processes seen in the tree.
     pub(crate) processes: u64,
 }
@@ -156,8 +166,12 @@ pub(crate) fn report(
                     .iter()
                     .find(|p| p.pid == l.pid)
                     .map_or_else(String::new, |p| p.name.clone());
-                let points = l.points().map(|(t, v)| (t as f64 / 1e9, v)).collect();
-                (l.pid, name, l.peak, points)
+                DrawnLine {
+                    pid: l.pid,
+                    name,
+                    peak: l.peak,
+                    points: l.points().map(|(t, v)| (t as f64 / 1e9, v)).collect(),
+                }
             })
             .collect(),
         processes: seen,
