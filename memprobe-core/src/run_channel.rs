@@ -9,13 +9,17 @@
 //! - the variable is read once per process, at the first phase boundary;
 //!   unset, a boundary costs one atomic load;
 //! - the socket is unbound and non-blocking (`SOCK_DGRAM | SOCK_CLOEXEC |
-//!   SOCK_NONBLOCK`), each datagram goes out with one `sendto(...,
-//!   MSG_DONTWAIT | MSG_NOSIGNAL)`; when the receiver's queue is full or it
-//!   is gone (`EAGAIN`, `ENOBUFS`, `ECONNREFUSED`, `ENOENT`) the message is
-//!   dropped and counted, and the next one that gets through carries the
-//!   count (`dropped`), so the receiver knows what it lost;
-//! - once the receiver is gone (`ENOENT`, `ECONNREFUSED`), the next
-//!   [`GONE_SKIP`] messages are counted as dropped without a system call;
+//!   SOCK_NONBLOCK`), connected to the receiver once when it exists (which
+//!   spares the kernel a path lookup per message) and otherwise given the
+//!   address at each send; each datagram goes out with one `send` (or
+//!   `sendto`) with `MSG_DONTWAIT | MSG_NOSIGNAL`; when the receiver's
+//!   queue is full or it is gone (`EAGAIN`, `ENOBUFS`, `ECONNREFUSED`,
+//!   `ENOENT`, `ENOTCONN`) the message is dropped and counted, and the next
+//!   one that gets through carries the count (`dropped`), so the receiver
+//!   knows what it lost;
+//! - once the receiver is gone (`ENOENT`, `ECONNREFUSED`, `ENOTCONN`), the
+//!   next [`GONE_SKIP`] messages are counted as dropped without a system
+//!   call; a receiver bound at the path later is reached by address;
 //! - nothing is printed, nothing panics.
 //!
 //! A forked child keeps the socket (datagrams need no connection) and sends
@@ -55,7 +59,7 @@ use crate::sink::Record;
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The environment variable naming the socket: set by `memprobe run` for
@@ -89,6 +93,9 @@ pub struct RunChannel {
     fd: libc::c_int,
     addr: libc::sockaddr_un,
     addr_len: libc::socklen_t,
+    /// Whether sends go to the socket connected at the start (else to the
+    /// address, looked up at each send).
+    connected: AtomicBool,
     /// The process the counters below belong to (a forked child resets them).
     pid: AtomicU32,
     seq: AtomicU64,
@@ -134,10 +141,17 @@ impl RunChannel {
                 &std::io::Error::last_os_error(),
             ));
         }
+        // Connected once, a datagram socket skips the path lookup at every
+        // send; without a receiver yet, each send names the address.
+        // SAFETY: fd is our socket; addr is initialised for addr_len bytes.
+        let connected = unsafe {
+            libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), addr_len)
+        } == 0;
         Ok(RunChannel {
             fd,
             addr,
             addr_len,
+            connected: AtomicBool::new(connected),
             pid: AtomicU32::new(0),
             seq: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
@@ -203,17 +217,25 @@ impl RunChannel {
             dropped: self.dropped.load(Ordering::Relaxed),
         };
         encode(buf, &head, event);
-        // SAFETY: buf is valid for its length; addr is an initialised
-        // sockaddr_un of addr_len bytes; the flags make the call non-blocking.
-        let rc = unsafe {
-            libc::sendto(
-                self.fd,
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                (&self.addr as *const libc::sockaddr_un).cast(),
-                self.addr_len,
-            )
+        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        let connected = self.connected.load(Ordering::Relaxed);
+        let rc = if connected {
+            // SAFETY: buf is valid for its length; the flags make the call
+            // non-blocking.
+            unsafe { libc::send(self.fd, buf.as_ptr().cast(), buf.len(), flags) }
+        } else {
+            // SAFETY: as above; addr is an initialised sockaddr_un of
+            // addr_len bytes.
+            unsafe {
+                libc::sendto(
+                    self.fd,
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    flags,
+                    (&self.addr as *const libc::sockaddr_un).cast(),
+                    self.addr_len,
+                )
+            }
         };
         if rc >= 0 {
             self.sent.fetch_add(1, Ordering::Relaxed);
@@ -221,7 +243,12 @@ impl RunChannel {
         }
         self.dropped.fetch_add(1, Ordering::Relaxed);
         let errno = std::io::Error::last_os_error().raw_os_error();
-        if matches!(errno, Some(libc::ENOENT | libc::ECONNREFUSED)) {
+        if connected && matches!(errno, Some(libc::ECONNREFUSED | libc::ENOTCONN)) {
+            // The receiver closed: the kernel dropped the connection. A
+            // receiver bound at the path later is reached by address.
+            self.connected.store(false, Ordering::Relaxed);
+        }
+        if matches!(errno, Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTCONN)) {
             self.skip_until
                 .fetch_max(seq.saturating_add(1 + GONE_SKIP), Ordering::Relaxed);
         }
@@ -601,6 +628,41 @@ mod tests {
             "{:?}",
             ch
         );
+    }
+
+    #[test]
+    fn a_receiver_bound_again_at_the_path_is_reached_again() {
+        let (path, sock) = bound("again");
+        let ch = RunChannel::connect(&path).unwrap();
+        assert!(ch.connected.load(Ordering::Relaxed));
+        let mut buf = String::new();
+        let ev = Event::Begin {
+            kind: PhaseKind::Step,
+            name: "step",
+            index: 0,
+            depth: 0,
+            t_ns: 1,
+        };
+        ch.emit(1, &mut buf, &ev);
+        drop(sock);
+        std::fs::remove_file(&path).unwrap();
+        let again = UnixDatagram::bind(&path).unwrap();
+        again.set_nonblocking(true).unwrap();
+        // The first send finds the old receiver closed; the skipped ones
+        // follow; then the address reaches the new one.
+        for _ in 0..GONE_SKIP + 2 {
+            ch.emit(1, &mut buf, &ev);
+        }
+        assert!(!ch.connected.load(Ordering::Relaxed));
+        assert_eq!((ch.sent(), ch.dropped()), (2, GONE_SKIP + 1));
+        let mut got = vec![0u8; 4096];
+        let n = again.recv(&mut got).unwrap();
+        let text = std::str::from_utf8(&got[..n]).unwrap();
+        assert!(
+            text.contains(&format!(r#""dropped":{},"#, GONE_SKIP + 1)),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
