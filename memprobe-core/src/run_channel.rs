@@ -144,9 +144,8 @@ impl RunChannel {
         // Connected once, a datagram socket skips the path lookup at every
         // send; without a receiver yet, each send names the address.
         // SAFETY: fd is our socket; addr is initialised for addr_len bytes.
-        let connected = unsafe {
-            libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), addr_len)
-        } == 0;
+        let connected =
+            unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), addr_len) } == 0;
         Ok(RunChannel {
             fd,
             addr,
@@ -248,7 +247,10 @@ impl RunChannel {
             // receiver bound at the path later is reached by address.
             self.connected.store(false, Ordering::Relaxed);
         }
-        if matches!(errno, Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTCONN)) {
+        if matches!(
+            errno,
+            Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTCONN)
+        ) {
             self.skip_until
                 .fetch_max(seq.saturating_add(1 + GONE_SKIP), Ordering::Relaxed);
         }
