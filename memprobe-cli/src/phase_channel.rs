@@ -158,15 +158,36 @@ fn lock(log: &Mutex<PhaseLog>) -> MutexGuard<'_, PhaseLog> {
     log.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Receiver {
+/// A handle on the phases received so far, for other threads of the run
+/// (e.g. to explain an out-of-memory kill while the command runs).
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // for the out-of-memory explanation
+pub(crate) struct PhaseLookup(Arc<Mutex<PhaseLog>>);
+
+#[allow(dead_code)] // for the out-of-memory explanation
+impl PhaseLookup {
     /// The phases open at `t_ns` (nanoseconds since the command was
     /// spawned: the timeline's clock) in process `pid`, or in any process
     /// of the run when `None`, as one label, outermost first: `epoch 3 /
     /// step 120`. `None` when no phase was open (or none was sent). See
     /// [`PhaseLog::phase_at`].
-    #[allow(dead_code)] // asked by the OOM-kill explanation
+    pub(crate) fn phase_at(&self, pid: Option<u32>, t_ns: u64) -> Option<String> {
+        lock(&self.0).phase_at(pid, t_ns)
+    }
+}
+
+impl Receiver {
+    /// See [`PhaseLookup::phase_at`].
+    #[allow(dead_code)] // for the out-of-memory explanation
     pub(crate) fn phase_at(&self, pid: Option<u32>, t_ns: u64) -> Option<String> {
         lock(&self.log).phase_at(pid, t_ns)
+    }
+
+    /// A handle that answers [`PhaseLookup::phase_at`] from any thread,
+    /// while the command runs (and, with what was received, after).
+    #[allow(dead_code)] // for the out-of-memory explanation
+    pub(crate) fn lookup(&self) -> PhaseLookup {
+        PhaseLookup(Arc::clone(&self.log))
     }
 
     /// Stops receiving once what is queued has been read, removes the
@@ -174,7 +195,8 @@ impl Receiver {
     pub(crate) fn finish(self) -> PhaseLog {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.handle.join();
-        let log = std::mem::take(&mut *lock(&self.log));
+        // A copy: lookups handed out keep answering after the end.
+        let log = lock(&self.log).clone();
         log
     }
 }
