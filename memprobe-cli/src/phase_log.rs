@@ -25,7 +25,10 @@ pub(crate) const MAX_PHASES: usize = 100_000;
 /// Of which at most this many custom phases.
 pub(crate) const MAX_CUSTOM_PHASES: usize = 20_000;
 /// Step-level phases remembered per tracker for [`PhaseLog::phase_at`].
-pub(crate) const RECENT: usize = 256;
+pub(crate) const RECENT: usize = 64;
+/// Trackers followed (per process and tracker); the phases of any beyond
+/// are counted as not kept.
+pub(crate) const MAX_TRACKERS: usize = 4096;
 
 /// One source of an ended phase's record, as its tracker measured it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,6 +284,12 @@ impl PhaseLog {
         s.received += 1;
         s.numbered = s.numbered.max(m.seq.saturating_add(1));
         s.dropped = s.dropped.max(m.dropped);
+        if self.trackers.len() >= MAX_TRACKERS && !self.trackers.contains_key(&(m.pid, m.tracker)) {
+            if matches!(m.event, Event::Begin { .. }) && m.kind != PhaseKind::Step {
+                self.not_kept += 1;
+            }
+            return;
+        }
         match m.event {
             Event::Begin { t_ns } => {
                 let t = self.run_ns(t_ns);
@@ -756,8 +765,17 @@ mod tests {
             Event::Begin { t_ns: 5 },
         ));
         assert_eq!(log.phases.len(), MAX_CUSTOM_PHASES + 1);
-        // Steps inside a step-level custom phase are never kept.
         let t = &log.trackers[&(1, 1)];
         assert!(t.recent.len() <= RECENT);
+        // Trackers beyond the bound are not followed; their phases count.
+        let before = log.not_kept;
+        for tracker in 0..MAX_TRACKERS as u64 + 5 {
+            let mut m = msg(2, tracker, PhaseKind::Epoch, 0, 0, Event::Begin { t_ns: 1 });
+            m.tracker = tracker;
+            log.add(m);
+        }
+        assert_eq!(log.trackers.len(), MAX_TRACKERS);
+        // One tracker was followed already: 4095 more are, 6 are not.
+        assert_eq!(log.not_kept - before, 6);
     }
 }
