@@ -273,15 +273,9 @@ impl Tracker {
             None => Window::open(&self.sources)?,
         };
         self.stack.push(Open { kind, name, window });
-        let (open, counters) = (self.stack.last().expect("pushed"), &self.counters);
-        let index = || {
-            counters
-                .get(&(kind, open.name.clone()))
-                .copied()
-                .unwrap_or(0)
-        };
-        let (depth, t_ns) = (self.stack.len() - 1, open.window.started_at_ns());
-        self.run.begin(kind, &open.name, index, depth, t_ns);
+        let (top, depth) = (self.stack.last().expect("pushed"), self.stack.len() - 1);
+        let index = || *self.counters.get(&(kind, top.name.clone())).unwrap_or(&0);
+        self.run.begin(kind, &top.name, index, depth, top.window.started_at_ns());
         Ok(())
     }
 
