@@ -275,7 +275,8 @@ impl Tracker {
         self.stack.push(Open { kind, name, window });
         let (top, depth) = (self.stack.last().expect("pushed"), self.stack.len() - 1);
         let index = || *self.counters.get(&(kind, top.name.clone())).unwrap_or(&0);
-        self.run.begin(kind, &top.name, index, depth, top.window.started_at_ns());
+        let t_ns = top.window.started_at_ns();
+        self.run.begin(kind, &top.name, index, depth, t_ns);
         Ok(())
     }
 
