@@ -85,7 +85,9 @@ pub(crate) fn child(words: &[&str]) {
             )
             .unwrap();
             wait_for(&dir.join("resume"));
-            std::thread::sleep(Duration::from_millis(100));
+            // Time for memprobe to read out its full queue, so the ends
+            // (which carry the count) get through.
+            std::thread::sleep(Duration::from_millis(500));
             t.end(PhaseKind::Step, None).unwrap();
             t.end(PhaseKind::Epoch, None).unwrap();
         }
