@@ -227,6 +227,10 @@ pub(crate) struct Recording {
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.
     pub(crate) missed_ticks: u64,
+    /// The phases the command's trackers sent (None: no channel).
+    pub(crate) phases: Option<crate::phase_log::PhaseLog>,
+    /// Each process's resident set over time, for the chart.
+    pub(crate) lines: crate::process_lines::ProcessLines,
 }
 
 /// At most this many process records are kept; beyond, the record with the
@@ -244,12 +248,14 @@ impl Recording {
                 ProcessRecord::first_seen(pid, now)
             })
             .observe(s, now);
+        self.lines.observe(pid, s.rss, now);
     }
 
     /// Marks `pid` as exited, seen at `now` with `wait_status` if it was
     /// caught as a zombie, and keeps its record, dropping the smallest
     /// exited one when too many are kept.
     pub(crate) fn exited(&mut self, pid: u32, now: u64, wait_status: Option<i32>) {
+        self.lines.exited(pid);
         let Some(mut record) = self.live.remove(&pid) else {
             return;
         };

@@ -5,6 +5,7 @@
 use crate::child::ExitInfo;
 use crate::gpu_exact::GpuExactReport;
 use crate::oom_kill::OomKillReport;
+use crate::phase_report::{self, PhaseChannelReport, PhaseReport};
 use crate::recording::{PeakSource, ProcessRecord, Recording};
 use crate::signals::{self, SignalEvent};
 use crate::tree_pss::{self, PssReport};
@@ -67,6 +68,12 @@ pub(crate) struct RunReport {
     pub(crate) memprobe_cpu_s: f64,
     pub(crate) timeline_merged: u64,
     pub(crate) timeline: Vec<PointReport>,
+    /// The command's phases (phase_report.rs).
+    pub(crate) phases: Vec<PhaseReport>,
+    pub(crate) phase_channel: PhaseChannelReport,
+    /// Each of the largest processes over time, for the chart only.
+    #[serde(skip)]
+    pub(crate) process_lines: crate::process_lines::LinesReport,
 }
 
 #[derive(Debug, Serialize)]
@@ -256,6 +263,9 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
     });
     let gpu_exact = rec.gpu_exact.as_ref().map(GpuExactReport::new);
     let exact_devices = gpu_exact.as_ref().map(|g| g.devices.len());
+    let end_ns = (facts.duration_s * 1e9) as u64;
+    let (phases, phase_channel) =
+        phase_report::build(rec.phases.as_ref(), &rec.timeline, rec.gpus.len(), end_ns);
     RunReport {
         schema_version: SCHEMA_VERSION,
         kind: "run",
@@ -332,6 +342,9 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                 tree_uss_bytes: rec.pss.is_some().then_some(p.tree_uss),
             })
             .collect(),
+        phases,
+        phase_channel,
+        process_lines: crate::process_lines::report(&rec.lines, &rec.processes, rec.processes_seen),
     }
 }
 
@@ -576,6 +589,7 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
             ),
         );
     }
+    out.push_str(&phase_report::summary(r));
     row(
         &mut out,
         "samples",

@@ -14,6 +14,8 @@
 //! - The [`monitor`] polls sampled sources in the background.
 //! - [`Trace`] is fastai's GPUMemTrace over any sources; [`delta`] holds its
 //!   definitions; [`sink`]s receive samples and records.
+//! - A [`Tracker`]'s phases also reach `memprobe run` when it runs the
+//!   program ([`run_channel`]).
 //!
 //! Every quantity is in bytes. Fields a source cannot supply are `None`.
 
@@ -31,6 +33,7 @@ pub mod phase;
 pub mod process;
 mod procfs;
 pub mod release;
+pub mod run_channel;
 pub mod sample;
 pub mod sampler;
 pub mod sink;
@@ -48,6 +51,7 @@ pub use delta::{b2mb, deltas, SourceDelta};
 pub use error::{Error, ErrorKind, Result};
 pub use mark::{MarkGroup, MarkValue, Marks};
 pub use phase::{PhaseInfo, PhaseKind};
+pub use run_channel::RunChannel;
 pub use sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 pub use sampler::Sampler;
 pub use sink::{NoopSink, Record, Sink, SnapshotSink};

@@ -11,6 +11,7 @@ use crate::phase::{PhaseInfo, PhaseKind};
 use crate::release::{
     self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser,
 };
+use crate::run_channel::{Hook, RunChannel};
 use crate::sample::monotonic_ns;
 use crate::sink::{Record, Sink};
 use crate::source::Source;
@@ -109,6 +110,8 @@ pub struct Tracker {
     leak_policy: Option<LeakPolicy>,
     leaks: Vec<LeakTracker>,
     last: HashMap<PhaseKind, Record>,
+    /// Phase boundaries and records for `memprobe run` (see run_channel.rs).
+    run: Hook,
 }
 
 impl Tracker {
@@ -129,6 +132,7 @@ impl Tracker {
             leak_policy: None,
             leaks: vec![LeakTracker::default(); sources.len()],
             last: HashMap::new(),
+            run: Hook::new(),
         })
     }
 
@@ -143,6 +147,13 @@ impl Tracker {
             .iter()
             .map(|o| (o.kind, o.name.clone()))
             .collect()
+    }
+
+    /// Sends this tracker's phase boundaries and records to `channel`
+    /// instead of the one `memprobe run` names in
+    /// [`MEMPROBE_RUN_CHANNEL`](crate::run_channel::ENV) (`None`: nowhere).
+    pub fn set_run_channel(&mut self, channel: Option<Arc<RunChannel>>) {
+        self.run.set(channel);
     }
 
     /// Sends every record (and release) to `sink` too.
@@ -262,6 +273,10 @@ impl Tracker {
             None => Window::open(&self.sources)?,
         };
         self.stack.push(Open { kind, name, window });
+        let (top, depth) = (self.stack.last().expect("pushed"), self.stack.len() - 1);
+        let index = || *self.counters.get(&(kind, top.name.clone())).unwrap_or(&0);
+        let t_ns = top.window.started_at_ns();
+        self.run.begin(kind, &top.name, index, depth, t_ns);
         Ok(())
     }
 
@@ -295,7 +310,10 @@ impl Tracker {
         if self.parked.len() < PARKED {
             self.parked.push(open.window);
         }
-        Ok(self.finish_phase(kind, name, started, deltas))
+        let depth = self.stack.len();
+        let record = self.finish_phase(kind, name, started, deltas, depth);
+        self.run.end(&record, false);
+        Ok(record)
     }
 
     /// Ends the innermost phase and begins the next of the same kind at the
@@ -318,7 +336,11 @@ impl Tracker {
         let top = self.stack.last_mut().expect("checked");
         let started = top.window.started_at_ns();
         let deltas = top.window.reset()?;
-        Ok(self.finish_phase(kind, name_s, started, deltas))
+        // The phase is still on the stack: it does not enclose itself.
+        let depth = self.stack.len() - 1;
+        let record = self.finish_phase(kind, name_s, started, deltas, depth);
+        self.run.end(&record, true);
+        Ok(record)
     }
 
     fn release_may_fire(&self, kind: PhaseKind, index: u64) -> bool {
@@ -334,6 +356,7 @@ impl Tracker {
         name: String,
         started: u64,
         deltas: Vec<SourceDelta>,
+        depth: usize,
     ) -> Record {
         let counter = self.counters.entry((kind, name.clone())).or_insert(0);
         let index = *counter;
@@ -343,7 +366,7 @@ impl Tracker {
             kind,
             name,
             index,
-            depth: self.stack.len() as u32,
+            depth: depth as u32,
         });
         if let Some((reason, gc)) = self.due_release(kind, index) {
             let event = self.release(reason, Some((kind, index)), gc);

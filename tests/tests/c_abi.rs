@@ -91,6 +91,15 @@ fn injected_panic_is_a_status() {
 }
 
 #[test]
+fn phases_sent_to_a_gone_run_channel_cost_nothing_but_drops() {
+    // `memprobe run` gone: the socket the variable names does not exist.
+    check_all_ways(
+        "test_run_phases.c",
+        &[("MEMPROBE_RUN_CHANNEL", "/nonexistent/memprobe-run/phases")],
+    );
+}
+
+#[test]
 fn soname_and_exported_symbols() {
     let so = lib_dir().join("libmemprobe.so");
     let name = soname(&so);

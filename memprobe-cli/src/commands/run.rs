@@ -20,6 +20,7 @@ use crate::exit;
 use crate::gpu_exact::Injection;
 use crate::gpu_readings;
 use crate::live::{is_tty, LiveLine, LiveState};
+use crate::phase_channel::{PhaseChannel, Receiver};
 use crate::plot;
 use crate::report::{self, RunFacts};
 use crate::sampling::{SamplingThread, Setup};
@@ -136,7 +137,12 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         .collect();
 
     let started_at_unix_s = units::unix_now_s();
-    let env = injection.as_ref().map(Injection::env).unwrap_or_default();
+    let mut env = injection.as_ref().map(Injection::env).unwrap_or_default();
+    // The command's trackers send their phases here (phase_channel.rs).
+    let phases = PhaseChannel::bind();
+    if let Ok(p) = &phases {
+        env.push(p.env());
+    }
     // From before the spawn (a command that fills the container at once
     // must not find memprobe unshielded); the command gets its value back.
     let oom_score_adj = crate::oom_kill::shield_self();
@@ -149,6 +155,9 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     };
     let t0 = Instant::now();
     let t0_monotonic_ns = memprobe_core::monotonic_ns();
+    // The same clock as Instant's (CLOCK_MONOTONIC), read at once: phase
+    // times from the command map onto the timeline through it.
+    let phases = phases.and_then(|p| p.start(t0_monotonic_ns));
     let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
         Ok(f) => Some(f),
         Err(e) => {
@@ -177,6 +186,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let waited = child::wait_terminated(pid);
     let duration_s = t0.elapsed().as_secs_f64();
     let recording = sampling.map(SamplingThread::finish);
+    let phases = phases.map(Receiver::finish);
     drop(exporter);
     if let Some(l) = live {
         l.stop();
@@ -200,6 +210,12 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             return exit::FAILURE;
         }
     };
+    match phases {
+        Ok(log) => recording.phases = Some(log),
+        Err(why) => {
+            recording.unavailable.insert("phases".into(), why);
+        }
+    }
     let facts = RunFacts {
         command,
         pid,
@@ -211,8 +227,14 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         memprobe_cpu_s: child::own_cpu_s(),
     };
     report::add_rusage(&mut recording, &facts);
-    // The phase lookup comes with the phase channel; until then, no phase.
-    crate::oom_kill::explain_run(&mut recording, &facts, t0_monotonic_ns, &|_, _| None);
+    // The phase open when a process was killed, from what its trackers sent
+    // (the log counts nanoseconds from the spawn).
+    let log = recording.phases.take();
+    crate::oom_kill::explain_run(&mut recording, &facts, t0_monotonic_ns, &|pid, t| {
+        log.as_ref()?
+            .phase_at(pid, t.saturating_sub(t0_monotonic_ns))
+    });
+    recording.phases = log;
     let rep = report::build(&recording, &facts);
     eprint!("{}", report::summary(&rep, args.verbose));
 

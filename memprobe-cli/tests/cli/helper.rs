@@ -162,6 +162,29 @@ fn child() {
                 sleep_ms(ms);
             }
         }
+        // A training loop that reports its phases: epoch 0 of three steps,
+        // then epoch 1, whose steps each touch MiB more every MS
+        // milliseconds until the OOM killer ends it.
+        "grow-in-epochs" => {
+            use memprobe_core::{PhaseKind, Source, Tracker};
+            let (mib, ms) = (num(1) as usize, num(2));
+            let mut t = Tracker::new(&[Source::process().unwrap()]).unwrap();
+            t.begin(PhaseKind::Epoch, None).unwrap();
+            t.begin(PhaseKind::Step, None).unwrap();
+            for _ in 0..3 {
+                sleep_ms(ms);
+                t.next(PhaseKind::Step, None).unwrap();
+            }
+            t.end(PhaseKind::Step, None).unwrap();
+            t.end(PhaseKind::Epoch, None).unwrap();
+            t.begin(PhaseKind::Epoch, None).unwrap();
+            t.begin(PhaseKind::Step, None).unwrap();
+            loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+                t.next(PhaseKind::Step, None).unwrap();
+            }
+        }
         // A worker grows as above; the parent, like a busy trainer, notices
         // its end only at its next poll (300 ms), then exits with 3 if a
         // signal ended it.
@@ -201,6 +224,7 @@ fn child() {
             }
             println!("SIGINT count {}", COUNT.load(Ordering::SeqCst));
         }
+        m if m.starts_with("phase-") => crate::phases::child(&words),
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);

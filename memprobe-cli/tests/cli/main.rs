@@ -6,6 +6,7 @@ mod helper;
 mod oom;
 mod outputs;
 mod peaks;
+mod phases;
 mod pss;
 mod schema;
 mod serve;

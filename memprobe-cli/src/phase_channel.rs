@@ -1,0 +1,522 @@
+//! `memprobe run`'s end of the run channel (memprobe-core's `run_channel`):
+//! a Unix datagram socket bound in a private directory before the command
+//! starts, named to it (and its children) by `MEMPROBE_RUN_CHANNEL`, and a
+//! thread that decodes what the command's trackers send into a
+//! [`PhaseLog`].
+//!
+//! Anything can arrive on a socket: datagrams that are not messages (not
+//! JSON, missing fields, names longer than a tracker allows), longer than
+//! the largest message, or of a version this memprobe does not read are
+//! counted and skipped, never a crash. The sender's pid is taken from the
+//! kernel (`SCM_CREDENTIALS`, as this process's pid namespace sees it)
+//! when it is there, so it matches the tree's pids even when the command
+//! runs in a pid namespace of its own.
+//!
+//! The socket and its directory are removed when the receiver is finished
+//! or dropped, on every path out of `run`.
+
+use crate::phase_log::{Event, Message, PhaseLog, SourceRecord};
+use memprobe_core::run_channel::{ENV, MAX_DATAGRAM, VERSION};
+use memprobe_core::PhaseKind;
+use serde::Deserialize;
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// Datagrams up to this size are read (a little more than the largest
+/// message); longer ones are counted as oversized.
+const RECV_BUF: usize = MAX_DATAGRAM + 4096;
+/// How often the receiving thread looks whether it should stop.
+const POLL: Duration = Duration::from_millis(25);
+/// At most this many datagrams are drained after the command ended (a
+/// process left behind could keep sending forever).
+const MAX_DRAIN: usize = 100_000;
+/// The longest name a tracker sends (its rule: 1 to 64 printable bytes).
+const MAX_NAME: usize = 64;
+/// More sources than fit in the largest message are refused.
+const MAX_SOURCES: usize = MAX_DATAGRAM / 64;
+
+/// The private directory and the socket in it, removed on drop.
+#[derive(Debug)]
+struct Place {
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Makes a fresh 0700 directory `memprobe-run-XXXXXX` in `base`.
+fn private_dir(base: &Path) -> io::Result<PathBuf> {
+    let template = base.join("memprobe-run-XXXXXX");
+    let c = CString::new(template.into_os_string().into_vec())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in TMPDIR"))?;
+    let mut bytes = c.into_bytes_with_nul();
+    // SAFETY: a writable NUL-terminated template ending in XXXXXX.
+    let p = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    bytes.pop();
+    Ok(PathBuf::from(OsString::from_vec(bytes)))
+}
+
+/// A bound socket, before the command starts.
+#[derive(Debug)]
+pub(crate) struct PhaseChannel {
+    place: Place,
+    sock: UnixDatagram,
+}
+
+impl PhaseChannel {
+    /// Binds the socket in a new private directory under `$TMPDIR` (or
+    /// `/tmp` when that path would be too long for a socket address).
+    pub(crate) fn bind() -> Result<PhaseChannel, String> {
+        let mut base = std::env::temp_dir();
+        // sun_path holds 107 bytes; the directory adds 20, the socket 7.
+        if base.as_os_str().len() + 28 > 107 {
+            base = PathBuf::from("/tmp");
+        }
+        let dir = private_dir(&base)
+            .map_err(|e| format!("cannot make a directory in {}: {e}", base.display()))?;
+        let place = Place {
+            socket: dir.join("phases"),
+            dir,
+        };
+        let sock = UnixDatagram::bind(&place.socket)
+            .map_err(|e| format!("cannot bind {}: {e}", place.socket.display()))?;
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket and a c_int option value of its size.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        sock.set_read_timeout(Some(POLL))
+            .map_err(|e| format!("cannot set a read timeout: {e}"))?;
+        Ok(PhaseChannel { place, sock })
+    }
+
+    /// The socket's path.
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> &Path {
+        &self.place.socket
+    }
+
+    /// The command's environment entry naming the socket.
+    pub(crate) fn env(&self) -> (OsString, Option<OsString>) {
+        (
+            OsString::from(ENV),
+            Some(self.place.socket.clone().into_os_string()),
+        )
+    }
+
+    /// Starts receiving; times count from `t0_mono_ns` (`CLOCK_MONOTONIC`
+    /// at the timeline's zero).
+    pub(crate) fn start(self, t0_mono_ns: u64) -> Result<Receiver, String> {
+        let log = Arc::new(Mutex::new(PhaseLog::new(t0_mono_ns)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s, sock) = (Arc::clone(&log), Arc::clone(&stop), self.sock);
+        let handle = thread::Builder::new()
+            .name("memprobe-phases".into())
+            .spawn(move || receive(&sock, &l, &s))
+            .map_err(|e| format!("cannot start the phase receiver: {e}"))?;
+        Ok(Receiver {
+            log,
+            stop,
+            handle,
+            _place: self.place,
+        })
+    }
+}
+
+/// The receiving thread, running.
+#[derive(Debug)]
+pub(crate) struct Receiver {
+    log: Arc<Mutex<PhaseLog>>,
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+    _place: Place,
+}
+
+fn lock(log: &Mutex<PhaseLog>) -> MutexGuard<'_, PhaseLog> {
+    log.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Receiver {
+    /// Stops receiving once what is queued has been read, removes the
+    /// socket and its directory, and returns the log.
+    pub(crate) fn finish(self) -> PhaseLog {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.handle.join();
+        // A copy: lookups handed out keep answering after the end.
+        let log = lock(&self.log).clone();
+        log
+    }
+}
+
+/// One datagram as received.
+struct Datagram {
+    len: usize,
+    /// Longer than the buffer (the rest was discarded by the kernel).
+    truncated: bool,
+    /// The sender's pid as the kernel saw it.
+    pid: Option<u32>,
+}
+
+fn recv(sock: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg points at a valid buffer and control area for the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut pid = None;
+    // SAFETY: the kernel filled msg's control area; the CMSG macros walk it
+    // within msg_controllen, and the credentials are read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                pid = u32::try_from(cred.pid).ok().filter(|&p| p > 0);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(Datagram {
+        len: n as usize,
+        truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+        pid,
+    })
+}
+
+fn receive(sock: &UnixDatagram, log: &Mutex<PhaseLog>, stop: &AtomicBool) {
+    let mut buf = vec![0u8; RECV_BUF];
+    let mut drained = 0usize;
+    let mut draining = false;
+    loop {
+        if !draining && stop.load(Ordering::SeqCst) {
+            draining = sock.set_nonblocking(true).is_ok();
+            if !draining {
+                return;
+            }
+        }
+        match recv(sock, &mut buf) {
+            Ok(d) => {
+                let decoded = if d.truncated {
+                    Err(Unreadable::Oversized)
+                } else {
+                    decode(&buf[..d.len], d.pid)
+                };
+                let mut l = lock(log);
+                match decoded {
+                    Ok(m) => l.add(m),
+                    Err(Unreadable::Garbled) => l.garbled += 1,
+                    Err(Unreadable::Oversized) => l.oversized += 1,
+                    Err(Unreadable::Version) => l.unknown_version += 1,
+                }
+                if draining {
+                    drained += 1;
+                    if drained >= MAX_DRAIN {
+                        return;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if draining {
+                    return;
+                }
+            }
+            // Nothing else is expected from a bound datagram socket; stop
+            // rather than spin.
+            Err(_) => return,
+        }
+    }
+}
+
+/// Why a datagram was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unreadable {
+    /// Not a message: not JSON, missing or malformed fields.
+    Garbled,
+    /// Longer than any message.
+    Oversized,
+    /// A message of another version.
+    Version,
+}
+
+#[derive(Deserialize)]
+struct Versioned {
+    v: u32,
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    ev: String,
+    pid: u32,
+    tracker: u64,
+    seq: u64,
+    #[serde(default)]
+    dropped: u64,
+    kind: String,
+    name: String,
+    index: u64,
+    depth: u32,
+    t_ns: Option<u64>,
+    started_ns: Option<u64>,
+    ended_ns: Option<u64>,
+    #[serde(default)]
+    next: bool,
+    #[serde(default)]
+    releases: u64,
+    #[serde(default)]
+    sources: Vec<WireSource>,
+    #[serde(default)]
+    truncated: bool,
+}
+
+#[derive(Deserialize)]
+struct WireSource {
+    name: String,
+    kind: String,
+    fidelity: String,
+    used_start: u64,
+    used_end: u64,
+    peak: u64,
+    delta_used: i64,
+    delta_peaked: u64,
+}
+
+fn kind_of(s: &str) -> Option<PhaseKind> {
+    Some(match s {
+        "step" => PhaseKind::Step,
+        "epoch" => PhaseKind::Epoch,
+        "experience" => PhaseKind::Experience,
+        "stream" => PhaseKind::Stream,
+        "custom" => PhaseKind::Custom,
+        _ => return None,
+    })
+}
+
+fn name_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_NAME && !s.chars().any(char::is_control)
+}
+
+/// Decodes one datagram; `pid` (the kernel's view of the sender), when
+/// known, replaces the one the message carries.
+pub(crate) fn decode(bytes: &[u8], pid: Option<u32>) -> Result<Message, Unreadable> {
+    let v: Versioned = serde_json::from_slice(bytes).map_err(|_| Unreadable::Garbled)?;
+    if v.v != VERSION {
+        return Err(Unreadable::Version);
+    }
+    let w: Wire = serde_json::from_slice(bytes).map_err(|_| Unreadable::Garbled)?;
+    let kind = kind_of(&w.kind).ok_or(Unreadable::Garbled)?;
+    let short = |s: &str| {
+        (s.len() <= MAX_NAME)
+            .then_some(())
+            .ok_or(Unreadable::Garbled)
+    };
+    if !name_ok(&w.name) || w.sources.len() > MAX_SOURCES {
+        return Err(Unreadable::Garbled);
+    }
+    let event = match (w.ev.as_str(), w.t_ns, w.started_ns, w.ended_ns) {
+        ("begin", Some(t_ns), _, _) => Event::Begin { t_ns },
+        ("end", _, Some(started_ns), Some(ended_ns)) if ended_ns >= started_ns => {
+            let mut sources = Vec::with_capacity(w.sources.len());
+            for s in w.sources {
+                if !name_ok(&s.name) {
+                    return Err(Unreadable::Garbled);
+                }
+                short(&s.kind)?;
+                short(&s.fidelity)?;
+                sources.push(SourceRecord {
+                    name: s.name,
+                    kind: s.kind,
+                    fidelity: s.fidelity,
+                    used_start: s.used_start,
+                    used_end: s.used_end,
+                    peak: s.peak,
+                    delta_used: s.delta_used,
+                    delta_peaked: s.delta_peaked,
+                });
+            }
+            Event::End {
+                started_ns,
+                ended_ns,
+                next: w.next,
+                releases: w.releases,
+                sources,
+                truncated: w.truncated,
+            }
+        }
+        _ => return Err(Unreadable::Garbled),
+    };
+    Ok(Message {
+        pid: pid.unwrap_or(w.pid),
+        tracker: w.tracker,
+        seq: w.seq,
+        dropped: w.dropped,
+        kind,
+        name: w.name,
+        index: w.index,
+        depth: w.depth,
+        event,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEGIN: &str = r#"{"v":1,"ev":"begin","pid":4242,"tracker":1,"seq":0,"dropped":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}"#;
+    const END: &str = r#"{"v":1,"ev":"end","pid":4242,"tracker":1,"seq":7,"dropped":2,"kind":"step","name":"step","index":3,"depth":1,"started_ns":81240000000,"ended_ns":81250000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":373293056,"delta_used":0,"delta_peaked":268435456}],"truncated":false}"#;
+
+    #[test]
+    fn messages_decode() {
+        let m = decode(BEGIN.as_bytes(), None).unwrap();
+        assert_eq!(
+            (m.pid, m.kind, m.event),
+            (
+                4242,
+                PhaseKind::Epoch,
+                Event::Begin {
+                    t_ns: 81_234_567_890
+                }
+            )
+        );
+        let m = decode(END.as_bytes(), Some(99)).unwrap();
+        assert_eq!((m.pid, m.seq, m.dropped, m.index), (99, 7, 2, 3));
+        let Event::End { sources, next, .. } = m.event else {
+            panic!()
+        };
+        assert!(next);
+        assert_eq!(sources[0].peak, 373_293_056);
+        // Fields added within a version are ignored.
+        let more = END.replace(r#""v":1,"#, r#""v":1,"later":[1,2],"#);
+        assert!(decode(more.as_bytes(), None).is_ok());
+    }
+
+    #[test]
+    fn anything_else_is_counted_never_a_crash() {
+        let garbled = [
+            String::new(),
+            "not json".into(),
+            "{".into(),
+            "[1,2]".into(),
+            r#"{"v":"1"}"#.into(),
+            r#"{"v":1}"#.into(),
+            BEGIN.replace(r#""t_ns""#, r#""x_ns""#),
+            BEGIN.replace("\"epoch\",\"name\"", "\"era\",\"name\""),
+            BEGIN.replace(
+                r#""name":"epoch""#,
+                &format!(r#""name":"{}""#, "n".repeat(65)),
+            ),
+            BEGIN.replace(r#""name":"epoch""#, r#""name":"a\nb""#),
+            BEGIN.replace(r#""ev":"begin""#, r#""ev":"middle""#),
+            END.replace(r#""started_ns":81240000000"#, r#""started_ns":91240000000"#),
+            END.replace(r#""pid":4242"#, r#""pid":-1"#),
+            END.replace(r#""peak":373293056"#, r#""peak":-5"#),
+        ];
+        for g in &garbled {
+            assert_eq!(
+                decode(g.as_bytes(), None).err(),
+                Some(Unreadable::Garbled),
+                "{g}"
+            );
+        }
+        assert_eq!(
+            decode(&[0xff, 0xfe, 0, 1], None).err(),
+            Some(Unreadable::Garbled)
+        );
+        let v2 = BEGIN.replace(r#""v":1"#, r#""v":2"#);
+        assert_eq!(decode(v2.as_bytes(), None).err(), Some(Unreadable::Version));
+    }
+
+    #[test]
+    fn the_receiver_counts_garbage_reads_what_is_queued_and_cleans_up() {
+        let ch = PhaseChannel::bind().unwrap();
+        let path = ch.path().to_path_buf();
+        let dir = path.parent().unwrap().to_path_buf();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let rx = ch.start(81_000_000_000).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        tx.send_to(b"garbage", &path).unwrap();
+        tx.send_to(&vec![b'{'; RECV_BUF + 10], &path).unwrap();
+        tx.send_to(BEGIN.replace(r#""v":1"#, r#""v":9"#).as_bytes(), &path)
+            .unwrap();
+        tx.send_to(BEGIN.as_bytes(), &path).unwrap();
+        tx.send_to(
+            END.replace(
+                r#""kind":"step","name":"step""#,
+                r#""kind":"epoch","name":"epoch""#,
+            )
+            .replace(r#""depth":1"#, r#""depth":0"#)
+            .replace(r#""index":3"#, r#""index":0"#)
+            .replace(r#""next":true"#, r#""next":false"#)
+            .as_bytes(),
+            &path,
+        )
+        .unwrap();
+        let log = rx.finish();
+        assert_eq!(
+            (
+                log.garbled,
+                log.oversized,
+                log.unknown_version,
+                log.received
+            ),
+            (1, 1, 1, 2)
+        );
+        // The kernel's pid, not the one written in the message.
+        assert_eq!(log.phases.len(), 1);
+        assert_eq!(log.phases[0].pid, std::process::id());
+        // The record's start is the phase's (its begin message said 234.6 ms).
+        assert_eq!(log.phases[0].start_ns, 240_000_000);
+        assert_eq!(log.phases[0].end_ns, Some(250_000_000));
+        assert!(!path.exists() && !dir.exists(), "left {}", dir.display());
+    }
+
+    #[test]
+    fn a_receiver_dropped_on_an_error_path_cleans_up_too() {
+        let ch = PhaseChannel::bind().unwrap();
+        let dir = ch.path().parent().unwrap().to_path_buf();
+        drop(ch);
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,893 @@
+//! The command's phases in `run`'s outputs: the JSON's `phases` and
+//! `phase_channel`, and the summary's table of phases and peak steps.
+//!
+//! Each kept phase (epoch, experience, stream, custom) gets two views of
+//! its interval: memprobe's own samples within it (the tree, the
+//! container, each GPU: sampled, so an interval shorter than the sampling
+//! interval may hold none) and the program's own record (its sources'
+//! peaks, exact where its tracker measures them so). Steps appear as
+//! aggregates: per phase, how many and which step held each source's peak.
+
+use crate::phase_log::{Phase, PhaseLog, SourceRecord, StepAggregate, StepPeak};
+use crate::report::RunReport;
+use crate::timeline::Timeline;
+use crate::units;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+/// A summary table longer than this shows the first and last phases and
+/// those with the largest peaks, and says how many it left out.
+const MAX_ROWS: usize = 24;
+const HEAD_ROWS: usize = 5;
+const TAIL_ROWS: usize = 5;
+const LARGEST_ROWS: usize = 6;
+/// The child's own sources shown as columns (the JSON has them all).
+const SOURCE_COLUMNS: usize = 2;
+/// GPUs shown as columns.
+const GPU_COLUMNS: usize = 4;
+
+fn s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// One kept phase in the JSON.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PhaseReport {
+    pub(crate) pid: u32,
+    pub(crate) tracker: u64,
+    pub(crate) kind: &'static str,
+    pub(crate) name: String,
+    pub(crate) index: u64,
+    pub(crate) depth: u32,
+    pub(crate) parent: Option<usize>,
+    pub(crate) label: String,
+    pub(crate) start_s: f64,
+    pub(crate) end_s: Option<f64>,
+    pub(crate) ended: bool,
+    pub(crate) sources: Vec<PhaseSourceReport>,
+    pub(crate) sources_truncated: bool,
+    pub(crate) releases: u64,
+    pub(crate) run: IntervalReport,
+    pub(crate) steps: StepsReport,
+}
+
+/// One source of a phase's record.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PhaseSourceReport {
+    pub(crate) name: String,
+    pub(crate) kind: String,
+    pub(crate) fidelity: String,
+    pub(crate) used_start_bytes: u64,
+    pub(crate) used_end_bytes: u64,
+    pub(crate) peak_bytes: u64,
+    pub(crate) delta_used_bytes: i64,
+    pub(crate) delta_peaked_bytes: u64,
+}
+
+/// memprobe's own samples within an interval.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct IntervalReport {
+    pub(crate) samples: u64,
+    pub(crate) tree_peak_bytes: Option<u64>,
+    pub(crate) cgroup_peak_bytes: Option<u64>,
+    pub(crate) gpu_peak_bytes: Vec<Option<u64>>,
+}
+
+/// Steps within a phase.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StepsReport {
+    pub(crate) count: u64,
+    pub(crate) first_index: Option<u64>,
+    pub(crate) peaks: Vec<StepPeakReport>,
+}
+
+/// The step holding one source's peak.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StepPeakReport {
+    pub(crate) source: String,
+    pub(crate) peak_bytes: u64,
+    pub(crate) index: u64,
+    pub(crate) start_s: f64,
+    pub(crate) end_s: f64,
+}
+
+/// What came over the channel, and where each source peaked.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct PhaseChannelReport {
+    pub(crate) received: u64,
+    pub(crate) dropped: u64,
+    pub(crate) garbled: u64,
+    pub(crate) oversized: u64,
+    pub(crate) unknown_version: u64,
+    pub(crate) processes: Vec<u32>,
+    pub(crate) steps: u64,
+    pub(crate) phases_not_kept: u64,
+    pub(crate) peaks: Vec<PeakReport>,
+    pub(crate) steps_outside_phases: Vec<LooseStepsReport>,
+}
+
+/// Where one source of one process peaked.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PeakReport {
+    pub(crate) pid: u32,
+    pub(crate) tracker: u64,
+    pub(crate) source: String,
+    pub(crate) fidelity: String,
+    pub(crate) peak_bytes: u64,
+    /// `epoch 2 / step 17`.
+    pub(crate) label: String,
+    pub(crate) step_index: Option<u64>,
+    /// The step's place among the steps of its phase, from 0.
+    pub(crate) step_in_phase: Option<u64>,
+    pub(crate) phase: Option<usize>,
+    pub(crate) start_s: f64,
+    pub(crate) end_s: f64,
+}
+
+/// Steps ended outside any kept phase of one tracker.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LooseStepsReport {
+    pub(crate) pid: u32,
+    pub(crate) tracker: u64,
+    pub(crate) count: u64,
+    pub(crate) peaks: Vec<StepPeakReport>,
+}
+
+/// Maxima over ranges of a series, in blocks: a query costs at most two
+/// partial blocks and one pass over the block maxima.
+struct RangeMax {
+    values: Vec<Option<u64>>,
+    blocks: Vec<Option<u64>>,
+}
+
+const BLOCK: usize = 256;
+
+fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+impl RangeMax {
+    fn new(values: Vec<Option<u64>>) -> RangeMax {
+        let blocks = values
+            .chunks(BLOCK)
+            .map(|c| c.iter().copied().fold(None, max_opt))
+            .collect();
+        RangeMax { values, blocks }
+    }
+
+    /// The maximum over `values[lo..hi]`.
+    fn max(&self, lo: usize, hi: usize) -> Option<u64> {
+        let mut m = None;
+        let mut i = lo;
+        while i < hi {
+            if i % BLOCK == 0 && i + BLOCK <= hi {
+                m = max_opt(m, self.blocks[i / BLOCK]);
+                i += BLOCK;
+            } else {
+                m = max_opt(m, self.values[i]);
+                i += 1;
+            }
+        }
+        m
+    }
+}
+
+/// The timeline's series, ready for interval queries.
+struct Series {
+    times: Vec<u64>,
+    tree: RangeMax,
+    cgroup: RangeMax,
+    gpus: Vec<RangeMax>,
+}
+
+impl Series {
+    fn new(t: &Timeline, gpus: usize) -> Series {
+        let points: Vec<_> = t.points().collect();
+        Series {
+            times: points.iter().map(|p| p.t_ns).collect(),
+            tree: RangeMax::new(points.iter().map(|p| Some(p.tree_rss)).collect()),
+            cgroup: RangeMax::new(points.iter().map(|p| p.cgroup).collect()),
+            gpus: (0..gpus)
+                .map(|i| {
+                    RangeMax::new(
+                        points
+                            .iter()
+                            .map(|p| p.gpus.get(i).copied().flatten())
+                            .collect(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn within(&self, start: u64, end: u64) -> IntervalReport {
+        let lo = self.times.partition_point(|&t| t < start);
+        let hi = self.times.partition_point(|&t| t <= end);
+        IntervalReport {
+            samples: (hi - lo) as u64,
+            tree_peak_bytes: self.tree.max(lo, hi),
+            cgroup_peak_bytes: self.cgroup.max(lo, hi),
+            gpu_peak_bytes: self.gpus.iter().map(|g| g.max(lo, hi)).collect(),
+        }
+    }
+}
+
+fn step_peaks(a: &StepAggregate) -> Vec<StepPeakReport> {
+    a.peaks.iter().map(step_peak).collect()
+}
+
+fn step_peak(p: &StepPeak) -> StepPeakReport {
+    StepPeakReport {
+        source: p.source.clone(),
+        peak_bytes: p.peak,
+        index: p.index,
+        start_s: s(p.start_ns),
+        end_s: s(p.end_ns),
+    }
+}
+
+fn source_report(d: &SourceRecord) -> PhaseSourceReport {
+    PhaseSourceReport {
+        name: d.name.clone(),
+        kind: d.kind.clone(),
+        fidelity: d.fidelity.clone(),
+        used_start_bytes: d.used_start,
+        used_end_bytes: d.used_end,
+        peak_bytes: d.peak,
+        delta_used_bytes: d.delta_used,
+        delta_peaked_bytes: d.delta_peaked,
+    }
+}
+
+fn phase_report(log: &PhaseLog, i: usize, p: &Phase, series: &Series, run_end: u64) -> PhaseReport {
+    let end = p.end_ns.or(p.over_by_ns).unwrap_or(run_end);
+    PhaseReport {
+        pid: p.pid,
+        tracker: p.tracker,
+        kind: p.kind.as_str(),
+        name: p.name.clone(),
+        index: p.index,
+        depth: p.depth,
+        parent: p.parent,
+        label: log.path(i),
+        start_s: s(p.start_ns),
+        end_s: p.end_ns.map(s),
+        ended: p.end_ns.is_some(),
+        sources: p.sources.iter().map(source_report).collect(),
+        sources_truncated: p.truncated,
+        releases: p.releases,
+        run: series.within(p.start_ns, end),
+        steps: StepsReport {
+            count: p.steps.count,
+            first_index: p.steps.first_index,
+            peaks: step_peaks(&p.steps),
+        },
+    }
+}
+
+/// The JSON's `phases` and `phase_channel` from the log and the timeline;
+/// `run_end_ns` closes the phases still open when the command ended.
+pub(crate) fn build(
+    log: Option<&PhaseLog>,
+    timeline: &Timeline,
+    gpus: usize,
+    run_end_ns: u64,
+) -> (Vec<PhaseReport>, PhaseChannelReport) {
+    let Some(log) = log else {
+        return (Vec::new(), PhaseChannelReport::default());
+    };
+    let series = Series::new(timeline, gpus);
+    let phases: Vec<PhaseReport> = log
+        .phases
+        .iter()
+        .enumerate()
+        .map(|(i, p)| phase_report(log, i, p, &series, run_end_ns))
+        .collect();
+    let mut peaks: Vec<PeakReport> = log
+        .peak_steps()
+        .map(|p| {
+            let within = p.within.map(|i| log.path(i));
+            PeakReport {
+                pid: p.pid,
+                tracker: p.tracker,
+                source: p.step.source.clone(),
+                fidelity: fidelity_of(log, p.pid, &p.step.source),
+                peak_bytes: p.step.peak,
+                label: match within {
+                    Some(w) => format!("{w} / step {}", p.step.index),
+                    None => format!("step {}", p.step.index),
+                },
+                step_index: Some(p.step.index),
+                step_in_phase: p
+                    .within
+                    .and_then(|i| log.phases[i].steps.first_index)
+                    .map(|f| p.step.index.saturating_sub(f)),
+                phase: p.within,
+                start_s: s(p.step.start_ns),
+                end_s: s(p.step.end_ns),
+            }
+        })
+        .collect();
+    // Sources of processes that sent no steps: the innermost phase with
+    // the largest peak.
+    for (i, p) in log.phases.iter().enumerate() {
+        for d in &p.sources {
+            let known = peaks
+                .iter_mut()
+                .find(|k| k.pid == p.pid && k.source == d.name);
+            match known {
+                Some(k) if k.step_index.is_some() => {}
+                Some(k)
+                    if d.peak > k.peak_bytes
+                        || (d.peak == k.peak_bytes
+                            && p.depth as usize > depth_of(log, k.phase)) =>
+                {
+                    *k = phase_peak(log, i, p, d);
+                }
+                Some(_) => {}
+                None => peaks.push(phase_peak(log, i, p, d)),
+            }
+        }
+    }
+    peaks.sort_by(|a, b| (a.pid, &a.source).cmp(&(b.pid, &b.source)));
+    let channel = PhaseChannelReport {
+        received: log.received,
+        dropped: log.dropped(),
+        garbled: log.garbled,
+        oversized: log.oversized,
+        unknown_version: log.unknown_version,
+        processes: log.senders.keys().copied().collect(),
+        steps: log.steps,
+        phases_not_kept: log.not_kept,
+        peaks,
+        steps_outside_phases: log
+            .loose_steps()
+            .map(|((pid, tracker), a)| LooseStepsReport {
+                pid,
+                tracker,
+                count: a.count,
+                peaks: step_peaks(a),
+            })
+            .collect(),
+    };
+    (phases, channel)
+}
+
+fn depth_of(log: &PhaseLog, phase: Option<usize>) -> usize {
+    phase.map_or(0, |i| log.phases[i].depth as usize)
+}
+
+fn fidelity_of(log: &PhaseLog, pid: u32, source: &str) -> String {
+    log.phases
+        .iter()
+        .filter(|p| p.pid == pid)
+        .flat_map(|p| p.sources.iter())
+        .find(|d| d.name == source)
+        .map_or_else(String::new, |d| d.fidelity.clone())
+}
+
+fn phase_peak(log: &PhaseLog, i: usize, p: &Phase, d: &SourceRecord) -> PeakReport {
+    PeakReport {
+        pid: p.pid,
+        tracker: p.tracker,
+        source: d.name.clone(),
+        fidelity: d.fidelity.clone(),
+        peak_bytes: d.peak,
+        label: log.path(i),
+        step_index: None,
+        step_in_phase: None,
+        phase: Some(i),
+        start_s: s(p.start_ns),
+        end_s: s(p.end_ns.unwrap_or(p.start_ns)),
+    }
+}
+
+/// Which rows a long table shows: the first and last phases and the
+/// [`LARGEST_ROWS`] with the largest `key` in between, in order; `None`
+/// marks a run of rows left out (a gap of one row is shown instead).
+fn pick_rows(keys: &[u64]) -> Vec<Option<usize>> {
+    let n = keys.len();
+    if n <= MAX_ROWS {
+        return (0..n).map(Some).collect();
+    }
+    let mut chosen: BTreeSet<usize> = (0..HEAD_ROWS).chain(n - TAIL_ROWS..n).collect();
+    let mut middle: Vec<usize> = (HEAD_ROWS..n - TAIL_ROWS).collect();
+    middle.sort_by_key(|&i| (std::cmp::Reverse(keys[i]), i));
+    chosen.extend(middle.into_iter().take(LARGEST_ROWS));
+    let mut rows = Vec::new();
+    let mut last: Option<usize> = None;
+    for i in chosen {
+        let from = last.map_or(0, |l| l + 1);
+        match i - from {
+            0 => {}
+            1 => rows.push(Some(from)),
+            _ => rows.push(None),
+        }
+        rows.push(Some(i));
+        last = Some(i);
+    }
+    rows
+}
+
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    // A row of one cell (a note) spans the table: it sets no width.
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter(|r| r.len() > 1)
+                .filter_map(|r| r.get(c))
+                .map(|x| x.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::from("    ");
+        for (c, cell) in r.iter().enumerate() {
+            if c + 1 == r.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The summary's lines about phases: a count line, the table, where each
+/// source peaked, and what was lost; empty when the program sent nothing.
+pub(crate) fn summary(r: &RunReport) -> String {
+    let c = &r.phase_channel;
+    let mut out = String::new();
+    if c.received == 0 && c.garbled + c.oversized + c.unknown_version == 0 {
+        return out;
+    }
+    let row = |out: &mut String, label: &str, text: String| {
+        let _ = writeln!(out, "  {label:<22}{text}");
+    };
+    let count = |kind: &str| r.phases.iter().filter(|p| p.kind == kind).count() as u64;
+    let mut parts = Vec::new();
+    for (kind, one, many) in [
+        ("stream", "stream", "streams"),
+        ("experience", "experience", "experiences"),
+        ("epoch", "epoch", "epochs"),
+        ("custom", "custom phase", "custom phases"),
+    ] {
+        let n = count(kind);
+        if n > 0 {
+            parts.push(plural(n, one, many));
+        }
+    }
+    if c.steps > 0 {
+        parts.push(plural(c.steps, "step", "steps"));
+    }
+    if parts.is_empty() {
+        parts.push("no phase ended".into());
+    }
+    let pids: Vec<String> = c.processes.iter().map(u32::to_string).collect();
+    row(
+        &mut out,
+        "phases",
+        format!(
+            "{} from {} {}",
+            parts.join(", "),
+            if pids.len() == 1 { "pid" } else { "pids" },
+            pids.join(", ")
+        ),
+    );
+    if !r.phases.is_empty() {
+        out.push_str(&phase_table(r));
+    }
+    for p in &c.peaks {
+        let pid = if c.processes.len() > 1 || p.pid != r.pid {
+            format!(" (pid {})", p.pid)
+        } else {
+            String::new()
+        };
+        row(
+            &mut out,
+            &format!("peak {}", p.source),
+            format!(
+                "{} in {}{}{pid}{}",
+                units::bytes(p.peak_bytes),
+                p.label.replace(" / ", ", "),
+                match (p.step_in_phase, p.phase.and_then(|i| r.phases.get(i))) {
+                    (Some(n), Some(within)) => format!(" (#{n} of its {})", within.name),
+                    _ => String::new(),
+                },
+                if p.fidelity.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", p.fidelity)
+                }
+            ),
+        );
+    }
+    let unreadable = c.garbled + c.oversized + c.unknown_version;
+    if c.dropped > 0 || unreadable > 0 || c.phases_not_kept > 0 {
+        let mut what = Vec::new();
+        if c.dropped > 0 {
+            what.push(format!(
+                "{} lost (the program sent faster than memprobe read, and did not wait)",
+                plural(c.dropped, "message", "messages")
+            ));
+        }
+        if unreadable > 0 {
+            what.push(format!(
+                "{} unreadable",
+                plural(unreadable, "datagram", "datagrams")
+            ));
+        }
+        if c.phases_not_kept > 0 {
+            what.push(format!(
+                "{} not kept (too many)",
+                plural(c.phases_not_kept, "phase", "phases")
+            ));
+        }
+        row(&mut out, "phase messages", what.join("; "));
+    }
+    out
+}
+
+fn phase_table(r: &RunReport) -> String {
+    let phases = &r.phases;
+    let many_pids = r.phase_channel.processes.len() > 1;
+    // The child's own sources, in order of first appearance.
+    let mut sources: Vec<(&str, &str)> = Vec::new();
+    for p in phases {
+        for d in &p.sources {
+            if sources.len() < SOURCE_COLUMNS && !sources.iter().any(|(n, _)| *n == d.name) {
+                sources.push((&d.name, &d.fidelity));
+            }
+        }
+    }
+    let gpus = r.gpus.len().min(GPU_COLUMNS);
+    let mut head = vec!["PHASE".to_string()];
+    if many_pids {
+        head.push("PID".into());
+    }
+    head.extend(["START".into(), "TIME".into(), "TREE".into()]);
+    if r.cgroup.is_some() {
+        head.push("CONTAINER".into());
+    }
+    for g in r.gpus.iter().take(gpus) {
+        head.push(format!("GPU {}", g.index));
+    }
+    for (name, fidelity) in &sources {
+        head.push(format!("{name} ({fidelity})"));
+    }
+    head.push("STEPS".into());
+    head.push("LARGEST STEP".into());
+    let mut rows = vec![head];
+
+    let key = |p: &PhaseReport| {
+        p.sources
+            .first()
+            .map(|d| d.peak_bytes)
+            .or(p.run.tree_peak_bytes)
+            .unwrap_or(0)
+    };
+    let keys: Vec<u64> = phases.iter().map(key).collect();
+    let picked = pick_rows(&keys);
+    let mut left_out = 0usize;
+    for (n, pick) in picked.iter().enumerate() {
+        let Some(i) = *pick else {
+            let next = picked[n + 1..]
+                .iter()
+                .find_map(|x| *x)
+                .unwrap_or(phases.len());
+            let prev = picked[..n]
+                .iter()
+                .rev()
+                .find_map(|x| *x)
+                .map_or(0, |p| p + 1);
+            left_out += next - prev;
+            rows.push(vec![format!(
+                "... {} not shown",
+                plural((next - prev) as u64, "phase", "phases")
+            )]);
+            continue;
+        };
+        let p = &phases[i];
+        let mut row = vec![format!(
+            "{}{}",
+            "  ".repeat(p.depth as usize),
+            p.label.rsplit(" / ").next().unwrap_or(&p.label)
+        )];
+        if many_pids {
+            row.push(p.pid.to_string());
+        }
+        row.push(units::secs(p.start_s));
+        row.push(match p.end_s {
+            Some(e) => units::secs(e - p.start_s),
+            None => "open".into(),
+        });
+        row.push(units::opt_bytes(p.run.tree_peak_bytes));
+        if r.cgroup.is_some() {
+            row.push(units::opt_bytes(p.run.cgroup_peak_bytes));
+        }
+        for g in 0..gpus {
+            row.push(units::opt_bytes(
+                p.run.gpu_peak_bytes.get(g).copied().flatten(),
+            ));
+        }
+        for (name, _) in &sources {
+            row.push(units::opt_bytes(
+                p.sources
+                    .iter()
+                    .find(|d| d.name == *name)
+                    .map(|d| d.peak_bytes),
+            ));
+        }
+        row.push(if p.steps.count > 0 {
+            p.steps.count.to_string()
+        } else {
+            "-".into()
+        });
+        row.push(p.steps.peaks.first().map_or_else(
+            || "-".into(),
+            |s| {
+                format!(
+                    "step {} {} {}",
+                    s.index,
+                    s.source,
+                    units::bytes(s.peak_bytes)
+                )
+            },
+        ));
+        rows.push(row);
+    }
+    let mut out = table(&rows);
+    if left_out > 0 {
+        let _ = writeln!(
+            out,
+            "    (the first {HEAD_ROWS}, the last {TAIL_ROWS} and the {LARGEST_ROWS} largest between shown; every phase is in --json)"
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::child::ExitInfo;
+    use crate::phase_log::{Event, Message};
+    use crate::recording::Recording;
+    use crate::report::{build, summary as run_summary, RunFacts};
+    use crate::timeline::Point;
+    use memprobe_core::PhaseKind;
+    use std::time::Duration;
+
+    const MS: u64 = 1_000_000;
+    const MIB: u64 = 1 << 20;
+
+    fn rss(peak: u64) -> Vec<SourceRecord> {
+        vec![SourceRecord {
+            name: "rss".into(),
+            kind: "process".into(),
+            fidelity: "exact".into(),
+            used_start: 100 * MIB,
+            used_end: 100 * MIB,
+            peak,
+            delta_used: 0,
+            delta_peaked: peak - 100 * MIB,
+        }]
+    }
+
+    /// A run of `epochs` epochs of 10 steps (1 ms each) by pid 500, each
+    /// followed by an evaluation stream, with a 900 MiB spike in step
+    /// `spike`; the timeline samples every 2 ms.
+    pub(crate) fn run_with_phases(epochs: u64, spike: u64) -> RunReport {
+        let mut log = PhaseLog::new(0);
+        let mut seq = 0;
+        let mut add =
+            |log: &mut PhaseLog, kind: PhaseKind, index: u64, depth: u32, event: Event| {
+                log.add(Message {
+                    pid: 500,
+                    tracker: 1,
+                    seq,
+                    dropped: 0,
+                    kind,
+                    name: kind.as_str().into(),
+                    index,
+                    depth,
+                    event,
+                });
+                seq += 1;
+            };
+        let end = |s: u64, e: u64, next: bool, peak: u64| Event::End {
+            started_ns: s,
+            ended_ns: e,
+            next,
+            releases: 0,
+            sources: rss(peak),
+            truncated: false,
+        };
+        let mut t = 0;
+        let mut step = 0;
+        for e in 0..epochs {
+            let e0 = t;
+            add(&mut log, PhaseKind::Epoch, e, 0, Event::Begin { t_ns: t });
+            add(&mut log, PhaseKind::Step, step, 1, Event::Begin { t_ns: t });
+            let mut epoch_peak = 100 * MIB;
+            for i in 0..10 {
+                let peak = if step == spike {
+                    900 * MIB
+                } else {
+                    (110 + e) * MIB
+                };
+                epoch_peak = epoch_peak.max(peak);
+                add(
+                    &mut log,
+                    PhaseKind::Step,
+                    step,
+                    1,
+                    end(t, t + MS, i < 9, peak),
+                );
+                t += MS;
+                step += 1;
+            }
+            add(
+                &mut log,
+                PhaseKind::Epoch,
+                e,
+                0,
+                end(e0, t, false, epoch_peak),
+            );
+            add(&mut log, PhaseKind::Stream, e, 0, Event::Begin { t_ns: t });
+            add(
+                &mut log,
+                PhaseKind::Stream,
+                e,
+                0,
+                end(t, t + 2 * MS, false, 105 * MIB),
+            );
+            t += 2 * MS;
+        }
+        let mut rec = Recording::default();
+        let mut at = 0;
+        while at <= t {
+            // Each epoch takes 12 ms: 10 steps, then a 2 ms stream.
+            let spike_at = (spike / 10) * 12 * MS + (spike % 10) * MS;
+            let in_spike = (spike_at..spike_at + 2 * MS).contains(&at);
+            rec.add_point(Point {
+                t_ns: at,
+                tree_rss: if in_spike { 950 * MIB } else { 120 * MIB },
+                processes: 2,
+                cgroup: Some(300 * MIB),
+                gpus: Vec::new(),
+                gpu_exact: Vec::new(),
+            });
+            at += 2 * MS;
+        }
+        rec.phases = Some(log);
+        let facts = RunFacts {
+            command: vec!["train".into()],
+            pid: 500,
+            interval: Duration::from_millis(2),
+            started_at_unix_s: 1.7e9,
+            duration_s: t as f64 / 1e9,
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+                core_dumped: false,
+                maxrss_bytes: 900 * MIB,
+                cpu_s: 0.1,
+            },
+            signals: Vec::new(),
+            memprobe_cpu_s: 0.01,
+        };
+        crate::report::add_rusage(&mut rec, &facts);
+        build(&rec, &facts)
+    }
+
+    #[test]
+    fn phases_in_the_json_and_the_summary() {
+        let r = run_with_phases(3, 13);
+        let json = serde_json::to_value(&r).unwrap();
+        let errors = crate::schema_check::check(
+            &crate::schema_check::load("docs/run-output.schema.json"),
+            &json,
+        );
+        assert!(errors.is_empty(), "{errors:#?}");
+        assert_eq!(json["phases"].as_array().unwrap().len(), 6);
+        let e1 = &json["phases"][2];
+        assert_eq!(
+            (e1["label"].as_str(), e1["steps"]["count"].as_u64()),
+            (Some("epoch 1"), Some(10))
+        );
+        assert_eq!(e1["steps"]["peaks"][0]["index"], 13);
+        assert_eq!(e1["sources"][0]["peak_bytes"], 900 * MIB);
+        assert_eq!(e1["run"]["tree_peak_bytes"], 950 * MIB, "{e1}");
+        assert_eq!(json["phases"][0]["run"]["tree_peak_bytes"], 120 * MIB);
+        let peak = &json["phase_channel"]["peaks"][0];
+        assert_eq!(
+            (peak["label"].as_str(), peak["step_in_phase"].as_u64()),
+            (Some("epoch 1 / step 13"), Some(3))
+        );
+        let text = run_summary(&r, false);
+        assert!(
+            text.contains("3 streams, 3 epochs, 30 steps from pid 500"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "peak rss              900 MiB in epoch 1, step 13 (#3 of its epoch), exact"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("step 13 rss 900 MiB"), "{text}");
+        assert!(!text.contains("not shown"), "{text}");
+    }
+
+    #[test]
+    fn a_hundred_and_twenty_epochs_stay_readable() {
+        let r = run_with_phases(120, 777);
+        let text = run_summary(&r, false);
+        let rows = text.lines().filter(|l| l.starts_with("    ")).count();
+        assert!(rows <= MAX_ROWS + 6, "{rows} rows:\n{text}");
+        let row = text
+            .lines()
+            .find(|l| l.contains("epoch 77 "))
+            .unwrap_or_else(|| panic!("the spike's epoch is not shown:\n{text}"));
+        assert!(
+            row.contains("950 MiB") && row.contains("step 777 rss 900 MiB"),
+            "{row}"
+        );
+        assert!(
+            text.contains("epoch 0 ") && text.contains("stream 119 "),
+            "{text}"
+        );
+        assert!(text.contains("not shown"), "{text}");
+        assert!(text.contains("every phase is in --json"), "{text}");
+        assert_eq!(r.phases.len(), 240);
+    }
+
+    #[test]
+    fn range_maxima_match_a_plain_scan() {
+        let values: Vec<Option<u64>> = (0..2000u64)
+            .map(|i| (i % 7 != 0).then_some((i * 7919) % 1009))
+            .collect();
+        let rm = RangeMax::new(values.clone());
+        for (lo, hi) in [
+            (0, 0),
+            (0, 1),
+            (3, 700),
+            (255, 257),
+            (256, 512),
+            (0, 2000),
+            (1999, 2000),
+            (700, 1900),
+        ] {
+            let want = values[lo..hi].iter().copied().fold(None, max_opt);
+            assert_eq!(rm.max(lo, hi), want, "{lo}..{hi}");
+        }
+    }
+
+    #[test]
+    fn long_tables_keep_first_last_and_largest() {
+        let keys: Vec<u64> = (0..120)
+            .map(|i| if i == 60 { 1000 } else { i % 10 })
+            .collect();
+        let rows = pick_rows(&keys);
+        let shown: Vec<usize> = rows.iter().filter_map(|r| *r).collect();
+        assert!(rows.len() <= MAX_ROWS, "{rows:?}");
+        assert!(shown.contains(&0) && shown.contains(&119) && shown.contains(&60));
+        assert!(rows.contains(&None));
+        assert!(shown.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(pick_rows(&[1, 2, 3]), vec![Some(0), Some(1), Some(2)]);
+    }
+}

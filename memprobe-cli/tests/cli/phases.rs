@@ -1,0 +1,168 @@
+//! The command's phases reaching `memprobe run` over the run channel:
+//! datagrams that are not messages are counted, never a crash; a memprobe
+//! that stops reading never stalls the command, and the drops are reported.
+//! (The phases of C, Python and Go programs: tests/tests/run_phases.rs,
+//! bindings/python/tests/test_run_phases.py, bindings/go/run_phases_test.go.)
+
+use crate::schema::assert_valid;
+use crate::support::*;
+use memprobe_core::run_channel::{RunChannel, ENV};
+use memprobe_core::{PhaseKind, Source, Tracker};
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const FLOOD: u64 = 100_000;
+
+fn tracker() -> (Source, Tracker) {
+    let mem = Source::pushed("mem").unwrap();
+    mem.push(64 << 20).unwrap();
+    let t = Tracker::new(std::slice::from_ref(&mem)).unwrap();
+    (mem, t)
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The helper child's phase modes.
+pub(crate) fn child(words: &[&str]) {
+    match words[0] {
+        // Garbage first, then one epoch of three steps, the second spiking.
+        "phase-garbage" => {
+            let path = std::env::var_os(ENV).expect("memprobe run names a channel");
+            let tx = UnixDatagram::unbound().unwrap();
+            let begin = r#"{"v":1,"ev":"begin","pid":1,"tracker":9,"seq":0,"dropped":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":1}"#;
+            for g in [
+                b"not json".to_vec(),
+                b"{\"v\":1}".to_vec(),
+                vec![0xff; 100],
+                begin.replace("\"v\":1", "\"v\":7").into_bytes(),
+                vec![b' '; 200_000],
+            ] {
+                // The oversized one may be refused by the kernel: then it
+                // never arrives, and is not counted.
+                let _ = tx.send_to(&g, &path);
+            }
+            let (mem, mut t) = tracker();
+            t.begin(PhaseKind::Epoch, None).unwrap();
+            t.begin(PhaseKind::Step, None).unwrap();
+            for i in 0..3 {
+                std::thread::sleep(Duration::from_millis(20));
+                if i == 1 {
+                    mem.push(900 << 20).unwrap();
+                    mem.push(64 << 20).unwrap();
+                }
+                t.next(PhaseKind::Step, None).unwrap();
+            }
+            t.end(PhaseKind::Step, None).unwrap();
+            t.end(PhaseKind::Epoch, None).unwrap();
+        }
+        // Signals readiness, waits for the go, floods FLOOD step
+        // boundaries, signals it is done, waits, then ends its phases.
+        "phase-flood" => {
+            let dir = Path::new(words[1]);
+            let (_mem, mut t) = tracker();
+            t.begin(PhaseKind::Epoch, None).unwrap();
+            t.begin(PhaseKind::Step, None).unwrap();
+            std::fs::write(dir.join("ready"), b"").unwrap();
+            wait_for(&dir.join("go"));
+            for _ in 0..FLOOD {
+                t.next(PhaseKind::Step, None).unwrap();
+            }
+            let ch = RunChannel::from_env().unwrap();
+            std::fs::write(
+                dir.join("flooded"),
+                format!("{} {}", ch.sent(), ch.dropped()),
+            )
+            .unwrap();
+            wait_for(&dir.join("resume"));
+            // Time for memprobe to read out its full queue, so the ends
+            // (which carry the count) get through.
+            std::thread::sleep(Duration::from_millis(500));
+            t.end(PhaseKind::Step, None).unwrap();
+            t.end(PhaseKind::Epoch, None).unwrap();
+        }
+        other => panic!("unknown helper mode {other}"),
+    }
+}
+
+#[test]
+fn garbage_datagrams_are_counted_and_the_phases_still_arrive() {
+    let (out, json) = run_helper_json(&[], &["phase-garbage"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_valid("docs/run-output.schema.json", &json);
+    let c = &json["phase_channel"];
+    assert_eq!((u(&c["garbled"]), u(&c["unknown_version"])), (3, 1), "{c}");
+    assert!(u(&c["oversized"]) <= 1, "{c}");
+    assert_eq!(u(&c["dropped"]), 0, "{c}");
+    assert_eq!(c["processes"], serde_json::json!([json["pid"]]));
+    let phases = json["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 1, "{phases:?}");
+    assert_eq!(phases[0]["label"], "epoch 0");
+    assert_eq!(u(&phases[0]["steps"]["count"]), 4);
+    assert_eq!(u(&phases[0]["steps"]["peaks"][0]["index"]), 1);
+    assert_eq!(c["peaks"][0]["label"], "epoch 0 / step 1");
+    assert_eq!(u(&c["peaks"][0]["peak_bytes"]), 900 << 20);
+    let text = stderr(&out);
+    assert!(
+        text.contains("peak mem              900 MiB in epoch 0, step 1 (#1 of its epoch), pushed"),
+        "{text}"
+    );
+    assert!(text.contains("datagrams unreadable"), "{text}");
+}
+
+#[test]
+fn a_memprobe_that_stops_reading_never_stalls_the_command_and_reports_the_drops() {
+    let dir = scratch("flood");
+    let json = dir.join("run.json");
+    let (argv, (k, v)) = crate::helper::argv(&["phase-flood", dir.to_str().unwrap()]);
+    let memprobe = memprobe()
+        .arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .args(&argv)
+        .env(k, v)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mp = memprobe.id() as libc::pid_t;
+    wait_for(&dir.join("ready"));
+    // SAFETY: stopping and continuing our own child.
+    assert_eq!(unsafe { libc::kill(mp, libc::SIGSTOP) }, 0);
+    std::fs::write(dir.join("go"), b"").unwrap();
+    // The flood must finish while memprobe reads nothing at all.
+    wait_for(&dir.join("flooded"));
+    let counts = std::fs::read_to_string(dir.join("flooded")).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(mp, libc::SIGCONT) }, 0);
+    std::fs::write(dir.join("resume"), b"").unwrap();
+    let out = memprobe.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (sent, dropped): (u64, u64) = {
+        let v: Vec<u64> = counts.split(' ').map(|w| w.parse().unwrap()).collect();
+        (v[0], v[1])
+    };
+    // The two begins and the flood: a handful got into the socket's queue.
+    assert_eq!(sent + dropped, FLOOD + 2, "{counts}");
+    assert!(dropped >= FLOOD - 1000, "{counts}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_valid("docs/run-output.schema.json", &v);
+    let c = &v["phase_channel"];
+    // The ends after the resume carried the count.
+    assert_eq!(u(&c["dropped"]), dropped, "{c}");
+    assert_eq!(v["phases"][0]["ended"], true);
+    let text = stderr(&out);
+    assert!(text.contains(&format!("{dropped} messages lost")), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
