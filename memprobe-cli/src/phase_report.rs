@@ -770,6 +770,8 @@ pub(crate) mod tests {
                 cgroup: Some(300 * MIB),
                 gpus: Vec::new(),
                 gpu_exact: Vec::new(),
+                tree_pss: None,
+                tree_uss: None,
             });
             at += 2 * MS;
         }
