@@ -173,3 +173,11 @@ fn out_of_memory_reports_from_the_caller() {
     check_all_ways("test_oom.c", &[("OOM_TEST_DIR", &shown)]);
     assert_reports_valid(&dir, &["report.json", "report.fd.json"]);
 }
+
+#[test]
+fn cpp_out_of_memory_reports() {
+    let dir = scratch("oom-reports-cpp");
+    let shown = dir.display().to_string();
+    check_all_ways("test_cpp_oom.cpp", &[("OOM_TEST_DIR", &shown)]);
+    assert_reports_valid(&dir, &["cpp.json"]);
+}
