@@ -2,14 +2,16 @@
 type, const, enum, properties, required, additionalProperties, items,
 anyOf, $ref into $defs, minimum — the same subset as the Rust checker
 (memprobe-cli/tests/cli/schema.rs). A keyword outside it is an error, so a
-schema cannot silently use something this checker ignores."""
+schema cannot silently use something this checker ignores. Standalone (no
+pytest, no memprobe): scripts/gpu-validate-oom.py uses it too."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Dict, List
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parents[3]
 
 ANNOTATIONS = {"$schema", "$id", "title", "description", "$defs"}
 TYPES = {

@@ -8,9 +8,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
+import subprocess
 
 import pytest
-from conftest import PKG, MiB, require_module, run_python
+from conftest import PKG, ROOT, MiB, require, require_module, run_python
 from fake_torch_cuda import FakeCuda
 from schema_check import assert_valid, check, load
 
@@ -356,3 +358,201 @@ def test_lightning_on_exception_reports_an_oom_torch_did_not_see(cuda, tmp_path)
     assert failed["detail"] == "RuntimeError: CUDA out of memory (raised by a custom kernel)"
     assert [p["kind"] for p in doc["open_phases"]["phases"]] == ["epoch", "step"]
     assert doc["ended_phases"]["kept"] == 3
+
+
+# --- scripts/gpu-validate-oom.py's checks, on the fakes ---------------------------
+#
+# The script provokes real out-of-memory errors on a GPU; here the same
+# checks run on reports made the same way over the fakes: PyTorch's observer
+# over the scripted torch.cuda, and the driver's trigger through the
+# interposer over the fake libcuda (tests/fake-gpu/fake_cuda.c), each in a
+# fresh interpreter with the fake NVML listing this process.
+
+FAKE_GPU = ROOT / "tests" / "fake-gpu"
+PROCESS_BYTES = 6 * GiB
+
+
+def _validation_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_validate_oom", ROOT / "scripts" / "gpu-validate-oom.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cc(out, source, *flags):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    require(cc is not None, "a C compiler is needed to build the fake GPU libraries")
+    subprocess.run([cc, "-shared", "-fPIC", *flags, "-o", str(out), str(FAKE_GPU / source), "-lpthread"], check=True)
+
+
+@pytest.fixture
+def fake_gpu_env(tmp_path):
+    nvml = tmp_path / "nvml" / "libnvidia-ml.so.1"
+    nvml.parent.mkdir()
+    _cc(nvml, "fake_nvml.c", "-Wall", "-Wextra", "-Werror")
+    (nvml.parent / "fake_nvml.script").write_text(
+        f"device 0 name Fake GPU\ndevice 0 total {16 * GiB}\ndevice 0 used {9 * GiB}\n"
+        f"device 0 procs self:{PROCESS_BYTES} 4242:{GiB}\n"
+    )
+    return {
+        "PYTHONPATH": os.pathsep.join([str(PKG), str(PKG / "tests")]),
+        "MEMPROBE_NVML_LIBRARY": str(nvml),
+        "MEMPROBE_GPU_BACKEND": "nvml",
+        "CUDA_VISIBLE_DEVICES": None,
+        "OOM_DIR": str(tmp_path),
+    }
+
+
+def _interposer():
+    """libmemprobe_interpose.so: beside the library under test (an installed
+    prefix), or in the cargo target directory."""
+    target = os.environ.get("CARGO_TARGET_DIR") or str(ROOT / "target")
+    for cand in (
+        os.environ.get("MEMPROBE_INTERPOSE_LIBRARY"),
+        os.path.join(os.path.dirname(memprobe.library_path()), "libmemprobe_interpose.so"),
+        os.path.join(target, "debug", "libmemprobe_interpose.so"),
+        os.path.join(target, "release", "libmemprobe_interpose.so"),
+    ):
+        if cand and os.path.exists(cand):
+            return cand
+    require(False, "libmemprobe_interpose.so not found (cargo build -p memprobe-interpose-preload)")
+
+
+OBSERVER_CHILD = """
+import json, os, sys
+from fake_torch_cuda import FakeCuda
+import torch, memprobe
+from memprobe.integrations.torch import allocator_sources, report_oom
+GiB, MiB = 1 << 30, 1 << 20
+cuda = FakeCuda(devices=1)
+cuda.install()
+path = os.path.join(os.environ["OOM_DIR"], "observer.json")
+srcs = allocator_sources(0)
+t = memprobe.Tracker([memprobe.Source.process()] + list(srcs))
+report_oom(t, path=path)
+seen = {}
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.setdefault("file_at_observer", os.path.exists(path)))
+r = {"kind": "observer"}
+t.begin("epoch")
+for _ in range(3):
+    t.begin("step"); cuda.alloc(256 * MiB); cuda.free(256 * MiB); t.end("step")
+t.begin("step")
+cuda.alloc(GiB)
+free = cuda.total - cuda.now[0]["reserved"]
+r["ask"], r["free_before"] = free + 4 * GiB, free
+try:
+    cuda.oom(r["ask"])
+    r["raised"] = False
+except torch.cuda.OutOfMemoryError as e:
+    r["raised"], r["message"] = True, str(e)
+r["reserved_after"], r["allocated_after"] = cuda.now[0]["reserved"], cuda.now[0]["allocated"]
+r["nvml_process_bytes"] = int(os.environ["PROCESS_BYTES"])
+for _ in range(5):
+    try:
+        cuda.oom(r["ask"])
+    except torch.cuda.OutOfMemoryError:
+        pass
+st = t.oom_status()
+r["status"] = {"reports_written": st.reports_written, "triggers_seen": st.triggers_seen, "later_triggers": st.later_triggers}
+t.end("step"); t.end("epoch")
+r["seen"] = seen
+t.close(); srcs.close()
+r["doc"] = json.load(open(path))
+print(json.dumps(r))
+"""
+
+DRIVER_CHILD = """
+import ctypes, json, os
+import memprobe
+GiB, MiB = 1 << 30, 1 << 20
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+alloc, free_ = cu.cuMemAlloc_v2, cu.cuMemFree_v2
+alloc.argtypes, free_.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t], [ctypes.c_uint64]
+path = os.path.join(os.environ["OOM_DIR"], "driver.json")
+# A framework's allocator, pushed as torch's would be: what it holds.
+torch_alloc = memprobe.Source.pushed("torch_alloc:0")
+t = memprobe.Tracker([memprobe.Source.process(), torch_alloc, memprobe.Source.gpu_exact(0)])
+t.set_oom_report(path, driver=True)
+r = {"kind": "driver", "seen": {}}
+t.begin("epoch")
+for _ in range(3):
+    t.begin("step")
+    p = ctypes.c_uint64()
+    assert alloc(ctypes.byref(p), 256 * MiB) == 0
+    torch_alloc.push(256 * MiB)
+    assert free_(p) == 0
+    torch_alloc.push(0)
+    t.end("step")
+t.begin("step")
+hold = ctypes.c_uint64()
+assert alloc(ctypes.byref(hold), GiB) == 0
+torch_alloc.push(GiB)
+r["free_before"] = 15 * GiB
+r["ask"] = 20 * GiB
+q = ctypes.c_uint64()
+rc = alloc(ctypes.byref(q), r["ask"])
+r["raised"], r["message"] = rc == 2, f"CUresult {rc}"
+r["seen"]["file_at_observer"] = os.path.exists(path)  # when the error came back
+r["reserved_after"] = GiB
+r["nvml_process_bytes"] = int(os.environ["PROCESS_BYTES"])
+for _ in range(5):
+    assert alloc(ctypes.byref(q), r["ask"]) == 2
+st = t.oom_status()
+r["status"] = {"reports_written": st.reports_written, "triggers_seen": st.triggers_seen, "later_triggers": st.later_triggers}
+t.end("step"); t.end("epoch")
+t.close()
+assert free_(hold) == 0
+r["doc"] = json.load(open(path))
+print(json.dumps(r))
+"""
+
+
+def _run_child(code, env):
+    r = run_python(code, env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _all_pass(results):
+    checks = _validation_script().check_report(results)
+    failed = [c for c in checks if not c[1]]
+    assert checks and not failed, failed
+    return checks
+
+
+def test_the_validation_checks_pass_on_the_observer_over_the_fakes(fake_gpu_env):
+    require_module("torch", "torch")
+    env = dict(fake_gpu_env, PROCESS_BYTES=str(PROCESS_BYTES))
+    r = _run_child(OBSERVER_CHILD, env)
+    checks = _all_pass(r)
+    assert len(checks) >= 15
+    # The checks can fail: a report that lost its open phases.
+    r["doc"]["open_phases"] = {"available": False, "reason": "busy", "phases": []}
+    assert any(not ok for _, ok, _ in _validation_script().check_report(r))
+
+
+def test_the_validation_checks_pass_on_the_driver_trigger_through_the_interposer(fake_gpu_env, tmp_path):
+    driver_dir = tmp_path / "driver"
+    driver_dir.mkdir()
+    _cc(driver_dir / "libcuda.so.1", "fake_cuda.c", "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic")
+    env = dict(
+        fake_gpu_env,
+        PROCESS_BYTES=str(PROCESS_BYTES),
+        LD_PRELOAD=_interposer(),
+        LD_LIBRARY_PATH=str(driver_dir),
+        MEMPROBE_GPU_EXACT_DIR=str(tmp_path / "regions"),
+        MEMPROBE_GPU_EXACT=None,
+        FAKE_CUDA_DEVICES="1",
+    )
+    r = _run_child(DRIVER_CHILD, env)
+    _all_pass(r)
+    doc = r["doc"]
+    assert doc["failed_allocation"]["reported_by"] == "cuMemAlloc_v2"
+    exact = {s["name"]: s for s in doc["open_phases"]["phases"][1]["sources"]}["gpu_exact:0"]
+    assert exact["peak"] == GiB and exact["fidelity"] == "exact"
+    assert doc["later_triggers"]["count"] == 5
