@@ -483,9 +483,13 @@ pub enum OomOutcome {
     Counted,
 }
 
+/// What the reporter decides and counts. Never held while a report is
+/// built or written, so a phase that ends meanwhile does not wait for one.
 struct State {
-    options: OomReportOptions,
+    triggers: OomTriggers,
+    keep_ended: usize,
     sources: Vec<SourceInfo>,
+    gpu: Option<Arc<dyn OomGpuProvider>>,
     ended: VecDeque<Record>,
     ended_total: u64,
     armed: bool,
@@ -500,11 +504,25 @@ struct State {
     attachment: Option<Box<dyn Send>>,
 }
 
+/// Where reports go; held while one is built and written, which orders
+/// the triggers. Taken before [`State`] when both are needed, never after.
+struct Outputs {
+    path: Option<PathBuf>,
+    json_writer: Option<Box<dyn Write + Send>>,
+    summary_writer: Option<Box<dyn Write + Send>>,
+    callback: Option<OomCallback>,
+}
+
+struct Shared {
+    state: Lock<State>,
+    out: Lock<Outputs>,
+}
+
 /// A tracker's out-of-memory reporter, shared with hooks that fire outside
 /// the tracker's calls (the GPU driver's). Cheap to clone.
 #[derive(Clone)]
 pub struct OomReporter {
-    state: Arc<Lock<State>>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for OomReporter {
@@ -544,35 +562,49 @@ fn check_options(o: &OomReportOptions) -> Result<()> {
     Ok(())
 }
 
+fn removed() -> Error {
+    Error::wrong_order("the out-of-memory report was removed")
+}
+
 impl OomReporter {
     fn new(options: OomReportOptions, sources: Vec<SourceInfo>) -> Result<OomReporter> {
         check_options(&options)?;
         let keep = options.keep_ended;
         Ok(OomReporter {
-            state: Arc::new(Lock::new(State {
-                options,
-                sources,
-                ended: VecDeque::with_capacity(keep.min(64)),
-                ended_total: 0,
-                armed: true,
-                closed: false,
-                reports_written: 0,
-                triggers_seen: 0,
-                later: 0,
-                later_last: None,
-                last_report: None,
-                last_error: None,
-                attachment: None,
-            })),
+            shared: Arc::new(Shared {
+                state: Lock::new(State {
+                    triggers: options.triggers,
+                    keep_ended: keep,
+                    sources,
+                    gpu: options.gpu,
+                    ended: VecDeque::with_capacity(keep.min(64)),
+                    ended_total: 0,
+                    armed: true,
+                    closed: false,
+                    reports_written: 0,
+                    triggers_seen: 0,
+                    later: 0,
+                    later_last: None,
+                    last_report: None,
+                    last_error: None,
+                    attachment: None,
+                }),
+                out: Lock::new(Outputs {
+                    path: options.path,
+                    json_writer: options.json_writer,
+                    summary_writer: options.summary_writer,
+                    callback: options.callback,
+                }),
+            }),
         })
     }
 
     /// Where the reporter stands.
     pub fn status(&self) -> Result<OomStatus> {
-        let st = self.state.lock()?;
+        let st = self.shared.state.lock()?;
         Ok(OomStatus {
             armed: st.armed && !st.closed,
-            triggers: st.options.triggers,
+            triggers: st.triggers,
             reports_written: st.reports_written,
             triggers_seen: st.triggers_seen,
             later_triggers: st.later,
@@ -583,22 +615,22 @@ impl OomReporter {
     /// Whether the next trigger writes a report (a hook measures the open
     /// phases only then).
     pub fn armed(&self) -> bool {
-        self.state.lock().is_ok_and(|s| s.armed && !s.closed)
+        self.shared.state.lock().is_ok_and(|s| s.armed && !s.closed)
     }
 
     /// Whether the reporter was removed or its tracker dropped: hooks
     /// holding it stop.
     pub fn is_closed(&self) -> bool {
-        self.state.lock().map_or(true, |s| s.closed)
+        self.shared.state.lock().map_or(true, |s| s.closed)
     }
 
     /// Whether `trigger` is configured.
     pub fn accepts(&self, trigger: OomTrigger) -> bool {
-        self.state.lock().is_ok_and(|s| {
+        self.shared.state.lock().is_ok_and(|s| {
             !s.closed
                 && match trigger {
-                    OomTrigger::Driver => s.options.triggers.driver,
-                    OomTrigger::Caller => s.options.triggers.caller,
+                    OomTrigger::Driver => s.triggers.driver,
+                    OomTrigger::Caller => s.triggers.caller,
                 }
         })
     }
@@ -607,9 +639,9 @@ impl OomReporter {
     /// subscription, which ends when it is dropped).
     pub fn attach(&self, guard: Box<dyn Send>) -> Result<()> {
         let old = {
-            let mut st = self.state.lock()?;
+            let mut st = self.shared.state.lock()?;
             if st.closed {
-                return Err(Error::wrong_order("the out-of-memory report was removed"));
+                return Err(removed());
             }
             st.attachment.replace(guard)
         };
@@ -621,12 +653,12 @@ impl OomReporter {
     /// (replacing the file). When triggers were counted since the last
     /// report, its file is first written again with their count.
     pub fn rearm(&self) -> Result<()> {
-        let mut st = self.state.lock()?;
-        if st.closed {
-            return Err(Error::wrong_order("the out-of-memory report was removed"));
+        let mut out = self.shared.out.lock()?;
+        if self.is_closed() {
+            return Err(removed());
         }
-        let done = st.settle_later();
-        st.armed = true;
+        let done = self.settle_later(&mut out);
+        self.shared.state.lock()?.armed = true;
         done
     }
 
@@ -634,62 +666,71 @@ impl OomReporter {
     /// `open` is the open phases measured by the caller (or why not).
     ///
     /// # Errors
-    /// [`ErrorKind::WrongOrder`](crate::ErrorKind::WrongOrder) when the reporter was removed or `failed`'s
-    /// trigger is not configured; the first destination's write error (the
-    /// others are still written, and the reporter is disarmed all the same).
+    /// [`ErrorKind::WrongOrder`](crate::ErrorKind::WrongOrder) when the
+    /// reporter was removed or `failed`'s trigger is not configured, or when
+    /// called from a report's own callback; the first destination's write
+    /// error (the others are still written, and the reporter is disarmed all
+    /// the same).
     pub fn trigger(
         &self,
         failed: FailedAllocation,
         open: std::result::Result<Vec<OpenPhase>, String>,
     ) -> Result<OomOutcome> {
-        let mut st = self.state.lock()?;
-        if st.closed {
-            return Err(Error::wrong_order("the out-of-memory report was removed"));
-        }
-        let wanted = match failed.trigger {
-            OomTrigger::Driver => st.options.triggers.driver,
-            OomTrigger::Caller => st.options.triggers.caller,
+        let mut out = self.shared.out.lock()?;
+        let (report, gpu) = {
+            let mut st = self.shared.state.lock()?;
+            if st.closed {
+                return Err(removed());
+            }
+            let wanted = match failed.trigger {
+                OomTrigger::Driver => st.triggers.driver,
+                OomTrigger::Caller => st.triggers.caller,
+            };
+            if !wanted {
+                return Err(Error::wrong_order(format!(
+                    "out-of-memory reports are not configured for the {} trigger",
+                    failed.trigger.as_str()
+                )));
+            }
+            st.triggers_seen += 1;
+            if !st.armed {
+                st.later += 1;
+                st.later_last = Some(failed);
+                return Ok(OomOutcome::Counted);
+            }
+            st.armed = false;
+            st.later = 0;
+            st.later_last = None;
+            let report = OutOfMemoryReport {
+                pid: std::process::id(),
+                written_at_unix_ns: unix_ns(),
+                written_at_ns: monotonic_ns(),
+                failed,
+                sources: st.sources.clone(),
+                open_phases: open,
+                ended_phases: st.ended.iter().cloned().collect(),
+                keep_ended: st.keep_ended,
+                ended_total: st.ended_total,
+                gpus: Err(String::new()),
+                driver_counts: Err(String::new()),
+                reports_before: st.reports_written,
+                later_count: 0,
+                later_last: None,
+            };
+            st.reports_written += 1;
+            (report, st.gpu.clone())
         };
-        if !wanted {
-            return Err(Error::wrong_order(format!(
-                "out-of-memory reports are not configured for the {} trigger",
-                failed.trigger.as_str()
-            )));
-        }
-        st.triggers_seen += 1;
-        if !st.armed {
-            st.later += 1;
-            st.later_last = Some(failed);
-            return Ok(OomOutcome::Counted);
-        }
-        st.armed = false;
-        let gpu = st.options.gpu.clone();
-        let report = OutOfMemoryReport {
-            pid: std::process::id(),
-            written_at_unix_ns: unix_ns(),
-            written_at_ns: monotonic_ns(),
-            failed,
-            sources: st.sources.clone(),
-            open_phases: open,
-            ended_phases: st.ended.iter().cloned().collect(),
-            keep_ended: st.options.keep_ended,
-            ended_total: st.ended_total,
-            gpus: gpu.as_ref().map_or_else(
-                || Err("no GPU provider was given to this tracker".to_owned()),
-                |g| g.devices(),
-            ),
-            driver_counts: gpu.as_ref().map_or_else(
-                || Err("no GPU provider was given to this tracker".to_owned()),
-                |g| g.driver_counts(),
-            ),
-            reports_before: st.reports_written,
-            later_count: 0,
-            later_last: None,
-        };
-        st.reports_written += 1;
-        st.later = 0;
-        st.later_last = None;
-        let done = st.write(&report, true);
+        // The GPUs are read without the state's lock.
+        let mut report = report;
+        const NONE: &str = "no GPU provider was given to this tracker";
+        report.gpus = gpu
+            .as_ref()
+            .map_or_else(|| Err(NONE.to_owned()), |g| g.devices());
+        report.driver_counts = gpu
+            .as_ref()
+            .map_or_else(|| Err(NONE.to_owned()), |g| g.driver_counts());
+        let done = out.write(&report, true);
+        let mut st = self.shared.state.lock()?;
         st.last_error = done.as_ref().err().cloned();
         st.last_report = Some(report);
         done.map(|()| OomOutcome::Written)
@@ -699,12 +740,12 @@ impl OomReporter {
     pub(crate) fn on_record(&self, record: &Record) {
         // Refused only on re-entry (a report's callback ending a phase):
         // that record is then not in the ring, nothing else is lost.
-        if let Ok(mut st) = self.state.lock() {
+        if let Ok(mut st) = self.shared.state.lock() {
             if st.closed {
                 return;
             }
             st.ended_total += 1;
-            let keep = st.options.keep_ended;
+            let keep = st.keep_ended;
             if keep == 0 {
                 return;
             }
@@ -718,30 +759,60 @@ impl OomReporter {
     /// The tracker is done with it (dropped, or the report removed):
     /// counted triggers are settled, hooks stop, the attachment goes.
     pub(crate) fn close(&self) {
-        let attachment = match self.state.lock() {
+        let Ok(mut out) = self.shared.out.lock() else {
+            return;
+        };
+        if self.is_closed() {
+            return;
+        }
+        let _ = self.settle_later(&mut out);
+        let attachment = match self.shared.state.lock() {
             Ok(mut st) => {
-                if st.closed {
-                    return;
-                }
-                let _ = st.settle_later();
                 st.closed = true;
                 st.attachment.take()
             }
             Err(_) => None,
         };
-        // Dropped without the lock: ending a subscription takes another.
+        drop(out);
+        // Dropped without the locks: ending a subscription takes another.
         drop(attachment);
+    }
+
+    /// Writes the last report's file again with the triggers counted since
+    /// (when there were any), then forgets them. `out` is held by the caller.
+    fn settle_later(&self, out: &mut Outputs) -> Result<()> {
+        let report = {
+            let mut st = self.shared.state.lock()?;
+            if st.later == 0 {
+                return Ok(());
+            }
+            let count = std::mem::take(&mut st.later);
+            let last = st.later_last.take();
+            st.last_report.as_mut().map(|r| {
+                r.later_count = count;
+                r.later_last = last;
+                r.clone()
+            })
+        };
+        let Some(report) = report else {
+            return Ok(());
+        };
+        let done = out.write(&report, false);
+        if let Err(e) = &done {
+            self.shared.state.lock()?.last_error = Some(e.clone());
+        }
+        done
     }
 }
 
-impl State {
+impl Outputs {
     /// Writes the report to every destination (`first`: the writers and the
     /// callback too; a rewrite goes to the file only). Returns the first
     /// error.
     fn write(&mut self, report: &OutOfMemoryReport, first: bool) -> Result<()> {
         let json = report.to_json();
         let mut errors: Vec<Error> = Vec::new();
-        if let Some(path) = &self.options.path {
+        if let Some(path) = &self.path {
             let done = AtomicFile::create(path).and_then(|f| {
                 f.write(json.as_bytes())?;
                 f.write(b"\n")?;
@@ -755,43 +826,22 @@ impl State {
             return errors.into_iter().next().map_or(Ok(()), Err);
         }
         let summary = report.summary();
-        if let Some(w) = self.options.json_writer.as_mut() {
+        if let Some(w) = self.json_writer.as_mut() {
             let mut doc = json.clone();
             doc.push('\n');
             if let Err(e) = w.write_all(doc.as_bytes()).and_then(|()| w.flush()) {
                 errors.push(Error::io("out-of-memory report (JSON writer)", &e));
             }
         }
-        if let Some(w) = self.options.summary_writer.as_mut() {
+        if let Some(w) = self.summary_writer.as_mut() {
             if let Err(e) = w.write_all(summary.as_bytes()).and_then(|()| w.flush()) {
                 errors.push(Error::io("out-of-memory report (summary writer)", &e));
             }
         }
-        if let Some(cb) = self.options.callback.as_mut() {
+        if let Some(cb) = self.callback.as_mut() {
             cb(report, &json, &summary);
         }
         errors.into_iter().next().map_or(Ok(()), Err)
-    }
-
-    /// Writes the last report's file again with the triggers counted since
-    /// (when there were any), then forgets them.
-    fn settle_later(&mut self) -> Result<()> {
-        if self.later == 0 {
-            return Ok(());
-        }
-        let mut done = Ok(());
-        if let Some(mut report) = self.last_report.take() {
-            report.later_count = self.later;
-            report.later_last = self.later_last.take();
-            done = self.write(&report, false);
-            if let Err(e) = &done {
-                self.last_error = Some(e.clone());
-            }
-            self.last_report = Some(report);
-        }
-        self.later = 0;
-        self.later_last = None;
-        done
     }
 }
 
@@ -1649,6 +1699,57 @@ mod tests {
         ));
         assert!(doc.contains("\"requested_bytes\":null"));
         assert!(doc.contains("\"location\":\"unknown\",\"device\":null"));
+    }
+
+    #[test]
+    fn a_report_being_written_never_blocks_the_training_loop() {
+        // A hook's trigger (outside any tracker call, as the driver's is)
+        // whose callback blocks: phases end meanwhile, and the callback
+        // cannot trigger the reporter again.
+        let t = Arc::new(Lock::new(tracker()));
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let go_rx = Mutex::new(go_rx);
+        let inner: Arc<Mutex<Option<OomReporter>>> = Arc::default();
+        let inner2 = inner.clone();
+        let again: Arc<Mutex<Option<ErrorKind>>> = Arc::default();
+        let again2 = again.clone();
+        let r = t
+            .lock()
+            .unwrap()
+            .set_oom_report(Some(OomReportOptions {
+                callback: Some(Box::new(move |_, _, _| {
+                    let me = inner2.lock().unwrap().clone().unwrap();
+                    let f =
+                        FailedAllocation::new(OomTrigger::Caller, OomLocation::Unknown, None, "x");
+                    *again2.lock().unwrap() = me.trigger(f, Ok(vec![])).err().map(|e| e.kind());
+                    entered_tx.send(()).unwrap();
+                    go_rx.lock().unwrap().recv().unwrap();
+                })),
+                ..OomReportOptions::default()
+            }))
+            .unwrap()
+            .unwrap();
+        *inner.lock().unwrap() = Some(r.clone());
+        t.lock().unwrap().begin(PhaseKind::Step, None).unwrap();
+        let hook = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let f =
+                    FailedAllocation::new(OomTrigger::Caller, OomLocation::Device(0), None, "x");
+                r.trigger(f, Err("hook".into())).unwrap()
+            })
+        };
+        entered_rx.recv().unwrap();
+        for _ in 0..3 {
+            t.lock().unwrap().next(PhaseKind::Step, None).unwrap();
+        }
+        assert_eq!(r.status().unwrap().reports_written, 1);
+        go_tx.send(()).unwrap();
+        assert_eq!(hook.join().unwrap(), OomOutcome::Written);
+        assert_eq!(*again.lock().unwrap(), Some(ErrorKind::WrongOrder));
+        t.lock().unwrap().set_oom_report(None).unwrap();
+        assert!(r.is_closed());
     }
 
     #[test]
