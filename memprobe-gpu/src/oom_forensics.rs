@@ -57,29 +57,35 @@ impl OomGpuProvider for GpuOomForensics {
                 return Err(self
                     .gpus
                     .unavailable_reason()
-                    .map_or_else(|| "no GPU backend".to_owned(), ToString::to_string))
+                    .map_or_else(|| "no GPU backend".to_owned(), |e| e.message().to_owned()))
             }
         }
-        let count = self.gpus.device_count().map_err(|e| e.to_string())?;
+        let count = self
+            .gpus
+            .device_count()
+            .map_err(|e| e.message().to_owned())?;
         let me = OwnPids::current();
         let mut out = Vec::with_capacity(count as usize);
         for id in 0..count {
             let device = match self.gpus.device_ref(id) {
                 Ok(h) => {
                     let info = h.info();
-                    let processes = h.processes().map_err(|e| e.to_string()).map(|list| {
-                        list.iter()
-                            .map(|p| OomGpuProcess {
-                                pid: p.pid,
-                                used_bytes: p.used,
-                                list: match p.kind {
-                                    GpuProcessKind::Compute => OomProcessList::Compute,
-                                    GpuProcessKind::Graphics => OomProcessList::Graphics,
-                                },
-                                this_process: p.pid == me.outermost || p.pid == me.own,
-                            })
-                            .collect()
-                    });
+                    let processes = h
+                        .processes()
+                        .map_err(|e| e.message().to_owned())
+                        .map(|list| {
+                            list.iter()
+                                .map(|p| OomGpuProcess {
+                                    pid: p.pid,
+                                    used_bytes: p.used,
+                                    list: match p.kind {
+                                        GpuProcessKind::Compute => OomProcessList::Compute,
+                                        GpuProcessKind::Graphics => OomProcessList::Graphics,
+                                    },
+                                    this_process: p.pid == me.outermost || p.pid == me.own,
+                                })
+                                .collect()
+                        });
                     OomGpuDevice {
                         id,
                         name: info.name.clone(),
@@ -87,7 +93,7 @@ impl OomGpuProvider for GpuOomForensics {
                         memory: h
                             .memory()
                             .map(|m| (m.total, m.free, m.used))
-                            .map_err(|e| e.to_string()),
+                            .map_err(|e| e.message().to_owned()),
                         processes,
                     }
                 }
@@ -95,8 +101,8 @@ impl OomGpuProvider for GpuOomForensics {
                     id,
                     name: None,
                     uuid: None,
-                    memory: Err(e.to_string()),
-                    processes: Err(e.to_string()),
+                    memory: Err(e.message().to_owned()),
+                    processes: Err(e.message().to_owned()),
                 },
             };
             out.push(device);
