@@ -32,6 +32,11 @@
  * - Callbacks (custom source reads, report lines) may run on the monitor
  *   thread. A callback must not call back into the object that invoked it
  *   (MEMPROBE_STATUS_WRONG_ORDER); other memprobe calls are allowed.
+ * - Option structs that may grow (memprobe_oom_report_options,
+ *   memprobe_oom_event) start with `uint32_t struct_size`: zero-initialise
+ *   the struct and set struct_size = sizeof(the struct); a zero field means
+ *   "none" or "the default". A smaller size is INVALID_ARGUMENT; a larger
+ *   one (a newer header) is accepted when the fields beyond are zero.
  * - Panics never cross this boundary: MEMPROBE_STATUS_PANIC is returned.
  * - memprobe never prints unless asked: trace reports go to the file
  *   descriptor or callback chosen (standard error by default).
@@ -111,6 +116,59 @@
  * The longest monitor interval accepted, nanoseconds (1 hour).
  */
 #define MEMPROBE_MONITOR_MAX_INTERVAL_NS 3600000000000
+
+/**
+ * `memprobe_oom_report_options.triggers` bit: the GPU driver failing a
+ * counted allocation with CUDA_ERROR_OUT_OF_MEMORY, seen by memprobe's
+ * interposer (libmemprobe_interpose.so must be loaded).
+ */
+#define MEMPROBE_OOM_TRIGGER_DRIVER 1
+
+/**
+ * `memprobe_oom_report_options.triggers` bit: the caller's reports
+ * (memprobe_tracker_report_oom, memprobe_tracker_report_oom_event).
+ */
+#define MEMPROBE_OOM_TRIGGER_CALLER 2
+
+/**
+ * Ended phases a report keeps when `keep_ended` is 0.
+ */
+#define MEMPROBE_OOM_KEEP_ENDED_DEFAULT 8
+
+/**
+ * The most ended phases a report keeps.
+ */
+#define MEMPROBE_OOM_KEEP_ENDED_MAX 4096
+
+/**
+ * A device argument of memprobe_tracker_report_oom: not known.
+ */
+#define MEMPROBE_OOM_DEVICE_UNKNOWN -1
+
+/**
+ * `memprobe_oom_event.valid`: `device_total_bytes` holds a value.
+ */
+#define MEMPROBE_OOM_EVENT_DEVICE_TOTAL 1
+
+/**
+ * `memprobe_oom_event.valid`: `device_free_bytes` holds a value.
+ */
+#define MEMPROBE_OOM_EVENT_DEVICE_FREE 2
+
+/**
+ * `memprobe_oom_cache.valid`: `reserved_bytes` holds a value.
+ */
+#define MEMPROBE_OOM_CACHE_RESERVED 1
+
+/**
+ * `memprobe_oom_cache.valid`: `allocated_bytes` holds a value.
+ */
+#define MEMPROBE_OOM_CACHE_ALLOCATED 2
+
+/**
+ * `memprobe_oom_cache.valid`: `releasable_bytes` holds a value.
+ */
+#define MEMPROBE_OOM_CACHE_RELEASABLE 4
 
 /**
  * `memprobe_sample.valid`: `total` holds a value.
@@ -638,6 +696,169 @@ typedef struct {
    */
   uint64_t interval_ns;
 } memprobe_monitor_stats;
+
+/**
+ * Receives each out-of-memory report: the JSON document and the summary
+ * for people (both NUL-terminated, valid during the call), and user data.
+ * It runs on the thread of the trigger — for the driver's, inside the
+ * failing allocation — so it must make no CUDA call and must not call back
+ * into the same tracker.
+ */
+typedef void (*memprobe_oom_report_fn)(const char *json, const char *summary, void *user_data);
+
+/**
+ * How a tracker reports out-of-memory (memprobe_tracker_set_oom_report).
+ * Zero-initialise it, set `struct_size = sizeof(memprobe_oom_report_options)`,
+ * then the fields wanted: a zero field means "none" or "the default".
+ */
+typedef struct {
+  /**
+   * sizeof(memprobe_oom_report_options) as the caller was compiled with:
+   * the version of this struct. Fields are only added at the end; a
+   * larger size from a newer header is accepted when the fields this
+   * library does not know are zero.
+   */
+  uint32_t struct_size;
+  /**
+   * MEMPROBE_OOM_TRIGGER_* bits (at least one).
+   */
+  uint32_t triggers;
+  /**
+   * A file for the JSON, written under a temporary name beside it and
+   * renamed into place (it appears whole or not at all); NULL: none.
+   */
+  const char *path;
+  /**
+   * A file descriptor (open for writing; not closed by memprobe) for the
+   * JSON document and a newline; 0 or -1: none.
+   */
+  int32_t json_fd;
+  /**
+   * A file descriptor for the summary for people (e.g. 2, standard
+   * error); 0 or -1: none.
+   */
+  int32_t summary_fd;
+  /**
+   * A function receiving each report; NULL: none.
+   */
+  memprobe_oom_report_fn callback;
+  /**
+   * Passed to `callback`.
+   */
+  void *user_data;
+  /**
+   * Ended phases kept for the report (0: MEMPROBE_OOM_KEEP_ENDED_DEFAULT;
+   * at most MEMPROBE_OOM_KEEP_ENDED_MAX).
+   */
+  uint32_t keep_ended;
+} memprobe_oom_report_options;
+
+/**
+ * A framework's cache on one device, for memprobe_oom_event.
+ */
+typedef struct {
+  /**
+   * The device (CUDA ordinal as the process sees it).
+   */
+  uint32_t device;
+  /**
+   * MEMPROBE_OOM_CACHE_* bits: which figures hold a value.
+   */
+  uint32_t valid;
+  /**
+   * Bytes the cache holds from the driver (PyTorch: reserved).
+   */
+  uint64_t reserved_bytes;
+  /**
+   * Bytes of it in use (PyTorch: allocated).
+   */
+  uint64_t allocated_bytes;
+  /**
+   * Bytes releasing the cache would give back to the driver, by the
+   * framework's own account.
+   */
+  uint64_t releasable_bytes;
+} memprobe_oom_cache;
+
+/**
+ * An out-of-memory failure reported by the caller, with everything it
+ * knows (memprobe_tracker_report_oom_event). Zero-initialise it and set
+ * `struct_size = sizeof(memprobe_oom_event)`.
+ */
+typedef struct {
+  /**
+   * sizeof(memprobe_oom_event), as for memprobe_oom_report_options.
+   */
+  uint32_t struct_size;
+  /**
+   * The device (CUDA ordinal), or MEMPROBE_OOM_DEVICE_UNKNOWN.
+   */
+  int32_t device;
+  /**
+   * The bytes asked for; 0: not known.
+   */
+  uint64_t requested_bytes;
+  /**
+   * Who reports it (1 to 64 printable bytes, e.g. "torch"); NULL: "caller".
+   */
+  const char *reported_by;
+  /**
+   * The caller's detail (an exception's message); NULL: none.
+   */
+  const char *detail;
+  /**
+   * MEMPROBE_OOM_EVENT_* bits: which figures below hold a value.
+   */
+  uint32_t valid;
+  /**
+   * Entries in `caches`.
+   */
+  uint32_t n_caches;
+  /**
+   * The device's total as the reporter saw it (PyTorch's observer: the
+   * device's total, or the allowed maximum under a memory fraction).
+   */
+  uint64_t device_total_bytes;
+  /**
+   * The device's free bytes at the failure, as the reporter saw them.
+   */
+  uint64_t device_free_bytes;
+  /**
+   * The reporter's caches per device (`n_caches` entries; NULL when 0).
+   */
+  const memprobe_oom_cache *caches;
+} memprobe_oom_event;
+
+/**
+ * Where a tracker's out-of-memory report stands.
+ */
+typedef struct {
+  /**
+   * The next trigger writes a report.
+   */
+  bool armed;
+  /**
+   * The configured MEMPROBE_OOM_TRIGGER_* bits.
+   */
+  uint32_t triggers;
+  /**
+   * Reports written (one per arming).
+   */
+  uint64_t reports_written;
+  /**
+   * Triggers seen, written or not.
+   */
+  uint64_t triggers_seen;
+  /**
+   * Triggers since the last report, counted and not written.
+   */
+  uint64_t later_triggers;
+  /**
+   * MEMPROBE_STATUS_OK, or the status of the last report's failed write
+   * (its message is not kept).
+   */
+  uint32_t last_write_status;
+} memprobe_oom_status;
 
 /**
  * The read function of a custom source: store the bytes in use in
@@ -1213,6 +1434,81 @@ memprobe_status memprobe_monitor_get_stats(memprobe_monitor_stats *out);
  * running on the monitor thread.
  */
 memprobe_status memprobe_monitor_stop(void);
+
+/**
+ * Configures the tracker's out-of-memory report: when an allocation fails
+ * for lack of GPU memory, ONE report is written — the failed allocation
+ * (device, bytes asked, who reported it, detail, time), the open phases with
+ * each source's peak so far, the last `keep_ended` ended phases, each GPU's
+ * per-process use (NVML), what releasing caches would free where known —
+ * as JSON (docs/oom-report.schema.json) and as a summary for people, to the
+ * destinations chosen (at least one). Triggers: MEMPROBE_OOM_TRIGGER_DRIVER
+ * (memprobe's interposer sees the driver fail a counted allocation; the
+ * report is written on the failing thread before the error returns,
+ * unchanged, to the program) and MEMPROBE_OOM_TRIGGER_CALLER
+ * (memprobe_tracker_report_oom). The first trigger writes the report;
+ * later ones are counted (memprobe_tracker_oom_status), and when there were
+ * any the file at `path` is written once more with their count when the
+ * report is re-armed, removed, or the tracker freed. See docs/oom.md.
+ * `options` NULL removes the report (a no-op when none is configured).
+ *
+ * Errors: NULL_POINTER (tracker), INVALID_HANDLE, INVALID_ARGUMENT (a
+ * struct_size smaller than sizeof(memprobe_oom_report_options), unknown
+ * trigger bits, no trigger, no destination, keep_ended above
+ * MEMPROBE_OOM_KEEP_ENDED_MAX, a descriptor not open for writing, a path
+ * naming a directory), UNAVAILABLE (the driver trigger without the
+ * interposer loaded — it says how to load it — or with counting switched
+ * off; a path whose directory is missing), WRONG_ORDER (already configured:
+ * remove it first). On error nothing changes.
+ */
+memprobe_status memprobe_tracker_set_oom_report(memprobe_tracker *tracker, const memprobe_oom_report_options *options);
+
+/**
+ * Reports an allocation that failed for lack of memory (e.g. a C++ trainer
+ * catching c10::OutOfMemoryError): on `device` (MEMPROBE_OOM_DEVICE_UNKNOWN
+ * when not known), asking `requested_bytes` (0: not known), with the
+ * caller's `detail` (NULL: none); reported by "caller". The first report
+ * after configuration (or re-arming) is written, with the open phases
+ * measured now; later ones are counted. OK either way.
+ *
+ * Errors: NULL_POINTER, INVALID_HANDLE, INVALID_ID (device below -1),
+ * INVALID_ARGUMENT (detail not UTF-8), WRONG_ORDER (no report configured,
+ * or configured without MEMPROBE_OOM_TRIGGER_CALLER), a destination's
+ * failure (e.g. IO; the report is then used up all the same).
+ */
+memprobe_status memprobe_tracker_report_oom(memprobe_tracker *tracker, int32_t device, uint64_t requested_bytes, const char *detail);
+
+/**
+ * As memprobe_tracker_report_oom, with everything the reporter knows: who
+ * reports it (a framework: "torch"), the device's total and free bytes as
+ * it saw them, and its caches per device (so that the report can say what
+ * releasing them would free).
+ *
+ * Errors: as memprobe_tracker_report_oom; NULL_POINTER for a NULL `event`,
+ * or NULL `caches` with `n_caches` > 0; INVALID_ARGUMENT for a small
+ * struct_size, unknown `valid` bits, a `reported_by` that is not 1 to 64
+ * printable bytes, more than 64 caches.
+ */
+memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, const memprobe_oom_event *event);
+
+/**
+ * Where the tracker's out-of-memory report stands: armed, triggers, reports
+ * written, triggers seen and those counted since the last report, the last
+ * write's status.
+ *
+ * Errors: NULL_POINTER, INVALID_HANDLE, WRONG_ORDER (no report configured).
+ */
+memprobe_status memprobe_tracker_oom_status(const memprobe_tracker *tracker, memprobe_oom_status *out);
+
+/**
+ * Arms the tracker's out-of-memory report again: the next trigger writes a
+ * new report (replacing the file). When triggers were counted since the
+ * last report, its file is first written again with their count.
+ *
+ * Errors: NULL_POINTER, INVALID_HANDLE, WRONG_ORDER (no report configured),
+ * that file's write error.
+ */
+memprobe_status memprobe_tracker_rearm_oom_report(memprobe_tracker *tracker);
 
 /**
  * This process's RSS (`/proc/self/statm`, one pread). By default its peak is

@@ -652,6 +652,28 @@ public:
 /** What a step run under Tracker::run_oom_retry reports. */
 enum class StepOutcome { Done, OutOfMemory };
 
+/** How a tracker reports out-of-memory (Tracker::set_oom_report; docs/oom.md).
+ *  At least one trigger and one destination. */
+struct OomReportOptions {
+    /** memprobe's interposer sees the driver fail an allocation
+     *  (libmemprobe_interpose.so must be loaded). */
+    bool driver = false;
+    /** The program reports it (Tracker::report_oom). */
+    bool caller = true;
+    /** The JSON report's file, written whole or not at all; empty: none. */
+    std::string path;
+    /** A descriptor for the JSON report; -1: none. */
+    int json_fd = -1;
+    /** A descriptor for the summary for people (e.g. 2); -1: none. */
+    int summary_fd = -1;
+    /** Receives each report's JSON and summary, on the thread of the trigger
+     *  (for the driver's, inside the failing allocation: no CUDA call, no call
+     *  on this tracker). An exception it throws is dropped. */
+    std::function<void(const std::string &json, const std::string &summary)> callback;
+    /** Ended phases the report keeps. */
+    std::uint32_t keep_ended = MEMPROBE_OOM_KEEP_ENDED_DEFAULT;
+};
+
 /** The training-loop tracker; sinks finish and the handle is freed by the destructor. */
 class Tracker {
 public:
@@ -669,6 +691,7 @@ public:
           n_(o.n_),
           callbacks_(std::move(o.callbacks_)),
           records_(std::move(o.records_)),
+          oom_callbacks_(std::move(o.oom_callbacks_)),
           keeps_(std::move(o.keeps_)) {}
     Tracker &operator=(Tracker &&) = delete;
     Tracker(const Tracker &) = delete;
@@ -838,7 +861,62 @@ public:
         return r;
     }
 
+    /** Configures the out-of-memory report: when an allocation fails for
+     *  lack of GPU memory, ONE report (the failed allocation, the open phases
+     *  with each source's peak so far, the last ended phases, each GPU's
+     *  processes, what releasing caches would free) goes to the destinations
+     *  chosen. The first trigger writes; later ones are counted (oom_status).
+     *  Throws WRONG_ORDER when one is configured already, UNAVAILABLE for the
+     *  driver trigger without the interposer. */
+    void set_oom_report(const OomReportOptions &o) {
+        memprobe_oom_report_options c{};
+        c.struct_size = sizeof c;
+        c.triggers = (o.driver ? MEMPROBE_OOM_TRIGGER_DRIVER : 0u) | (o.caller ? MEMPROBE_OOM_TRIGGER_CALLER : 0u);
+        c.path = o.path.empty() ? nullptr : o.path.c_str();
+        c.json_fd = o.json_fd;
+        c.summary_fd = o.summary_fd;
+        c.keep_ended = o.keep_ended;
+        if (o.callback) {
+            /* Kept until the tracker goes: the library may call it until then. */
+            oom_callbacks_.push_back(std::unique_ptr<OomFn>(new OomFn(o.callback)));
+            c.callback = &Tracker::call_oom;
+            c.user_data = oom_callbacks_.back().get();
+        }
+        detail::check(memprobe_tracker_set_oom_report(h_, &c));
+    }
+    /** Removes the out-of-memory report (a no-op when none is configured). */
+    void clear_oom_report() { detail::check(memprobe_tracker_set_oom_report(h_, nullptr)); }
+    /** Reports an allocation that failed for lack of memory (e.g. a caught
+     *  c10::OutOfMemoryError): on `device` (MEMPROBE_OOM_DEVICE_UNKNOWN when
+     *  not known), asking `requested_bytes` (0: not known), with `detail`.
+     *  The first report is written; later ones are counted. */
+    void report_oom(int device, std::uint64_t requested_bytes, const std::string &detail = std::string()) {
+        detail::check(memprobe_tracker_report_oom(h_, device, requested_bytes,
+                                                  detail.empty() ? nullptr : detail.c_str()));
+    }
+    /** report_oom with everything the reporter knows (struct_size is set here). */
+    void report_oom(memprobe_oom_event event) {
+        event.struct_size = sizeof event;
+        detail::check(memprobe_tracker_report_oom_event(h_, &event));
+    }
+    /** Where the out-of-memory report stands; throws WRONG_ORDER when none is configured. */
+    memprobe_oom_status oom_status() const {
+        memprobe_oom_status st{};
+        detail::check(memprobe_tracker_oom_status(h_, &st));
+        return st;
+    }
+    /** Arms the report again: the next trigger writes a new one. */
+    void rearm_oom_report() { detail::check(memprobe_tracker_rearm_oom_report(h_)); }
+
 private:
+    using OomFn = std::function<void(const std::string &, const std::string &)>;
+    static void call_oom(const char *json, const char *summary, void *f) noexcept {
+        try {
+            (*static_cast<OomFn *>(f))(json, summary);
+        } catch (...) {
+            /* It may run on any thread (the driver's trigger): nowhere to rethrow. */
+        }
+    }
     memprobe_oom_report run_oom_retry_status(std::function<StepOutcome()> &step, std::uint32_t max_retries,
                                              Status &st) noexcept {
         memprobe_oom_report r{};
@@ -881,6 +959,7 @@ private:
     std::size_t n_ = 0;
     std::vector<std::unique_ptr<std::function<bool()>>> callbacks_;
     std::vector<std::unique_ptr<RecordFn>> records_;
+    std::vector<std::unique_ptr<OomFn>> oom_callbacks_;
     std::vector<detail::Keep> keeps_;
 };
 

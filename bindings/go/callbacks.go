@@ -115,6 +115,21 @@ func mpgoRelease(userData unsafe.Pointer) (rc C.int32_t) {
 	return 0
 }
 
+//export mpgoOOMReport
+func mpgoOOMReport(json *C.char, summary *C.char, userData unsafe.Pointer) {
+	v, ok := callbacks.get(uintptr(userData))
+	if !ok {
+		return
+	}
+	cb := v.(*oomCallback)
+	defer func() {
+		if p := recover(); p != nil {
+			cb.tracker.addErr(fmt.Errorf("out-of-memory report callback panicked: %v", p))
+		}
+	}()
+	cb.fn(C.GoString(json), C.GoString(summary))
+}
+
 //export mpgoStep
 func mpgoStep(userData unsafe.Pointer) (rc C.int32_t) {
 	v, ok := callbacks.get(uintptr(userData))

@@ -44,6 +44,19 @@ memprobe_status mpgo_tracker_run_oom_retry(memprobe_tracker *tracker, uintptr_t 
     return memprobe_tracker_run_oom_retry(tracker, step_trampoline, (void *)id, max_retries, out, freed, n_freed);
 }
 
+static void oom_report_trampoline(const char *json, const char *summary, void *user_data) {
+    mpgoOOMReport((char *)json, (char *)summary, user_data);
+}
+
+/* The report's callback is the trampoline, with a registry id, when id != 0. */
+memprobe_status mpgo_tracker_set_oom_report(memprobe_tracker *tracker, memprobe_oom_report_options *o, uintptr_t id) {
+    if (id != 0) {
+        o->callback = oom_report_trampoline;
+        o->user_data = (void *)id;
+    }
+    return memprobe_tracker_set_oom_report(tracker, o);
+}
+
 memprobe_status mpgo_gpu_set_cache_release(uintptr_t id) {
     return memprobe_gpu_set_cache_release(release_trampoline, (void *)id);
 }

@@ -29,6 +29,7 @@ pub mod leak;
 pub mod lock;
 mod mark;
 pub mod monitor;
+pub mod oom_report;
 pub mod phase;
 pub mod process;
 mod procfs;

@@ -58,6 +58,31 @@ impl<T> Lock<T> {
             _gate: gate,
         })
     }
+
+    /// Locks if no other thread holds the lock: `Ok(None)` when one does
+    /// (the caller may retry or give up: code that must never wait, such as
+    /// a hook running inside a failing allocation). Re-entry from the thread
+    /// that holds it fails as [`lock`](Self::lock) does.
+    pub fn try_lock(&self) -> Result<Option<LockGuard<'_, T>>> {
+        let me = this_thread();
+        if self.owner.load(Ordering::Acquire) == me {
+            return Err(Error::wrong_order(
+                "re-entered memprobe from a callback on the object that is running it",
+            ));
+        }
+        let gate = GateGuard::enter();
+        let guard = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+        };
+        self.owner.store(me, Ordering::Release);
+        Ok(Some(LockGuard {
+            lock: self,
+            guard: Some(guard),
+            _gate: gate,
+        }))
+    }
 }
 
 impl<T> std::ops::Deref for LockGuard<'_, T> {

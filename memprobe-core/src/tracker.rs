@@ -7,6 +7,9 @@
 use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
 use crate::leak::{LeakPolicy, LeakStatus, LeakTracker};
+use crate::oom_report::{
+    self, FailedAllocation, OomOutcome, OomReportOptions, OomReporter, OpenPhase,
+};
 use crate::phase::{PhaseInfo, PhaseKind};
 use crate::release::{
     self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser,
@@ -112,6 +115,8 @@ pub struct Tracker {
     last: HashMap<PhaseKind, Record>,
     /// Phase boundaries and records for `memprobe run` (see run_channel.rs).
     run: Hook,
+    /// Out-of-memory report (oom_report.rs), when configured.
+    oom: Option<OomReporter>,
 }
 
 impl Tracker {
@@ -133,6 +138,7 @@ impl Tracker {
             leaks: vec![LeakTracker::default(); sources.len()],
             last: HashMap::new(),
             run: Hook::new(),
+            oom: None,
         })
     }
 
@@ -396,6 +402,9 @@ impl Tracker {
             s.on_record(&record);
         }
         self.last.insert(kind, record.clone());
+        if let Some(r) = &self.oom {
+            r.on_record(&record);
+        }
         record
     }
 
@@ -498,10 +507,59 @@ impl Tracker {
             }
         }
     }
+
+    // ---- Out-of-memory reports: the logic is in oom_report.rs ----
+
+    /// Configures the out-of-memory report (see [`oom_report`]), or
+    /// removes it with `None`. Returns the reporter, which a hook outside
+    /// the tracker's calls (the GPU driver's) triggers.
+    ///
+    /// # Errors
+    /// [`ErrorKind::WrongOrder`] when one is already configured; the
+    /// options' errors ([`ErrorKind::InvalidArgument`], a path's).
+    pub fn set_oom_report(
+        &mut self,
+        options: Option<OomReportOptions>,
+    ) -> Result<Option<OomReporter>> {
+        oom_report::configure(&mut self.oom, options, &self.sources)
+    }
+
+    /// The configured out-of-memory reporter.
+    pub fn oom_reporter(&self) -> Option<&OomReporter> {
+        self.oom.as_ref()
+    }
+
+    /// Reports an allocation that failed for lack of memory: the first one
+    /// writes the report (with the open phases measured now), later ones
+    /// are counted.
+    ///
+    /// # Errors
+    /// [`ErrorKind::WrongOrder`] when no report is configured for the
+    /// failure's trigger; a destination's write error.
+    pub fn report_oom(&self, failed: FailedAllocation) -> Result<OomOutcome> {
+        oom_report::report(self.oom.as_ref(), failed, || self.open_phases_now())
+    }
+
+    /// The open phases, outermost first, each source's peak so far (read
+    /// now; nothing ends or resets).
+    pub fn open_phases_now(&self) -> Vec<OpenPhase> {
+        let index = |o: &Open| self.counters.get(&(o.kind, o.name.clone())).copied();
+        self.stack
+            .iter()
+            .enumerate()
+            .map(|(depth, o)| {
+                let i = index(o).unwrap_or(0);
+                OpenPhase::measure(o.kind, &o.name, i, depth as u32, &o.window)
+            })
+            .collect()
+    }
 }
 
 impl Drop for Tracker {
     fn drop(&mut self) {
         let _ = self.finish_sinks();
+        if let Some(r) = self.oom.take() {
+            r.close();
+        }
     }
 }

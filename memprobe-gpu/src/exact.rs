@@ -15,7 +15,8 @@ use memprobe_core::{Error, ErrorKind, Marks, Result, Source, SourceKind};
 use memprobe_interpose::{Counter, Mark, Region};
 
 /// How to get the interposer loaded, for the errors below.
-const HOW_TO_LOAD: &str = "run the program under `memprobe run --gpu-exact -- CMD`, or start it \
+pub(crate) const HOW_TO_LOAD: &str =
+    "run the program under `memprobe run --gpu-exact -- CMD`, or start it \
      with LD_PRELOAD=/path/to/libmemprobe_interpose.so";
 
 /// An exact source of this process's memory on CUDA device `device` (the
@@ -61,7 +62,7 @@ fn exact_source(counter: Counter, name: &str) -> Result<Source> {
     )
 }
 
-fn unavailable(e: &memprobe_interpose::Error) -> Error {
+pub(crate) fn unavailable(e: &memprobe_interpose::Error) -> Error {
     match e {
         memprobe_interpose::Error::NotLoaded | memprobe_interpose::Error::Disabled => {
             Error::unavailable(format!("exact GPU counts: {e}; {HOW_TO_LOAD}"))

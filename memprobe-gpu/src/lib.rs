@@ -108,17 +108,28 @@
 //! is exact: it reads the counts the driver-API interposer keeps at every
 //! allocation and free, when the program runs with it loaded
 //! (`memprobe run --gpu-exact`, or `LD_PRELOAD=libmemprobe_interpose.so`).
+//!
+//! # Out-of-memory reports
+//!
+//! [`configure_oom_report`] gives a tracker's out-of-memory report
+//! (memprobe-core's `oom_report`) its GPU part ([`GpuOomForensics`]: each
+//! GPU's processes from NVML, this process's counts from the interposer)
+//! and, for the driver trigger, the interposer's hook: a counted allocation
+//! that fails with `CUDA_ERROR_OUT_OF_MEMORY` writes the report on the
+//! failing thread before the error reaches the program.
 
 mod cache_release;
 mod config;
 mod cudart;
 mod device;
+mod driver_oom;
 mod exact;
 mod fastai;
 mod gpus;
 mod memory;
 mod nvml;
 mod nvml_error;
+mod oom_forensics;
 mod outcome;
 mod own_pid;
 mod panic_guard;
@@ -132,6 +143,10 @@ pub use config::{
     ENV_NVML_LIBRARY,
 };
 pub use device::{DeviceHandle, DeviceInfo};
+pub use driver_oom::{
+    configure_oom_report, driver_oom_available, subscribe_driver_oom, DriverOom,
+    DriverOomSubscription, TRACKER_WAIT,
+};
 pub use exact::{gpu_exact_host_pinned_source, gpu_exact_source};
 pub use fastai::{
     b2mb, gpu_mem_get, gpu_mem_get_all, gpu_mem_get_free, gpu_mem_get_free_no_cache,
@@ -140,6 +155,7 @@ pub use fastai::{
 };
 pub use gpus::Gpus;
 pub use memory::GpuMemory;
+pub use oom_forensics::GpuOomForensics;
 pub use outcome::Outcome;
 pub use process::{GpuProcess, GpuProcessKind, GpuProcessMemory};
 pub use sampler::{device_sampler, process_sampler};

@@ -88,6 +88,48 @@ pub struct Header {
     pub mark_owner_pid: [AtomicU32; MAX_MARKS],
     /// The start time of each slot's reader.
     pub mark_owner_start: [AtomicU64; MAX_MARKS],
+    /// The entry point of the last out-of-memory failure: an index into
+    /// [`OOM_APIS`] (0: not recorded, as in a region written by an older
+    /// interposer). Placed in what was padding: the layout keeps its size.
+    pub last_oom_api: AtomicU32,
+    /// Padding.
+    pub reserved_oom: u32,
+    /// When the last out-of-memory failure happened, `CLOCK_MONOTONIC`
+    /// nanoseconds (0: not recorded).
+    pub last_oom_at_ns: AtomicU64,
+}
+
+// The fields above went into the header's padding: its size, and so every
+// offset after it, is what LAYOUT_VERSION 1 readers expect.
+const _: () = assert!(std::mem::size_of::<Header>() == 512);
+
+/// The allocation entry points whose out-of-memory failures are recorded,
+/// by code ([`Header::last_oom_api`]); 0 is "not recorded". Codes are never
+/// reused: new names go at the end.
+pub const OOM_APIS: [&str; 15] = [
+    "",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocManaged",
+    "cuMemCreate",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuArrayCreate_v2",
+    "cuArray3DCreate_v2",
+    "cuMipmappedArrayCreate",
+    "cuMemHostAlloc",
+    "cuMemAllocHost_v2",
+    "cuMemHostRegister_v2",
+];
+
+/// The [`OOM_APIS`] code of `name` (0 when it is not there).
+pub fn oom_api_code(name: &str) -> u32 {
+    OOM_APIS
+        .iter()
+        .position(|n| !n.is_empty() && *n == name)
+        .map_or(0, |i| i as u32)
 }
 
 /// The counts of one device, or of pinned host memory.
@@ -161,8 +203,9 @@ impl Layout {
     }
 
     /// Records an allocation of `bytes` on counter `index` that failed with
-    /// out-of-memory.
-    pub fn record_oom(&self, index: usize, bytes: u64) {
+    /// out-of-memory, through entry point `api` (an [`OOM_APIS`] code) at
+    /// `at_ns` (`CLOCK_MONOTONIC`).
+    pub fn record_oom(&self, index: usize, bytes: u64, api: u32, at_ns: u64) {
         if let Some(c) = self.counters.get(index) {
             c.failures.fetch_add(1, Relaxed);
             c.last_failure_size.store(bytes, Relaxed);
@@ -173,6 +216,8 @@ impl Layout {
         let h = &self.header;
         h.last_oom_counter.store(index as u64, Relaxed);
         h.last_oom_size.store(bytes, Relaxed);
+        h.last_oom_api.store(api, Relaxed);
+        h.last_oom_at_ns.store(at_ns, Relaxed);
         h.oom_events.fetch_add(1, SeqCst);
     }
 

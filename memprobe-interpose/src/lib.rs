@@ -9,7 +9,9 @@
 //! resetting or dropping one never disturbs another reader's), and finds and
 //! reclaims the regions of processes that ended ([`processes`],
 //! [`reclaim_dead`]). A run's directory may also hold a counter of the whole
-//! process tree, the exact peak of the processes' sum ([`tree`]).
+//! process tree, the exact peak of the processes' sum ([`tree`]). An
+//! allocation that fails with out-of-memory can be reported, as it happens,
+//! to a hook registered in the process ([`oom_hook`]).
 //!
 //! ```no_run
 //! use memprobe_interpose::{Counter, Region};
@@ -23,6 +25,7 @@
 
 pub mod layout;
 pub mod liveness;
+pub mod oom_hook;
 mod reader;
 pub mod tree;
 

@@ -131,6 +131,10 @@ pub struct Oom {
     pub size: u64,
     /// Out-of-memory failures so far (all counters).
     pub events: u64,
+    /// The entry point that failed (`cuMemAlloc_v2`, ...), when recorded.
+    pub api: Option<&'static str>,
+    /// When it failed (`CLOCK_MONOTONIC` nanoseconds), when recorded.
+    pub at_ns: Option<u64>,
 }
 
 /// A process's counter region, mapped for reading (and for claiming marks).
@@ -340,6 +344,11 @@ impl Region {
             counter: Counter::from_index(h.last_oom_counter.load(SeqCst) as usize)?,
             size: h.last_oom_size.load(SeqCst),
             events,
+            api: crate::layout::OOM_APIS
+                .get(h.last_oom_api.load(SeqCst) as usize)
+                .copied()
+                .filter(|n| !n.is_empty()),
+            at_ns: Some(h.last_oom_at_ns.load(SeqCst)).filter(|&t| t != 0),
         })
     }
 

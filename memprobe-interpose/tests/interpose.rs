@@ -86,6 +86,8 @@ fn every_way_under(
         (oom.counter, oom.size, oom.events),
         (Counter::Device(1), 1 << 50, 1)
     );
+    assert_eq!(oom.api, Some("cuMemAlloc_v2"), "{how}");
+    assert!(oom.at_ns.is_some_and(|t| t > 0), "{how}");
     assert_eq!(r.read(Counter::Device(1)).failures, 1);
     assert_eq!(r.read(Counter::Device(1)).last_failure_size, 1 << 50);
     // Only the release of the imported VMM handle frees something never

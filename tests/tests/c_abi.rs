@@ -160,3 +160,38 @@ fn exact_sources_over_a_callers_resettable_marks() {
 fn cpp_sources_marks_runtime_lists_callbacks_exporter() {
     check_all_ways("test_cpp_sources.cpp", &[("MEMPROBE_GPU_BACKEND", "none")]);
 }
+
+#[path = "../../memprobe-cli/tests/cli/schema.rs"]
+mod schema;
+
+/// The reports test_oom.c left (JSON, one per line), against
+/// docs/oom-report.schema.json.
+fn assert_reports_valid(dir: &std::path::Path, names: &[&str]) {
+    for name in names {
+        let path = dir.join(name);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // A file holds one report; a descriptor one per line.
+        for line in text.lines() {
+            let doc: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{} is not JSON: {e}\n{line}", path.display()));
+            schema::assert_valid("docs/oom-report.schema.json", &doc);
+        }
+    }
+}
+
+#[test]
+fn out_of_memory_reports_from_the_caller() {
+    let dir = scratch("oom-reports");
+    let shown = dir.display().to_string();
+    check_all_ways("test_oom.c", &[("OOM_TEST_DIR", &shown)]);
+    assert_reports_valid(&dir, &["report.json", "report.fd.json"]);
+}
+
+#[test]
+fn cpp_out_of_memory_reports() {
+    let dir = scratch("oom-reports-cpp");
+    let shown = dir.display().to_string();
+    check_all_ways("test_cpp_oom.cpp", &[("OOM_TEST_DIR", &shown)]);
+    assert_reports_valid(&dir, &["cpp.json"]);
+}

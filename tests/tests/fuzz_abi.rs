@@ -61,6 +61,9 @@ unsafe extern "C" fn record_cb(
     _u: *mut c_void,
 ) {
 }
+unsafe extern "C" fn oom_cb(json: *const c_char, summary: *const c_char, _data: *mut c_void) {
+    assert!(!json.is_null() && !summary.is_null());
+}
 unsafe extern "C" fn step_cb(data: *mut c_void) -> i32 {
     // SAFETY: a live u64 counter.
     let n = unsafe { &mut *(data as *mut u64) };
@@ -153,8 +156,16 @@ fn run_seed(seed: u64, steps: usize) -> usize {
     let counter = Box::new(0u64);
     let counter_ptr = &*counter as *const u64 as *mut c_void;
     let mut step_counter = Box::new(0u64);
+    let oom_dir = std::env::temp_dir().join(format!("memprobe-fuzz-oom-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&oom_dir);
+    let oom_path = oom_dir.join("report.json").display().to_string();
+    let null_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let null_fd = std::os::fd::AsRawFd::as_raw_fd(&null_file);
     for step in 0..steps {
-        let op = rng.below(34);
+        let op = rng.below(36);
         macro_rules! call {
             ($name:expr, $e:expr) => {{
                 let st = $e;
@@ -617,6 +628,128 @@ fn run_seed(seed: u64, steps: usize) -> usize {
                         monitor::memprobe_monitor_get_stats(&mut s)
                     );
                 }
+                34 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let mut o: oom::memprobe_oom_report_options = std::mem::zeroed();
+                    o.struct_size = match rng.below(8) {
+                        0 => rng.below(64) as u32,
+                        _ => std::mem::size_of::<oom::memprobe_oom_report_options>() as u32,
+                    };
+                    o.triggers = match rng.below(6) {
+                        0 => rng.next() as u32,
+                        1 => oom::MEMPROBE_OOM_TRIGGER_DRIVER,
+                        _ => oom::MEMPROBE_OOM_TRIGGER_CALLER,
+                    };
+                    // Random names stay inside the scratch directory.
+                    let path = match rng.below(5) {
+                        0 => None,
+                        1 => Some(CString::new(vec![0xff, 0xfe]).unwrap()),
+                        2 => Some(
+                            CString::new(format!("{}/{}", oom_dir.display(), rng.below(4)))
+                                .unwrap(),
+                        ),
+                        3 => Some(CString::new(oom_dir.display().to_string()).unwrap()),
+                        _ => Some(CString::new(oom_path.clone()).unwrap()),
+                    };
+                    o.path = cptr(&path);
+                    o.json_fd = [0, -1, null_fd, -3][rng.below(4) as usize];
+                    o.summary_fd = [0, -1, null_fd, 12345][rng.below(4) as usize];
+                    o.callback = rng
+                        .chance(50)
+                        .then_some(oom_cb as unsafe extern "C" fn(_, _, _));
+                    o.keep_ended = match rng.below(4) {
+                        0 => rng.next() as u32,
+                        _ => rng.below(20) as u32,
+                    };
+                    let arg = if rng.chance(15) {
+                        std::ptr::null()
+                    } else {
+                        &o as *const _
+                    };
+                    call!(
+                        "tracker_set_oom_report",
+                        oom::memprobe_tracker_set_oom_report(h, arg)
+                    );
+                }
+                35 => {
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let device = match rng.below(4) {
+                        0 => rng.next() as i32,
+                        1 => -1,
+                        _ => rng.below(8) as i32,
+                    };
+                    let detail = text(&mut rng);
+                    match rng.below(4) {
+                        0 => {
+                            call!(
+                                "tracker_report_oom",
+                                oom::memprobe_tracker_report_oom(
+                                    h,
+                                    device,
+                                    rng.next(),
+                                    cptr(&detail)
+                                )
+                            );
+                        }
+                        1 => {
+                            let caches = [oom::memprobe_oom_cache {
+                                device: rng.below(70) as u32,
+                                valid: rng.below(16) as u32,
+                                reserved_bytes: rng.next(),
+                                allocated_bytes: rng.next(),
+                                releasable_bytes: rng.next(),
+                            }];
+                            let by = text(&mut rng);
+                            let mut e: oom::memprobe_oom_event = std::mem::zeroed();
+                            e.struct_size = if rng.chance(90) {
+                                std::mem::size_of::<oom::memprobe_oom_event>() as u32
+                            } else {
+                                rng.below(48) as u32
+                            };
+                            e.device = device;
+                            e.requested_bytes = rng.next();
+                            e.reported_by = cptr(&by);
+                            e.detail = cptr(&detail);
+                            e.valid = rng.below(8) as u32;
+                            e.n_caches = rng.below(3) as u32;
+                            e.caches = if rng.chance(80) {
+                                caches.as_ptr()
+                            } else {
+                                std::ptr::null()
+                            };
+                            if e.n_caches > 1 && !e.caches.is_null() {
+                                e.n_caches = 1;
+                            }
+                            let arg = if rng.chance(10) {
+                                std::ptr::null()
+                            } else {
+                                &e as *const _
+                            };
+                            call!(
+                                "tracker_report_oom_event",
+                                oom::memprobe_tracker_report_oom_event(h, arg)
+                            );
+                        }
+                        2 => {
+                            let mut st = oom::memprobe_oom_status::default();
+                            let out = if rng.chance(90) {
+                                &mut st as *mut _
+                            } else {
+                                std::ptr::null_mut()
+                            };
+                            call!(
+                                "tracker_oom_status",
+                                oom::memprobe_tracker_oom_status(h, out)
+                            );
+                        }
+                        _ => {
+                            call!(
+                                "tracker_rearm_oom_report",
+                                oom::memprobe_tracker_rearm_oom_report(h)
+                            );
+                        }
+                    }
+                }
                 32 => {
                     let name = status::memprobe_status_name(rng.next() as u32);
                     assert!(!name.is_null());
@@ -677,6 +810,7 @@ fn run_seed(seed: u64, steps: usize) -> usize {
     }
     drop(counter);
     drop(step_counter);
+    let _ = std::fs::remove_dir_all(&oom_dir);
     steps
 }
 

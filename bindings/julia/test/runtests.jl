@@ -161,6 +161,43 @@ end
         close(p)
     end
 
+    @testset "out-of-memory report" begin
+        p = Source(:pushed, "alloc")
+        t = Tracker(p)
+        @test_throws MemprobeError report_oom!(t, 0, 1 << 30)  # not configured
+        dir = mktempdir()
+        path = joinpath(dir, "oom.json")
+        got = String[]
+        set_oom_report!(t; path=path, keep_ended=2, callback=(j, s) -> push!(got, s))
+        @test_throws MemprobeError set_oom_report!(t; path=path)  # configured twice
+        @test_throws MemprobeError set_oom_report!(Tracker(p); path=path, driver=true)  # no interposer
+        begin_phase(t, :epoch)
+        begin_phase(t, :step)
+        for i in 1:3
+            push!(p, i * 1024MiB)
+            push!(p, 512MiB)
+            next_phase(t, :step)
+        end
+        push!(p, 7 * 1024MiB)
+        report_oom!(t, 0, 2 << 30, "CUDA out of memory")
+        report_oom!(t, 0, 2 << 30, "retry")
+        st = oom_status(t)
+        @test !st.armed && st.reports_written == 1 && st.later_triggers == 1
+        @test length(got) == 1 && occursin("step #3", got[1])
+        doc = read(path, String)
+        @test occursin("\"kind\":\"step\",\"name\":\"step\",\"index\":3", doc)
+        @test occursin("\"kept\":2,\"ended_total\":3", doc)
+        rearm_oom_report!(t)
+        @test occursin("\"later_triggers\":{\"count\":1,", read(path, String))
+        report_oom!(t, 1, 1 << 30; reported_by="flux",
+                    caches=[OomCache(1; reserved=4 << 30, allocated=3 << 30, releasable=1 << 30)])
+        @test occursin("\"releasable_bytes\":1073741824", read(path, String))
+        clear_oom_report!(t)
+        @test_throws MemprobeError oom_status(t)
+        close(t)
+        close(p)
+    end
+
     GC.gc()
     @test live_handles()[3] == 0
 end

@@ -56,7 +56,15 @@ from .errors import (
 from .monitor import MonitorStats
 from .sources import Fidelity, Sample, Source, SourceInfo, SourceKind
 from .trace import Trace, mem_trace
-from .tracker import LeakStatus, OomReport, PhaseKind, PhaseRecord, Tracker
+from .tracker import (
+    LeakStatus,
+    OomCache,
+    OomReport,
+    OomReportStatus,
+    PhaseKind,
+    PhaseRecord,
+    Tracker,
+)
 from .units import MiB, b2mb
 from .windows import Delta, Window
 
@@ -115,7 +123,9 @@ __all__ = [
     "MiB",
     "MonitorStats",
     "NullPointerError",
+    "OomCache",
     "OomReport",
+    "OomReportStatus",
     "OutOfMemoryError",
     "PanicError",
     "ParseError",

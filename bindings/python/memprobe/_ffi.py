@@ -62,6 +62,16 @@ MEMPROBE_GPU_INFO_NAME = 1
 MEMPROBE_GPU_INFO_UUID = 2
 MEMPROBE_GPU_INFO_PCI_BUS_ID = 4
 MEMPROBE_GPU_INFO_NVML_INDEX = 8
+MEMPROBE_OOM_TRIGGER_DRIVER = 1
+MEMPROBE_OOM_TRIGGER_CALLER = 2
+MEMPROBE_OOM_KEEP_ENDED_DEFAULT = 8
+MEMPROBE_OOM_KEEP_ENDED_MAX = 4096
+MEMPROBE_OOM_DEVICE_UNKNOWN = -1
+MEMPROBE_OOM_EVENT_DEVICE_TOTAL = 1
+MEMPROBE_OOM_EVENT_DEVICE_FREE = 2
+MEMPROBE_OOM_CACHE_RESERVED = 1
+MEMPROBE_OOM_CACHE_ALLOCATED = 2
+MEMPROBE_OOM_CACHE_RELEASABLE = 4
 
 # --- types --------------------------------------------------------------------
 
@@ -151,6 +161,59 @@ class memprobe_phase_record(Structure):
 
 class memprobe_oom_report(Structure):
     _fields_ = [("succeeded", c_bool), ("retries", c_uint32), ("freed_bytes", c_uint64)]
+
+
+#: void (*)(const char *json, const char *summary, void *user_data)
+memprobe_oom_report_fn = CFUNCTYPE(None, c_char_p, c_char_p, c_void_p)
+
+
+class memprobe_oom_report_options(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("triggers", c_uint32),
+        ("path", c_char_p),
+        ("json_fd", c_int32),
+        ("summary_fd", c_int32),
+        ("callback", memprobe_oom_report_fn),
+        ("user_data", c_void_p),
+        ("keep_ended", c_uint32),
+    ]
+
+
+class memprobe_oom_cache(Structure):
+    _fields_ = [
+        ("device", c_uint32),
+        ("valid", c_uint32),
+        ("reserved_bytes", c_uint64),
+        ("allocated_bytes", c_uint64),
+        ("releasable_bytes", c_uint64),
+    ]
+
+
+class memprobe_oom_event(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("device", c_int32),
+        ("requested_bytes", c_uint64),
+        ("reported_by", c_char_p),
+        ("detail", c_char_p),
+        ("valid", c_uint32),
+        ("n_caches", c_uint32),
+        ("device_total_bytes", c_uint64),
+        ("device_free_bytes", c_uint64),
+        ("caches", POINTER(memprobe_oom_cache)),
+    ]
+
+
+class memprobe_oom_status(Structure):
+    _fields_ = [
+        ("armed", c_bool),
+        ("triggers", c_uint32),
+        ("reports_written", c_uint64),
+        ("triggers_seen", c_uint64),
+        ("later_triggers", c_uint64),
+        ("last_write_status", c_uint32),
+    ]
 
 
 #: void (*)(const memprobe_phase_record *, const memprobe_delta *, size_t, void *)
@@ -312,6 +375,11 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
         status_t,
         [handle_t, c_size_t, P(c_bool), P(c_uint32), P(c_int64)],
     ),
+    "memprobe_tracker_set_oom_report": (status_t, [handle_t, P(memprobe_oom_report_options)]),
+    "memprobe_tracker_report_oom": (status_t, [handle_t, c_int32, c_uint64, c_char_p]),
+    "memprobe_tracker_report_oom_event": (status_t, [handle_t, P(memprobe_oom_event)]),
+    "memprobe_tracker_oom_status": (status_t, [handle_t, P(memprobe_oom_status)]),
+    "memprobe_tracker_rearm_oom_report": (status_t, [handle_t]),
     "memprobe_tracker_run_oom_retry": (
         status_t,
         [

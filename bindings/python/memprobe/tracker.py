@@ -18,7 +18,9 @@ cache-release policies (ClearCacheHook), out-of-memory retry
 
 from __future__ import annotations
 
+import ctypes
 import enum
+import os
 import sys
 from ctypes import byref, c_bool, c_int64, c_uint32, c_uint64
 from dataclasses import dataclass, field
@@ -132,6 +134,40 @@ class OomReport:
     freed: Tuple[int, ...]
     #: The step's return value (None if it never succeeded).
     result: Any = None
+
+
+@dataclass(frozen=True)
+class OomCache:
+    """A framework's cache on one device, given with an out-of-memory report
+    (:meth:`Tracker.report_oom`): bytes it holds from the driver
+    (``reserved``), bytes of them in use (``allocated``) and what releasing
+    it would give back (``releasable``, by the framework's own account);
+    None where unknown."""
+
+    device: int
+    reserved: Optional[int] = None
+    allocated: Optional[int] = None
+    releasable: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class OomReportStatus:
+    """Where a tracker's out-of-memory report stands
+    (:meth:`Tracker.oom_status`)."""
+
+    #: The next trigger writes a report.
+    armed: bool
+    #: Configured triggers.
+    driver: bool
+    caller: bool
+    #: Reports written (one per arming).
+    reports_written: int
+    #: Triggers seen, written or not.
+    triggers_seen: int
+    #: Triggers since the last report, counted and not written.
+    later_triggers: int
+    #: ``Status.OK``, or the status of the last report's failed write.
+    last_write_status: int
 
 
 class _Phase:
@@ -407,6 +443,146 @@ class Tracker(Owned):
             result=state.get("result"),
         )
 
+    # --- out-of-memory reports ------------------------------------------------
+
+    def set_oom_report(
+        self,
+        path: Union[str, "os.PathLike[str]", None] = None,
+        *,
+        fd: Optional[int] = None,
+        summary_fd: Optional[int] = None,
+        callback: Optional[Callable[[str, str], None]] = None,
+        keep_ended: int = _ffi.MEMPROBE_OOM_KEEP_ENDED_DEFAULT,
+        driver: bool = False,
+        caller: bool = True,
+    ) -> None:
+        """Configures the out-of-memory report (docs/oom.md): when an
+        allocation fails for lack of GPU memory, ONE report — the failed
+        allocation, the open phases with each source's peak so far, the
+        last ``keep_ended`` ended phases, each GPU's per-process use, what
+        releasing caches would free — as JSON written to ``path`` (whole, or
+        not at all) and/or descriptor ``fd``, as a summary for people to
+        ``summary_fd`` (e.g. 2, standard error), and/or to
+        ``callback(json, summary)`` (exceptions land in
+        :attr:`callback_errors`). Triggers: ``caller`` (:meth:`report_oom`;
+        :func:`memprobe.integrations.torch.report_oom` calls it from
+        PyTorch's out-of-memory observer) and ``driver`` (memprobe's
+        interposer sees the driver fail an allocation: needs
+        ``libmemprobe_interpose.so`` loaded, else
+        :class:`~memprobe.UnavailableError`). The first trigger writes; later
+        ones are counted (:meth:`oom_status`), and settled into the file when
+        re-armed, cleared or closed. Configuring twice is a
+        :class:`~memprobe.WrongOrderError` (clear it first)."""
+        o = _ffi.memprobe_oom_report_options()
+        o.struct_size = ctypes.sizeof(o)
+        o.triggers = (_ffi.MEMPROBE_OOM_TRIGGER_DRIVER if driver else 0) | (
+            _ffi.MEMPROBE_OOM_TRIGGER_CALLER if caller else 0
+        )
+        o.path = os.fsencode(path) if path is not None else None
+        o.json_fd = -1 if fd is None else int(fd)
+        o.summary_fd = -1 if summary_fd is None else int(summary_fd)
+        o.keep_ended = int(keep_ended)
+        cb = None
+        if callback is not None:
+            user = callback
+
+            def on_report(json_p: bytes, summary_p: bytes, _ud: Any) -> None:
+                try:
+                    user(json_p.decode("utf-8", "replace"), summary_p.decode("utf-8", "replace"))
+                except BaseException as e:  # noqa: BLE001 - cannot cross the library
+                    self._errors.append(e)
+
+            cb = _ffi.memprobe_oom_report_fn(on_report)
+            o.callback = cb
+        check(C.memprobe_tracker_set_oom_report(self._handle, byref(o)))
+        if cb is not None:
+            self._keep.append(cb)  # called until the tracker is freed
+
+    def clear_oom_report(self) -> None:
+        """Removes the out-of-memory report (a no-op when none is set);
+        triggers counted since its last report are settled into its file."""
+        check(C.memprobe_tracker_set_oom_report(self._handle, None))
+
+    def report_oom(
+        self,
+        device: int = _ffi.MEMPROBE_OOM_DEVICE_UNKNOWN,
+        requested_bytes: int = 0,
+        detail: Optional[str] = None,
+        *,
+        reported_by: Optional[str] = None,
+        device_total: Optional[int] = None,
+        device_free: Optional[int] = None,
+        caches: Iterable[OomCache] = (),
+    ) -> None:
+        """Reports an allocation that failed for lack of memory (the caller's
+        trigger): on ``device`` (-1: unknown), asking ``requested_bytes`` (0:
+        unknown), with ``detail`` (an exception's message). ``reported_by``
+        names the framework (default ``"caller"``), ``device_total`` /
+        ``device_free`` are the device's figures as it saw them, ``caches``
+        its caches per device. The first report after configuration (or
+        re-arming) is written, with the open phases measured now; later ones
+        are counted. :class:`~memprobe.WrongOrderError` when no report is
+        configured for the caller's trigger."""
+        caches = list(caches)
+        text = detail.encode("utf-8", "replace") if detail is not None else None
+        if reported_by is None and device_total is None and device_free is None and not caches:
+            check(C.memprobe_tracker_report_oom(self._handle, int(device), int(requested_bytes), text))
+            return
+        e = _ffi.memprobe_oom_event()
+        e.struct_size = ctypes.sizeof(e)
+        e.device = int(device)
+        e.requested_bytes = int(requested_bytes)
+        e.reported_by = reported_by.encode() if reported_by is not None else None
+        e.detail = text
+        valid = 0
+        if device_total is not None:
+            valid |= _ffi.MEMPROBE_OOM_EVENT_DEVICE_TOTAL
+            e.device_total_bytes = int(device_total)
+        if device_free is not None:
+            valid |= _ffi.MEMPROBE_OOM_EVENT_DEVICE_FREE
+            e.device_free_bytes = int(device_free)
+        e.valid = valid
+        arr = (_ffi.memprobe_oom_cache * max(len(caches), 1))()
+        for i, c in enumerate(caches):
+            bits = 0
+            for bit, value, field_name in (
+                (_ffi.MEMPROBE_OOM_CACHE_RESERVED, c.reserved, "reserved_bytes"),
+                (_ffi.MEMPROBE_OOM_CACHE_ALLOCATED, c.allocated, "allocated_bytes"),
+                (_ffi.MEMPROBE_OOM_CACHE_RELEASABLE, c.releasable, "releasable_bytes"),
+            ):
+                if value is not None:
+                    bits |= bit
+                    setattr(arr[i], field_name, max(int(value), 0))
+            arr[i].device = int(c.device)
+            arr[i].valid = bits
+        e.n_caches = len(caches)
+        e.caches = arr if caches else None
+        check(C.memprobe_tracker_report_oom_event(self._handle, byref(e)))
+
+    def oom_status(self) -> OomReportStatus:
+        """Where the out-of-memory report stands;
+        :class:`~memprobe.WrongOrderError` when none is configured."""
+        st = _ffi.memprobe_oom_status()
+        check(C.memprobe_tracker_oom_status(self._handle, byref(st)))
+        try:
+            last: int = Status(st.last_write_status)
+        except ValueError:
+            last = int(st.last_write_status)
+        return OomReportStatus(
+            armed=bool(st.armed),
+            driver=bool(st.triggers & _ffi.MEMPROBE_OOM_TRIGGER_DRIVER),
+            caller=bool(st.triggers & _ffi.MEMPROBE_OOM_TRIGGER_CALLER),
+            reports_written=int(st.reports_written),
+            triggers_seen=int(st.triggers_seen),
+            later_triggers=int(st.later_triggers),
+            last_write_status=last,
+        )
+
+    def rearm_oom_report(self) -> None:
+        """Arms the out-of-memory report again: the next trigger writes a new
+        report (replacing the file)."""
+        check(C.memprobe_tracker_rearm_oom_report(self._handle))
+
     # --- lifetime ------------------------------------------------------------
 
 
@@ -415,4 +591,13 @@ class Tracker(Owned):
         return f"<memprobe.Tracker {state} over {len(self._sources)} source(s)>"
 
 
-__all__ = ["LeakStatus", "OomReport", "PhaseKind", "PhaseRecord", "Tracker", "default_is_oom"]
+__all__ = [
+    "LeakStatus",
+    "OomCache",
+    "OomReport",
+    "OomReportStatus",
+    "PhaseKind",
+    "PhaseRecord",
+    "Tracker",
+    "default_is_oom",
+]

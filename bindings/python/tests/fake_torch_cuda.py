@@ -6,6 +6,13 @@ the real ``torch.cuda`` module (as PyTorch's own would behave: one allocated
 and one reserved counter per device, each with a high-water mark that
 ``reset_peak_memory_stats(device)`` resets to the current value), and the
 test scripts allocations with :meth:`alloc` / :meth:`free`.
+
+Out-of-memory: :meth:`oom` does what the caching allocator does when it
+gives up on an allocation — calls every observer attached through
+``torch._C._cuda_attach_out_of_memory_observer`` (patched in by
+:meth:`install`; like torch's, observers stay for the whole process) with
+``(device, alloc, device_total, device_free)``, then raises
+``torch.cuda.OutOfMemoryError``.
 """
 
 from __future__ import annotations
@@ -16,8 +23,15 @@ BLOCK = 2 << 20  # the allocator reserves whole 2 MiB segments
 
 
 class FakeCuda:
-    def __init__(self, devices: int = 1):
+    #: Observers attached in this process (torch cannot detach them either).
+    observers: List[Callable[[int, int, int, int], None]] = []
+
+    def __init__(self, devices: int = 1, total: int = 16 << 30):
         self.devices = devices
+        self.total = total
+        #: Free blocks inside segments still in use, per device (torch's
+        #: ``inactive_split_bytes``): cached, but not releasable.
+        self.split = [0] * devices
         self.now: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0} for _ in range(devices)]
         self.peak: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0} for _ in range(devices)]
         self.host = {"current": 0, "peak": 0}
@@ -67,6 +81,9 @@ class FakeCuda:
                 pool: {"current": self.now[d][key], "peak": self.peak[d][key], "allocated": 0, "freed": 0}
                 for pool in ("all", "large_pool", "small_pool")
             }
+        # Every allocated block is active here; the split blocks are inactive.
+        out["active_bytes"] = {"all": {"current": self.now[d]["allocated"]}}
+        out["inactive_split_bytes"] = {"all": {"current": self.split[d]}}
         return out
 
     def memory_stats(self, device: Any = None) -> Dict[str, int]:
@@ -103,6 +120,26 @@ class FakeCuda:
     def is_initialized(self) -> bool:
         return True
 
+    # --- out-of-memory --------------------------------------------------------------
+
+    @staticmethod
+    def attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None]) -> None:
+        FakeCuda.observers.append(observer)
+
+    def oom(self, nbytes: int, device: int = 0) -> None:
+        """Gives up on an allocation of ``nbytes``, as the caching allocator
+        does: observers first (device, bytes asked, the device's total, its
+        free bytes), then ``torch.cuda.OutOfMemoryError``."""
+        import torch
+
+        free = max(self.total - self.now[device]["reserved"], 0)
+        for obs in list(FakeCuda.observers):
+            obs(device, nbytes, self.total, free)
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {nbytes} bytes. GPU {device} has a total "
+            f"capacity of {self.total} bytes of which {free} bytes is free."
+        )
+
     def device_count(self) -> int:
         return self.devices
 
@@ -131,3 +168,8 @@ class FakeCuda:
                 monkeypatch.setattr(torch.cuda, name, getattr(self, name), raising=False)
             else:
                 setattr(torch.cuda, name, getattr(self, name))
+        attach = FakeCuda.attach_out_of_memory_observer
+        if monkeypatch is not None:
+            monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", attach, raising=False)
+        else:
+            setattr(torch._C, "_cuda_attach_out_of_memory_observer", attach)

@@ -2,7 +2,7 @@
 
 mod atomic_file;
 mod csv;
-mod json;
+pub(crate) mod json;
 mod jsonl;
 mod table;
 

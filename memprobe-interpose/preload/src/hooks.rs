@@ -10,11 +10,12 @@
 // dynamic symbol table, not through Rust paths.
 #![allow(non_snake_case, unreachable_pub)]
 
+use crate::oom_hook;
 use crate::pools;
 use crate::real::{real, record};
 use crate::region;
 use crate::table::{pack, unpack, Table};
-use shm::layout::{Layout, HOST_PINNED, MAX_DEVICES};
+use shm::layout::{self, Layout, HOST_PINNED, MAX_DEVICES};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 /// `CUresult`.
@@ -194,12 +195,24 @@ fn counted(l: &Layout, table: &Table, key: u64, counter: Option<usize>, bytes: u
     }
 }
 
-fn failed(l: &Layout, rc: CUresult, counter: Option<usize>, bytes: u64) {
-    if rc == CUDA_ERROR_OUT_OF_MEMORY {
-        if let Some(c) = counter {
-            l.record_oom(c, bytes);
-        }
+/// After an allocation through `api` that failed: an out-of-memory failure
+/// is recorded in the region (on a known counter) and reported to the
+/// registered hook, before the caller sees the error.
+fn failed(l: &Layout, rc: CUresult, counter: Option<usize>, bytes: u64, api: H) {
+    if rc != CUDA_ERROR_OUT_OF_MEMORY {
+        return;
     }
+    let name = NAMES[api as usize];
+    let at = oom_hook::monotonic_ns();
+    if let Some(c) = counter {
+        let code = std::str::from_utf8(&name[..name.len() - 1]).map_or(0, layout::oom_api_code);
+        l.record_oom(c, bytes, code, at);
+    }
+    let failures = l
+        .header
+        .oom_events
+        .load(std::sync::atomic::Ordering::SeqCst);
+    oom_hook::fire(counter, bytes, name, rc, failures, at);
 }
 
 /// After an allocation of `bytes` at `*out` on `counter`.
@@ -212,6 +225,7 @@ unsafe fn allocated<T: Copy + Into<u64>>(
     out: *const T,
     counter: impl FnOnce() -> Option<usize>,
     bytes: u64,
+    api: H,
 ) {
     let Some(l) = region::get() else {
         return;
@@ -226,7 +240,7 @@ unsafe fn allocated<T: Copy + Into<u64>>(
         };
         counted(l, table, key, counter, bytes);
     } else {
-        failed(l, rc, counter, bytes);
+        failed(l, rc, counter, bytes, api);
     }
 }
 
@@ -270,7 +284,16 @@ pub(crate) fn forget_all() {
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     let rc = call!(cuMemAlloc_v2: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult, dptr, bytesize);
     // SAFETY: the driver wrote *dptr on success.
-    unsafe { allocated(rc, &DEVPTRS, dptr, ctx_counter, bytesize as u64) };
+    unsafe {
+        allocated(
+            rc,
+            &DEVPTRS,
+            dptr,
+            ctx_counter,
+            bytesize as u64,
+            H::cuMemAlloc_v2,
+        )
+    };
     rc
 }
 
@@ -294,7 +317,16 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     };
     let bytes = (row as u64).saturating_mul(height as u64);
     // SAFETY: as in cuMemAlloc_v2.
-    unsafe { allocated(rc, &DEVPTRS, dptr, ctx_counter, bytes) };
+    unsafe {
+        allocated(
+            rc,
+            &DEVPTRS,
+            dptr,
+            ctx_counter,
+            bytes,
+            H::cuMemAllocPitch_v2,
+        )
+    };
     rc
 }
 
@@ -308,7 +340,16 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CUresult {
     let rc = call!(cuMemAllocManaged: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult, dptr, bytesize, flags);
     // SAFETY: as in cuMemAlloc_v2.
-    unsafe { allocated(rc, &DEVPTRS, dptr, ctx_counter, bytesize as u64) };
+    unsafe {
+        allocated(
+            rc,
+            &DEVPTRS,
+            dptr,
+            ctx_counter,
+            bytesize as u64,
+            H::cuMemAllocManaged,
+        )
+    };
     rc
 }
 
@@ -336,7 +377,16 @@ pub unsafe extern "C" fn cuMemCreate(
     let rc = call!(cuMemCreate: unsafe extern "C" fn(*mut CUhandle, usize, *const c_void, u64) -> CUresult, handle, size, prop, flags);
     // SAFETY: `prop` is the caller's CUmemAllocationProp; *handle written
     // on success.
-    unsafe { allocated(rc, &HANDLES, handle, || location_counter(prop), size as u64) };
+    unsafe {
+        allocated(
+            rc,
+            &HANDLES,
+            handle,
+            || location_counter(prop),
+            size as u64,
+            H::cuMemCreate,
+        )
+    };
     rc
 }
 
@@ -383,7 +433,7 @@ fn device_pool(counter: usize) -> CUpool {
     }
 }
 
-fn after_pool_alloc(rc: CUresult, pool: Option<CUpool>, bytes: u64) {
+fn after_pool_alloc(rc: CUresult, pool: Option<CUpool>, bytes: u64, api: H) {
     let Some(l) = region::get() else {
         return;
     };
@@ -394,7 +444,9 @@ fn after_pool_alloc(rc: CUresult, pool: Option<CUpool>, bytes: u64) {
         (true, Some(p), Some(c)) => pools::refresh(p, c),
         (true, None, Some(c)) => pools::refresh(device_pool(c), c),
         (true, _, None) => l.record_not_counted(bytes),
-        (false, _, c) => failed(l, rc, c, bytes),
+        // A pool of known device says where the failure was.
+        (false, Some(p), c) => failed(l, rc, pools::counter_of(p).or(c), bytes, api),
+        (false, None, c) => failed(l, rc, c, bytes, api),
     }
 }
 
@@ -411,7 +463,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     s: CUstream,
 ) -> CUresult {
     let rc = call!(cuMemAllocAsync: AllocAsync, dptr, size, s);
-    after_pool_alloc(rc, None, size as u64);
+    after_pool_alloc(rc, None, size as u64, H::cuMemAllocAsync);
     rc
 }
 
@@ -424,7 +476,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     s: CUstream,
 ) -> CUresult {
     let rc = call!(cuMemAllocAsync_ptsz: AllocAsync, dptr, size, s);
-    after_pool_alloc(rc, None, size as u64);
+    after_pool_alloc(rc, None, size as u64, H::cuMemAllocAsync_ptsz);
     rc
 }
 
@@ -438,7 +490,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     s: CUstream,
 ) -> CUresult {
     let rc = call!(cuMemAllocFromPoolAsync: AllocFromPool, dptr, size, pool, s);
-    after_pool_alloc(rc, Some(pool), size as u64);
+    after_pool_alloc(rc, Some(pool), size as u64, H::cuMemAllocFromPoolAsync);
     rc
 }
 
@@ -452,7 +504,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     s: CUstream,
 ) -> CUresult {
     let rc = call!(cuMemAllocFromPoolAsync_ptsz: AllocFromPool, dptr, size, pool, s);
-    after_pool_alloc(rc, Some(pool), size as u64);
+    after_pool_alloc(rc, Some(pool), size as u64, H::cuMemAllocFromPoolAsync_ptsz);
     rc
 }
 
@@ -596,16 +648,17 @@ fn array_bytes(
     Some(total)
 }
 
-fn array_created(rc: CUresult, out: *const CUarray, bytes: Option<u64>) {
+fn array_created(rc: CUresult, out: *const CUarray, bytes: Option<u64>, api: H) {
     let Some(l) = region::get() else {
         return;
     };
     let counter = ctx_counter();
     match bytes {
         // SAFETY: *out written by the driver on success.
-        Some(b) => unsafe { allocated(rc, &ARRAYS, out.cast::<u64>(), || counter, b) },
+        Some(b) => unsafe { allocated(rc, &ARRAYS, out.cast::<u64>(), || counter, b, api) },
         None if rc == CUDA_SUCCESS => l.record_not_counted(0),
-        None => {}
+        // A size the descriptor does not give: the failure is still one.
+        None => failed(l, rc, counter, 0, api),
     }
 }
 
@@ -620,7 +673,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     // SAFETY: the caller's descriptor (the driver read it too).
     let bytes = unsafe { desc.as_ref() }
         .and_then(|d| array_bytes(d.width, d.height, 1, d.format, d.channels, 0, 1));
-    array_created(rc, array, bytes);
+    array_created(rc, array, bytes, H::cuArrayCreate_v2);
     rc
 }
 
@@ -635,7 +688,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     // SAFETY: as above.
     let bytes = unsafe { desc.as_ref() }
         .and_then(|d| array_bytes(d.width, d.height, d.depth, d.format, d.channels, d.flags, 1));
-    array_created(rc, array, bytes);
+    array_created(rc, array, bytes, H::cuArray3DCreate_v2);
     rc
 }
 
@@ -654,7 +707,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
             d.width, d.height, d.depth, d.format, d.channels, d.flags, levels,
         )
     });
-    array_created(rc, array, bytes);
+    array_created(rc, array, bytes, H::cuMipmappedArrayCreate);
     rc
 }
 
@@ -696,7 +749,16 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 ) -> CUresult {
     let rc = call!(cuMemHostAlloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult, pp, size, flags);
     // SAFETY: *pp written on success.
-    unsafe { allocated(rc, &HOST, pp.cast::<u64>(), host, size as u64) };
+    unsafe {
+        allocated(
+            rc,
+            &HOST,
+            pp.cast::<u64>(),
+            host,
+            size as u64,
+            H::cuMemHostAlloc,
+        )
+    };
     rc
 }
 
@@ -706,7 +768,16 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
     let rc = call!(cuMemAllocHost_v2: unsafe extern "C" fn(*mut *mut c_void, usize) -> CUresult, pp, size);
     // SAFETY: as above.
-    unsafe { allocated(rc, &HOST, pp.cast::<u64>(), host, size as u64) };
+    unsafe {
+        allocated(
+            rc,
+            &HOST,
+            pp.cast::<u64>(),
+            host,
+            size as u64,
+            H::cuMemAllocHost_v2,
+        )
+    };
     rc
 }
 
@@ -732,7 +803,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
     let rc = call!(cuMemHostRegister_v2: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult, p, size, flags);
     let key = p as u64;
     // SAFETY: reads our local `key`.
-    unsafe { allocated(rc, &HOST, &key, host, size as u64) };
+    unsafe { allocated(rc, &HOST, &key, host, size as u64, H::cuMemHostRegister_v2) };
     rc
 }
 

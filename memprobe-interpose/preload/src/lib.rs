@@ -8,12 +8,19 @@
 //! to `libcuda` directly. Counts go to a shared-memory region per process
 //! (the layout and the reader are in the `memprobe-interpose` crate).
 //!
+//! An allocation that fails with `CUDA_ERROR_OUT_OF_MEMORY` is recorded in
+//! the region and reported to the hook a library in the process registered
+//! with `memprobe_interpose_set_oom_hook` (libmemprobe does, for its
+//! trackers' out-of-memory reports), on the failing thread, before the
+//! error returns to the caller unchanged.
+//!
 //! Environment: `MEMPROBE_GPU_EXACT=off` (or `0`, `false`, `no`) loads the
 //! library without counting (every call passes straight through);
 //! `MEMPROBE_GPU_EXACT_DIR` names the directory of region files.
 
 mod dlsym;
 mod hooks;
+mod oom_hook;
 mod pools;
 mod real;
 mod region;
@@ -79,6 +86,20 @@ pub extern "C" fn memprobe_interpose_current(counter: i32) -> u64 {
             .load(std::sync::atomic::Ordering::SeqCst),
         _ => 0,
     }
+}
+
+/// Registers the out-of-memory hook (`memprobe_interpose::oom_hook`): called
+/// on the failing thread when a counted allocation fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, before the error returns to the caller. NULL
+/// removes it; a new one replaces the old. Returns 0, or -1 when counting is
+/// switched off (`MEMPROBE_GPU_EXACT=off`): the wrappers are then never
+/// reached and no failure would be reported.
+#[no_mangle]
+pub extern "C" fn memprobe_interpose_set_oom_hook(
+    hook: Option<shm::oom_hook::OomHook>,
+    user_data: *mut std::ffi::c_void,
+) -> i32 {
+    oom_hook::set(hook, user_data)
 }
 
 #[cfg(not(test))]

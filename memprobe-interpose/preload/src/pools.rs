@@ -81,6 +81,11 @@ pub(crate) fn refresh(pool: *mut c_void, counter: usize) {
     read_into(l, p, pool);
 }
 
+/// The counter of a registered pool.
+pub(crate) fn counter_of(pool: *mut c_void) -> Option<usize> {
+    find(pool as u64).map(|p| p.counter.load(Acquire))
+}
+
 /// Re-reads `pool` if it is registered; false if it is not.
 pub(crate) fn refresh_known(pool: *mut c_void) -> bool {
     let (Some(l), Some(p)) = (crate::region::get(), find(pool as u64)) else {

@@ -29,6 +29,17 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
 ``callback.history`` keeps every ended phase, every step included, whatever
 is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes.
 
+Out-of-memory reports: ``MemprobeCallback(oom_report="oom.json")`` keeps
+the phases in a :class:`memprobe.Tracker` and attaches PyTorch's
+out-of-memory observer to its report
+(:func:`memprobe.integrations.torch.report_oom`): when a CUDA allocation
+fails, ``oom.json`` says which epoch and step were running, their peaks so
+far, the last ended steps, each GPU's processes and what releasing caches
+would free. A dict instead of a path gives :func:`report_oom`'s keyword
+arguments (``{"path": ..., "summary_fd": 2, "driver": True}``). An
+out-of-memory exception that reaches Lightning without a report (raised
+outside torch's allocator) is reported from ``on_exception``.
+
 Lightning (``lightning.pytorch``, else ``pytorch_lightning``) is imported
 when ``MemprobeCallback`` is first used, never at ``import memprobe``.
 :class:`MemprobeHooks` holds the hooks without the framework.
@@ -36,12 +47,56 @@ when ``MemprobeCallback`` is first used, never at ``import memprobe``.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
 from ..units import MiB
 from ..windows import Delta
 from .phases import PhasePeaks, check_unit
+
+
+class _TrackerPhases(PhasePeaks):
+    """:class:`PhasePeaks` kept by a :class:`memprobe.Tracker` (steps and
+    epochs as tracker phases, anything else a custom phase), so that an
+    out-of-memory report knows the open phases and the last ended ones.
+    Phases end innermost first: ending one ends those still open inside it
+    (a step whose batch raised)."""
+
+    def __init__(self, sources: Union[Source, Iterable[Source], None], oom_report: Any):
+        super().__init__(sources)
+        from ..tracker import Tracker
+        from .torch import report_oom
+
+        self.tracker = Tracker(self.sources)
+        self._stack: List[str] = []
+        kwargs = dict(oom_report) if isinstance(oom_report, dict) else {"path": oom_report}
+        report_oom(self.tracker, **kwargs)
+
+    def start(self, phase: str) -> None:
+        if phase in self._stack:
+            self.end(phase)
+        self.tracker.begin(phase)
+        self._stack.append(phase)
+        self._open[phase] = True
+
+    def end(self, phase: str) -> List[Delta]:
+        if phase not in self._stack:
+            # Never started: an empty interval from now, as PhasePeaks
+            # measures from its previous end.
+            self.start(phase)
+        while self._stack[-1] != phase:
+            inner = self._stack.pop()
+            self._open[inner] = False
+            self.tracker.end(inner)
+        self._stack.pop()
+        self._open[phase] = False
+        return list(self.tracker.end(phase).deltas)
+
+    def close(self) -> None:
+        super().close()
+        self._stack.clear()
+        self.tracker.close()
 
 
 class MemprobeHooks:
@@ -60,12 +115,14 @@ class MemprobeHooks:
         prog_bar: bool = False,
         keep_history: bool = True,
         torch_sources: bool = True,
+        oom_report: Union[str, "os.PathLike[str]", Dict[str, Any], None] = None,
     ):
         super().__init__()
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError("log_every_n_steps must be >= 1 (or None: the trainer's)")
         self._sources = sources
         self.torch_sources = torch_sources
+        self.oom_report = oom_report
         self._phases: Optional[PhasePeaks] = None
         self.log_steps = log_steps
         self.log_epochs = log_epochs
@@ -90,8 +147,17 @@ class MemprobeHooks:
                 from .torch import default_sources
 
                 sources = default_sources(self.torch_sources)
-            self._phases = PhasePeaks(sources)
+            if self.oom_report is not None:
+                self._phases = _TrackerPhases(sources, self.oom_report)
+            else:
+                self._phases = PhasePeaks(sources)
         return self._phases
+
+    @property
+    def tracker(self) -> Any:
+        """The :class:`memprobe.Tracker` keeping the phases (with
+        ``oom_report``), else None."""
+        return getattr(self._phases, "tracker", None)
 
     def _should_log_step(self, trainer: Any) -> bool:
         """Whether this step's metrics are logged: at ``log_every_n_steps``
@@ -190,6 +256,25 @@ class MemprobeHooks:
             self.phases.end("validation")
             return
         self._ended("validation", pl_module, self.log_validation, on_step=False)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """The run ends with an exception (Lightning calls no ``teardown``
+        then): an out-of-memory error with no report written yet (raised
+        outside torch's allocator, so its observer never ran) is reported
+        now, while the phases are still open; then the phases are closed."""
+        from ..tracker import default_is_oom
+
+        t = self.tracker
+        try:
+            if t is not None and not t.closed and default_is_oom(exception):
+                if t.oom_status().reports_written == 0:
+                    t.report_oom(detail=f"{type(exception).__name__}: {exception}", reported_by="lightning")
+        except Exception:  # noqa: BLE001 - never hide the training's own error
+            pass
+        try:
+            self.teardown(trainer, pl_module)
+        except Exception:  # noqa: BLE001
+            pass
 
     def teardown(self, trainer: Any, pl_module: Any, stage: Optional[str] = None) -> None:
         if self._phases is not None:

@@ -29,6 +29,10 @@ the start of the program (or the caller's last reset). Use
 were created. A ``reset_peak_memory_stats`` of the caller's own, between two
 boundaries, loses the part of the interval before it for every window.
 
+Out-of-memory reports (:func:`report_oom`): one line attaches PyTorch's
+out-of-memory observer to a tracker's report, written before
+``torch.cuda.OutOfMemoryError`` is raised.
+
 Host pinned memory (:func:`pinned_sources`, ``torch_pinned``) needs
 ``torch.cuda.host_memory_stats`` and ``reset_peak_host_memory_stats``, which
 PyTorch 2.5 does not have (later releases do): it raises a clear error on a
@@ -38,12 +42,16 @@ torch without them.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Union
 
 from ..marks import MarkGroup
+
+if TYPE_CHECKING:
+    from ..tracker import OomCache
 from ..sources import Source
 from ..windows import Window
 
@@ -316,6 +324,151 @@ def install_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
     return release
 
 
+# --- out-of-memory reports ------------------------------------------------------
+
+#: Trackers whose reports torch's out-of-memory observer feeds (weakly held:
+#: torch cannot detach an observer, so the one observer outlives them).
+_OOM_TRACKERS: List["weakref.ref[Any]"] = []
+_OOM_OBSERVER = {"attached": False, "queued": False}
+
+
+def _stat(stats: Dict[str, Any], key: str) -> Optional[int]:
+    v = stats.get(key)
+    return int(v) if v is not None else None
+
+
+def _torch_caches(cuda: Any) -> List["OomCache"]:
+    """Each visible device's caching allocator, from ``memory_stats``:
+    reserved, allocated, and what ``empty_cache()`` could give back —
+    reserved minus active minus ``inactive_split`` (free blocks inside
+    segments still in use, which cannot be released), torch's own
+    categories. A device whose stats cannot be read is left out."""
+    from ..tracker import OomCache
+
+    out: List[OomCache] = []
+    try:
+        count = int(cuda.device_count())
+    except Exception:  # noqa: BLE001 - report what can be had
+        return out
+    for d in range(count):
+        try:
+            stats = cuda.memory_stats(d)
+        except Exception:  # noqa: BLE001
+            continue
+        reserved = _stat(stats, "reserved_bytes.all.current")
+        allocated = _stat(stats, "allocated_bytes.all.current")
+        active = _stat(stats, "active_bytes.all.current")
+        split = _stat(stats, "inactive_split_bytes.all.current")
+        releasable = None
+        if reserved is not None and active is not None and split is not None:
+            releasable = max(reserved - active - split, 0)
+        if reserved is None and allocated is None:
+            continue
+        out.append(OomCache(device=d, reserved=reserved, allocated=allocated, releasable=releasable))
+    return out
+
+
+def _on_torch_oom(device: int, alloc: int, device_total: int, device_free: int) -> None:
+    """PyTorch's out-of-memory observer: called by the caching allocator
+    when it gives up on an allocation (after freeing its cache and retrying),
+    before it raises ``torch.cuda.OutOfMemoryError``. Nothing may escape: an
+    exception here would replace torch's error."""
+    try:
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        trackers = [t for t in (r() for r in list(_OOM_TRACKERS)) if t is not None and not t.closed]
+        if not trackers:
+            return
+        caches = _torch_caches(cuda) if cuda is not None else []
+        detail = (
+            f"torch.cuda.OutOfMemoryError: tried to allocate {int(alloc)} bytes on cuda:{int(device)}; "
+            f"{int(device_free)} bytes free of {int(device_total)}"
+        )
+        for t in trackers:
+            try:
+                t.report_oom(
+                    int(device),
+                    int(alloc),
+                    detail,
+                    reported_by="torch",
+                    device_total=int(device_total),
+                    device_free=int(device_free),
+                    caches=caches,
+                )
+            except Exception:  # noqa: BLE001 - its report is not configured any more
+                pass
+    except BaseException:  # noqa: BLE001 - never through torch's allocator
+        pass
+
+
+def _attach_observer(torch: Any) -> None:
+    if _OOM_OBSERVER["attached"]:
+        return
+    _OOM_OBSERVER["attached"] = True
+    torch._C._cuda_attach_out_of_memory_observer(_on_torch_oom)
+
+
+def report_oom(
+    tracker: Any,
+    path: Union[str, "os.PathLike[str]", None] = None,
+    *,
+    fd: Optional[int] = None,
+    summary_fd: Optional[int] = None,
+    callback: Optional[Callable[[str, str], None]] = None,
+    keep_ended: int = 8,
+    driver: bool = False,
+) -> Any:
+    """One line to explain a PyTorch out-of-memory death::
+
+        report_oom(tracker, path="oom.json")
+
+    Configures ``tracker``'s out-of-memory report (see
+    :meth:`memprobe.Tracker.set_oom_report`; the caller's trigger, plus the
+    driver's when ``driver`` and memprobe's interposer is loaded) and attaches
+    PyTorch's out-of-memory observer
+    (``torch._C._cuda_attach_out_of_memory_observer``, torch >= 2.0): when the
+    caching allocator gives up on an allocation, the report is written
+    before ``torch.cuda.OutOfMemoryError`` is raised — the failing device and
+    size, the device's total and free bytes as torch saw them, each device's
+    cache (reserved, allocated, and what ``empty_cache()`` could still give
+    back), the open phases and the last ended ones. Returns ``tracker``.
+
+    Attaching the observer needs CUDA initialised (torch initialises it for
+    the call): before that, it is queued with ``torch.cuda._lazy_call`` and
+    attached when PyTorch initialises CUDA, so memprobe never initialises it.
+    Torch cannot detach an observer: memprobe attaches one per process, which
+    feeds every tracker given here while it is open and configured."""
+    torch = _torch()
+    if not hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
+        raise RuntimeError(
+            f"torch {getattr(torch, '__version__', '?')} has no out-of-memory observer "
+            "(torch._C._cuda_attach_out_of_memory_observer, torch >= 2.0)"
+        )
+    tracker.set_oom_report(
+        path,
+        fd=fd,
+        summary_fd=summary_fd,
+        callback=callback,
+        keep_ended=keep_ended,
+        driver=driver,
+        caller=True,
+    )
+    with _LOCK:
+        _OOM_TRACKERS[:] = [r for r in _OOM_TRACKERS if r() is not None and r() is not tracker]
+        _OOM_TRACKERS.append(weakref.ref(tracker))
+        if not _OOM_OBSERVER["attached"]:
+            if cuda_initialized():
+                _attach_observer(torch)
+            elif not _OOM_OBSERVER["queued"]:
+                _OOM_OBSERVER["queued"] = True
+                lazy = getattr(torch.cuda, "_lazy_call", None)
+                if lazy is not None:
+                    lazy(lambda: _attach_observer(torch))
+                else:  # pragma: no cover - every torch since 1.0 has it
+                    _attach_observer(torch)
+    return tracker
+
+
 __all__ = [
     "AllocatorSources",
     "allocator_sources",
@@ -325,4 +478,5 @@ __all__ = [
     "install_cache_release",
     "peak_since_start",
     "pinned_sources",
+    "report_oom",
 ]
