@@ -937,17 +937,6 @@ fn key(out: &mut String, first: bool, k: &str) {
     out.push_str("\":");
 }
 
-fn list<T>(out: &mut String, items: &[T], mut f: impl FnMut(&mut String, &T)) {
-    out.push('[');
-    for (i, it) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        f(out, it);
-    }
-    out.push(']');
-}
-
 fn failed_json(out: &mut String, f: &FailedAllocation) {
     out.push('{');
     key(out, true, "trigger");
@@ -995,7 +984,7 @@ fn open_json(out: &mut String, p: &OpenPhase, now: u64) {
         p.started_at_ns,
         now.saturating_sub(p.started_at_ns)
     );
-    list(out, &p.sources, |o, s| {
+    json::list(out, &p.sources, |o, s| {
         o.push_str("{\"name\":");
         json::string(o, &s.name);
         let _ = write!(
@@ -1036,7 +1025,7 @@ fn device_json(out: &mut String, d: &OomGpuDevice) {
     opt_str(out, mem_err);
     key(out, false, "processes");
     match &d.processes {
-        Ok(ps) => list(out, ps, |o, p| {
+        Ok(ps) => json::list(out, ps, |o, p| {
             let _ = write!(o, "{{\"pid\":{},\"used_bytes\":", p.pid);
             opt_u64(o, p.used_bytes);
             let _ = write!(
@@ -1120,7 +1109,7 @@ impl OutOfMemoryReport {
         key(&mut out, false, "failed_allocation");
         failed_json(&mut out, &self.failed);
         key(&mut out, false, "sources");
-        list(&mut out, &self.sources, |o, s| {
+        json::list(&mut out, &self.sources, |o, s| {
             o.push_str("{\"name\":");
             json::string(o, &s.name);
             let _ = write!(
@@ -1138,7 +1127,7 @@ impl OutOfMemoryReport {
         key(&mut out, false, "phases");
         let now = self.written_at_ns;
         match &self.open_phases {
-            Ok(ps) => list(&mut out, ps, |o, p| open_json(o, p, now)),
+            Ok(ps) => json::list(&mut out, ps, |o, p| open_json(o, p, now)),
             Err(_) => out.push_str("[]"),
         }
         out.push('}');
@@ -1147,7 +1136,7 @@ impl OutOfMemoryReport {
             ",\"ended_phases\":{{\"kept\":{},\"ended_total\":{},\"phases\":",
             self.keep_ended, self.ended_total
         );
-        list(&mut out, &self.ended_phases, |o, r| {
+        json::list(&mut out, &self.ended_phases, |o, r| {
             o.push_str(&json::record(r))
         });
         out.push('}');
@@ -1158,7 +1147,7 @@ impl OutOfMemoryReport {
         );
         key(&mut out, false, "devices");
         match &self.gpus {
-            Ok(ds) => list(&mut out, ds, device_json),
+            Ok(ds) => json::list(&mut out, ds, device_json),
             Err(_) => out.push_str("[]"),
         }
         out.push('}');
@@ -1170,7 +1159,7 @@ impl OutOfMemoryReport {
         let counts = self.driver_counts.as_ref().ok();
         key(&mut out, false, "devices");
         match counts {
-            Some(c) => list(&mut out, &c.devices, |o, d| {
+            Some(c) => json::list(&mut out, &c.devices, |o, d| {
                 let _ = write!(
                     o,
                     "{{\"device\":{},\"held_bytes\":{},\"lifetime_peak_bytes\":{},\"oom_failures\":{}}}",
@@ -1187,7 +1176,7 @@ impl OutOfMemoryReport {
         opt_u64(&mut out, counts.map(|c| c.not_counted_bytes));
         out.push('}');
         key(&mut out, false, "caches");
-        list(&mut out, &self.caches(), |o, c| {
+        json::list(&mut out, &self.caches(), |o, c| {
             let _ = write!(o, "{{\"device\":{}", c.device);
             key(o, false, "framework");
             opt_str(o, c.framework.as_deref());

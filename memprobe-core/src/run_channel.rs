@@ -56,6 +56,7 @@ use crate::error::{Error, Result};
 use crate::fork::GateGuard;
 use crate::phase::PhaseKind;
 use crate::sink::Record;
+use crate::sinks::json;
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -294,21 +295,6 @@ pub(crate) enum Event<'a> {
     End { record: &'a Record, next: bool },
 }
 
-fn push_str(buf: &mut String, s: &str) {
-    buf.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => buf.push_str("\\\""),
-            '\\' => buf.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(buf, "\\u{:04x}", c as u32);
-            }
-            c => buf.push(c),
-        }
-    }
-    buf.push('"');
-}
-
 /// Encodes `event` as one JSON object into `buf` (cleared first).
 pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
     buf.clear();
@@ -329,9 +315,9 @@ pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
             depth,
             t_ns,
         } => {
-            push_str(buf, kind.as_str());
+            json::string(buf, kind.as_str());
             buf.push_str(",\"name\":");
-            push_str(buf, name);
+            json::string(buf, name);
             let _ = write!(buf, r#","index":{index},"depth":{depth},"t_ns":{t_ns}}}"#);
         }
         Event::End { record, next } => {
@@ -339,9 +325,9 @@ pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
                 Some(p) => (p.kind, p.name.as_str(), p.index, p.depth),
                 None => (PhaseKind::Custom, record.label.as_str(), 0, 0),
             };
-            push_str(buf, kind.as_str());
+            json::string(buf, kind.as_str());
             buf.push_str(",\"name\":");
-            push_str(buf, name);
+            json::string(buf, name);
             let _ = write!(
                 buf,
                 r#","index":{index},"depth":{depth},"started_ns":{},"ended_ns":{},"next":{next},"releases":{},"sources":["#,
@@ -358,19 +344,7 @@ pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
                 if i > 0 {
                     buf.push(',');
                 }
-                buf.push_str("{\"name\":");
-                push_str(buf, &d.name);
-                let _ = write!(
-                    buf,
-                    r#","kind":"{}","fidelity":"{}","used_start":{},"used_end":{},"peak":{},"delta_used":{},"delta_peaked":{}}}"#,
-                    d.kind.as_str(),
-                    d.fidelity.as_str(),
-                    d.used_start,
-                    d.used_end,
-                    d.peak,
-                    d.delta_used,
-                    d.delta_peaked
-                );
+                json::source(buf, d);
             }
             let _ = write!(buf, r#"],"truncated":{truncated}}}"#);
         }

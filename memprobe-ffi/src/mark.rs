@@ -86,6 +86,18 @@ fn failed(what: &str, rc: i32) -> Error {
     )
 }
 
+/// Calls the caller's reset function.
+fn reset(f: unsafe extern "C" fn(*mut c_void) -> i32, data: &UserData) -> Result<()> {
+    // SAFETY: the caller's function with the caller's data, per the
+    // contract of memprobe_mark_group_new(_many).
+    let rc = unsafe { f(data.get()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(failed("reset", rc))
+    }
+}
+
 impl CMarks {
     fn read(
         &self,
@@ -115,13 +127,7 @@ impl Marks for CMarks {
     }
 
     fn reset(&mut self) -> Result<()> {
-        // SAFETY: as in `read`.
-        let rc = unsafe { (self.reset)(self.data.get()) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(failed("reset", rc))
-        }
+        reset(self.reset, &self.data)
     }
 }
 
@@ -173,13 +179,7 @@ impl Marks for CMarksMany {
     }
 
     fn reset(&mut self) -> Result<()> {
-        // SAFETY: as in `many`.
-        let rc = unsafe { (self.reset)(self.data.get()) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(failed("reset", rc))
-        }
+        reset(self.reset, &self.data)
     }
 
     fn read_many(

@@ -23,7 +23,7 @@ pub(crate) fn string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-fn list<T>(out: &mut String, items: &[T], mut f: impl FnMut(&mut String, &T)) {
+pub(crate) fn list<T>(out: &mut String, items: &[T], mut f: impl FnMut(&mut String, &T)) {
     out.push('[');
     for (i, it) in items.iter().enumerate() {
         if i > 0 {
@@ -34,7 +34,7 @@ fn list<T>(out: &mut String, items: &[T], mut f: impl FnMut(&mut String, &T)) {
     out.push(']');
 }
 
-fn source(out: &mut String, d: &SourceDelta) {
+pub(crate) fn source(out: &mut String, d: &SourceDelta) {
     out.push_str("{\"name\":");
     string(out, &d.name);
     let _ = write!(
