@@ -140,7 +140,7 @@ impl PhaseChannel {
             log,
             stop,
             handle,
-            _place: self.place,
+            place: self.place,
         })
     }
 }
@@ -151,7 +151,7 @@ pub(crate) struct Receiver {
     log: Arc<Mutex<PhaseLog>>,
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
-    _place: Place,
+    place: Place,
 }
 
 fn lock(log: &Mutex<PhaseLog>) -> MutexGuard<'_, PhaseLog> {
@@ -163,6 +163,11 @@ impl Receiver {
     /// socket and its directory, and returns the log.
     pub(crate) fn finish(self) -> PhaseLog {
         self.stop.store(true, Ordering::SeqCst);
+        // Wake the receiver now rather than at its next poll (a run's end
+        // would wait for it): an empty datagram, which carries nothing.
+        if let Ok(waker) = UnixDatagram::unbound() {
+            let _ = waker.send_to(&[], &self.place.socket);
+        }
         let _ = self.handle.join();
         // A copy: lookups handed out keep answering after the end.
         let log = lock(&self.log).clone();
@@ -228,6 +233,8 @@ fn receive(sock: &UnixDatagram, log: &Mutex<PhaseLog>, stop: &AtomicBool) {
             }
         }
         match recv(sock, &mut buf) {
+            // The wake-up sent at the end (and any empty datagram): nothing.
+            Ok(d) if d.len == 0 && !d.truncated => {}
             Ok(d) => {
                 let decoded = if d.truncated {
                     Err(Unreadable::Oversized)
