@@ -7,7 +7,7 @@
 //! phases, epochs and evaluations (streams) are shaded and the step that
 //! held each of its sources' peaks is marked.
 
-use crate::report::{command_line, RunReport};
+use crate::report::{command_line, PointReport, RunReport};
 use crate::units;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -20,6 +20,9 @@ const FONT: &str = "sans-serif";
 
 const TREE_COLOR: RGBColor = RGBColor(31, 119, 180);
 const CGROUP_COLOR: RGBColor = RGBColor(214, 39, 40);
+/// The tree's PSS and USS (`--pss`): the tree's blue, lighter.
+const PSS_COLOR: RGBColor = RGBColor(99, 170, 220);
+const USS_COLOR: RGBColor = RGBColor(158, 202, 233);
 const GPU_COLORS: [RGBColor; 6] = [
     RGBColor(44, 160, 44),
     RGBColor(255, 127, 14),
@@ -123,6 +126,32 @@ fn series_of(r: &RunReport) -> Vec<Series> {
             .map(|p| (p.t_s, p.tree_rss_bytes))
             .collect(),
     }];
+    if r.pss.is_some() {
+        // Shared pages once (PSS) and each process's own pages (USS), under
+        // the summed RSS that counts shared pages once per process.
+        for (label, color, pick) in [
+            (
+                "host tree PSS (shared pages counted once)",
+                PSS_COLOR,
+                (|p: &PointReport| p.tree_pss_bytes.flatten()) as fn(&PointReport) -> Option<u64>,
+            ),
+            (
+                "host tree USS (pages of one process only)",
+                USS_COLOR,
+                |p: &PointReport| p.tree_uss_bytes.flatten(),
+            ),
+        ] {
+            out.push(Series {
+                label: label.into(),
+                color,
+                points: r
+                    .timeline
+                    .iter()
+                    .filter_map(|p| Some((p.t_s, pick(p)?)))
+                    .collect(),
+            });
+        }
+    }
     if let Some(c) = &r.cgroup {
         let limit = c.limit_bytes.map_or_else(
             || "no limit".into(),

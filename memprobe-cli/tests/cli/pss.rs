@@ -17,8 +17,17 @@ fn pss_counts_the_pages_workers_share_once() {
     let dir = scratch("pss");
     let csv = dir.join("run.csv");
     let csv_arg = csv.to_str().unwrap();
+    let svg = dir.join("run.svg");
     let (out, json) = run_helper_json(
-        &["--pss", "--interval", "50ms", "--csv", csv_arg],
+        &[
+            "--pss",
+            "--interval",
+            "50ms",
+            "--csv",
+            csv_arg,
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
         &[
             "shared-workers",
             &WORKERS.to_string(),
@@ -86,14 +95,22 @@ fn pss_counts_the_pages_workers_share_once() {
     );
     assert!(err.contains("beyond the command"), "{err}");
     assert!(err.contains("other process"), "{err}");
+    // The chart draws both beside the summed RSS.
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.contains("host tree PSS (shared pages counted once)"));
+    assert!(chart.contains("host tree USS (pages of one process only)"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Without --pss nothing of it appears.
 #[test]
 fn no_pss_without_the_option() {
-    let (out, json) = run_helper_json(&[], &["exit", "0"]);
+    let dir = scratch("no-pss");
+    let svg = dir.join("run.svg");
+    let (out, json) = run_helper_json(&["--plot", svg.to_str().unwrap()], &["exit", "0"]);
     assert!(out.status.success());
+    assert!(!std::fs::read_to_string(&svg).unwrap().contains("PSS"));
+    std::fs::remove_dir_all(&dir).unwrap();
     assert!(json.get("pss").is_none());
     assert!(json["timeline"][0].get("tree_pss_bytes").is_none());
     assert!(!stderr(&out).contains("PSS"));
