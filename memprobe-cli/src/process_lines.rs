@@ -4,6 +4,7 @@
 //! than the smallest followed one replaces it) and each line is thinned to
 //! at most [`MAX_POINTS`] points, neighbours merged keeping their maximum.
 
+use serde::Serialize;
 use std::collections::HashMap;
 
 /// Processes followed at once.
@@ -131,22 +132,26 @@ impl ProcessLines {
 /// Processes drawn as lines of their own on the chart.
 pub(crate) const DRAWN: usize = 16;
 
-/// One process's line as drawn.
-#[derive(Debug, Clone)]
+/// One process's line as drawn (and in the JSON's `process_lines`).
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct DrawnLine {
     pub(crate) pid: u32,
     pub(crate) name: String,
+    /// The largest RSS sampled.
+    #[serde(rename = "peak_rss_bytes")]
     pub(crate) peak: u64,
     /// (seconds since spawn, bytes).
+    #[serde(rename = "rss_points")]
     pub(crate) points: Vec<(f64, u64)>,
 }
 
 /// The lines the chart draws: the [`DRAWN`] largest processes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct LinesReport {
     /// Largest peak first.
     pub(crate) lines: Vec<DrawnLine>,
     /// Processes seen in the tree.
+    #[serde(rename = "processes_seen")]
     pub(crate) processes: u64,
 }
 

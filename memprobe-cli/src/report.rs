@@ -71,8 +71,7 @@ pub(crate) struct RunReport {
     /// The command's phases (phase_report.rs).
     pub(crate) phases: Vec<PhaseReport>,
     pub(crate) phase_channel: PhaseChannelReport,
-    /// Each of the largest processes over time, for the chart only.
-    #[serde(skip)]
+    /// Each of the largest processes over time (the chart's lines).
     pub(crate) process_lines: crate::process_lines::LinesReport,
 }
 

@@ -156,5 +156,18 @@ fn a_c_training_loop_shows_its_epochs_and_the_step_of_its_spike() {
         chart.contains(&format!("pid {} test_run_phases", worker["pid"])),
         "the worker has a line of its own"
     );
+    // The same lines in the JSON: the command's and the worker's, over time.
+    let lines = v["process_lines"]["lines"].as_array().unwrap();
+    for p in [pid, worker["pid"].as_u64().unwrap()] {
+        let line = lines
+            .iter()
+            .find(|l| l["pid"].as_u64() == Some(p))
+            .unwrap_or_else(|| panic!("no line of pid {p} in {:#}", v["process_lines"]));
+        let points = line["rss_points"].as_array().unwrap();
+        assert!(points.len() >= 2, "{line:#}");
+        let top = points.iter().filter_map(|x| x[1].as_u64()).max();
+        assert_eq!(top, line["peak_rss_bytes"].as_u64(), "{line:#}");
+    }
+    assert!(v["process_lines"]["processes_seen"].as_u64() >= Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }

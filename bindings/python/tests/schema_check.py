@@ -82,6 +82,13 @@ def _check(root: Dict[str, Any], schema: Any, v: Any, path: str, errors: List[st
             if isinstance(v, list):
                 for i, x in enumerate(v):
                     _check(root, s, x, f"{path}[{i}]", errors)
+        elif key == "prefixItems":
+            if isinstance(v, list):
+                for i, (x, sub) in enumerate(zip(v, s)):
+                    _check(root, sub, x, f"{path}[{i}]", errors)
+        elif key in ("minItems", "maxItems"):
+            if isinstance(v, list) and (len(v) < s if key == "minItems" else len(v) > s):
+                errors.append(f"{path}: {len(v)} items, {key} {s}")
         elif key == "anyOf":
             branches = []
             for b in s:

@@ -141,6 +141,21 @@ fn check_at(root: &Value, schema: &Value, v: &Value, path: &str, errors: &mut Ve
                     }
                 }
             }
+            "prefixItems" => {
+                if let Some(a) = v.as_array() {
+                    for (i, (x, sub)) in a.iter().zip(s.as_array().unwrap()).enumerate() {
+                        check_at(root, sub, x, &format!("{path}[{i}]"), errors);
+                    }
+                }
+            }
+            "minItems" | "maxItems" => {
+                if let (Some(a), Some(n)) = (v.as_array(), s.as_u64()) {
+                    let len = a.len() as u64;
+                    if (key == "minItems" && len < n) || (key == "maxItems" && len > n) {
+                        errors.push(format!("{path}: {len} items, {key} {n}"));
+                    }
+                }
+            }
             "anyOf" => {
                 let branches = s.as_array().unwrap();
                 let any = branches.iter().any(|b| {
@@ -173,11 +188,12 @@ fn the_checker_catches_disagreements() {
         "properties": {
             "a": { "type": "integer", "minimum": 0 },
             "b": { "anyOf": [{ "$ref": "#/$defs/x" }, { "type": "null" }] },
-            "c": { "type": "array", "items": { "enum": ["p", "q"] } }
+            "c": { "type": "array", "items": { "enum": ["p", "q"] } },
+            "d": { "type": "array", "prefixItems": [{ "type": "number" }, { "type": "integer" }], "minItems": 2, "maxItems": 2 }
         },
         "$defs": { "x": { "type": "object", "required": ["k"], "properties": { "k": { "const": 1 } } } }
     });
-    let good = serde_json::json!({ "a": 1, "b": { "k": 1 }, "c": ["p"] });
+    let good = serde_json::json!({ "a": 1, "b": { "k": 1 }, "c": ["p"], "d": [0.5, 3] });
     assert!(
         check(&schema, &good).is_empty(),
         "{:?}",
@@ -191,6 +207,9 @@ fn the_checker_catches_disagreements() {
         serde_json::json!({ "a": 1, "b": null, "extra": 0 }),
         serde_json::json!({ "a": 1, "b": { "k": 2 } }),
         serde_json::json!({ "a": 1, "b": null, "c": ["z"] }),
+        serde_json::json!({ "a": 1, "b": null, "d": [0.5, 1.5] }),
+        serde_json::json!({ "a": 1, "b": null, "d": [0.5] }),
+        serde_json::json!({ "a": 1, "b": null, "d": [0.5, 1, 2] }),
     ] {
         assert!(!check(&schema, &bad).is_empty(), "accepted {bad}");
     }
