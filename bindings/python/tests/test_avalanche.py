@@ -113,11 +113,15 @@ def test_naive_strategy_side_by_side_with_avalanche():
     assert sum(len(v[1]) for k, v in m.items() if k.startswith("MaxRAMUsage_Experience")) == 2
     assert counts["MaxRAMUsage_Stream"] == 1
     # ... in the same unit (MiB: Avalanche polls RSS once a second, memprobe
-    # keeps the exact peak), so memprobe's value is never below Avalanche's.
+    # keeps the exact peak), so memprobe's value is never below Avalanche's
+    # by more than what the process may grow between the two plugins'
+    # callbacks: Avalanche's thread can take a reading just before memprobe's
+    # window opens or just after it closes (4 KiB was seen; 256 KiB allowed).
+    slack = 256 / 1024
     for k in a:
         for ours_v, theirs_v in zip(m[k][1], a[k][1]):
             assert isinstance(ours_v, float)
-            assert ours_v >= theirs_v, (k, ours_v, theirs_v)
+            assert ours_v >= theirs_v - slack, (k, ours_v, theirs_v)
             assert 1 < ours_v < 1 << 20  # MiB, not bytes
     # The spike: in memprobe's minibatch series at its iteration, and in its
     # epoch, well above the iterations around it.
