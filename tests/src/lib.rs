@@ -263,3 +263,48 @@ pub fn stage_fake_gpu(kind: FakeGpu, omit: &[&str], script: &str, dir: &Path) ->
     std::fs::write(dir.join(kind.script_name()), script).expect("write the fake GPU script");
     lib
 }
+
+/// Builds the driver-API interposer and copies it to
+/// `dir/libmemprobe_interpose.so`, and compiles the fake driver
+/// (tests/fake-gpu/fake_cuda.c) as `dir/driver/libcuda.so.1`; returns the
+/// interposer's path and the driver's directory (for `LD_LIBRARY_PATH`).
+pub fn stage_interposer_and_driver(dir: &Path) -> (PathBuf, PathBuf) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "-q", "-p", "memprobe-interpose-preload"])
+        .current_dir(root())
+        .status()
+        .expect("run cargo build -p memprobe-interpose-preload");
+    assert!(
+        st.success(),
+        "cargo build -p memprobe-interpose-preload failed"
+    );
+    let interposer = dir.join("libmemprobe_interpose.so");
+    std::fs::copy(
+        target_dir().join("debug/libmemprobe_interpose.so"),
+        &interposer,
+    )
+    .expect("copy the interposer");
+    let driver_dir = dir.join("driver");
+    std::fs::create_dir_all(&driver_dir).unwrap();
+    // -Bsymbolic: the driver's calls to its own functions stay inside it,
+    // as in the real one.
+    let o = Command::new("cc")
+        .args([
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcuda.so.1",
+            "-Wl,-Bsymbolic",
+        ])
+        .arg(root().join("tests/fake-gpu/fake_cuda.c"))
+        .arg("-o")
+        .arg(driver_dir.join("libcuda.so.1"))
+        .arg("-lpthread")
+        .output()
+        .expect("run cc");
+    assert_ok("compiling the fake driver", &o);
+    (interposer, driver_dir)
+}

@@ -9,9 +9,12 @@
 //! intercepts (only `dlsym` and the driver's `cu*` names), so the ASan runs
 //! set `verify_asan_link_order=0` and run the same program users run.
 
-use memprobe_tests::{assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch, Build};
+use memprobe_tests::{
+    assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch,
+    stage_interposer_and_driver, Build,
+};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 
 struct Staged {
@@ -33,43 +36,7 @@ fn staged() -> &'static Staged {
         compile(&src, &program, Build::Plain, &["-ldl"]);
         let asan = dir.join("test_gpu_exact-asan");
         compile(&src, &asan, Build::Sanitized, &["-ldl"]);
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-q", "-p", "memprobe-interpose-preload"])
-            .current_dir(root())
-            .status()
-            .expect("run cargo build -p memprobe-interpose-preload");
-        assert!(
-            st.success(),
-            "cargo build -p memprobe-interpose-preload failed"
-        );
-        let interposer = dir.join("libmemprobe_interpose.so");
-        std::fs::copy(
-            memprobe_tests::target_dir().join("debug/libmemprobe_interpose.so"),
-            &interposer,
-        )
-        .expect("copy the interposer");
-        let driver_dir = dir.join("driver");
-        std::fs::create_dir_all(&driver_dir).unwrap();
-        // -Bsymbolic: the driver's calls to its own functions stay inside
-        // it, as in the real one.
-        let o = Command::new("cc")
-            .args([
-                "-std=gnu11",
-                "-O1",
-                "-g",
-                "-shared",
-                "-fPIC",
-                "-Wl,-soname,libcuda.so.1",
-                "-Wl,-Bsymbolic",
-            ])
-            .arg(root().join("tests/fake-gpu/fake_cuda.c"))
-            .arg("-o")
-            .arg(driver_dir.join("libcuda.so.1"))
-            .arg("-lpthread")
-            .output()
-            .expect("run cc");
-        assert_ok("compiling the fake driver", &o);
+        let (interposer, driver_dir) = stage_interposer_and_driver(&dir);
         Staged {
             program,
             asan,

@@ -11,11 +11,11 @@
 //! tests/tests/gpu_exact_abi.rs does).
 
 use memprobe_tests::{
-    assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch, stage_fake_gpu, Build,
-    FakeGpu,
+    assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch, stage_fake_gpu,
+    stage_interposer_and_driver, Build, FakeGpu,
 };
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 
 #[path = "../../memprobe-cli/tests/cli/schema.rs"]
@@ -41,41 +41,7 @@ fn staged() -> &'static Staged {
         compile(&src, &program, Build::Plain, &["-ldl"]);
         let asan = dir.join("test_oom_driver-asan");
         compile(&src, &asan, Build::Sanitized, &["-ldl"]);
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-q", "-p", "memprobe-interpose-preload"])
-            .current_dir(root())
-            .status()
-            .expect("run cargo build -p memprobe-interpose-preload");
-        assert!(
-            st.success(),
-            "cargo build -p memprobe-interpose-preload failed"
-        );
-        let interposer = dir.join("libmemprobe_interpose.so");
-        std::fs::copy(
-            memprobe_tests::target_dir().join("debug/libmemprobe_interpose.so"),
-            &interposer,
-        )
-        .expect("copy the interposer");
-        let driver_dir = dir.join("driver");
-        std::fs::create_dir_all(&driver_dir).unwrap();
-        let o = Command::new("cc")
-            .args([
-                "-std=gnu11",
-                "-O1",
-                "-g",
-                "-shared",
-                "-fPIC",
-                "-Wl,-soname,libcuda.so.1",
-                "-Wl,-Bsymbolic",
-            ])
-            .arg(root().join("tests/fake-gpu/fake_cuda.c"))
-            .arg("-o")
-            .arg(driver_dir.join("libcuda.so.1"))
-            .arg("-lpthread")
-            .output()
-            .expect("run cc");
-        assert_ok("compiling the fake driver", &o);
+        let (interposer, driver_dir) = stage_interposer_and_driver(&dir);
         // One 16 GiB GPU, with this process and another one on it.
         let nvml = stage_fake_gpu(
             FakeGpu::Nvml,
