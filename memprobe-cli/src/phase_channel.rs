@@ -164,9 +164,13 @@ impl Receiver {
     pub(crate) fn finish(self) -> PhaseLog {
         self.stop.store(true, Ordering::SeqCst);
         // Wake the receiver now rather than at its next poll (a run's end
-        // would wait for it): an empty datagram, which carries nothing.
+        // would wait for it): an empty datagram, which carries nothing. Never
+        // blocking: with the queue full (a receiver that stopped on an
+        // error), the poll still ends it.
         if let Ok(waker) = UnixDatagram::unbound() {
-            let _ = waker.send_to(&[], &self.place.socket);
+            if waker.set_nonblocking(true).is_ok() {
+                let _ = waker.send_to(&[], &self.place.socket);
+            }
         }
         let _ = self.handle.join();
         // A copy: lookups handed out keep answering after the end.
