@@ -320,6 +320,20 @@ impl GroupState {
         m.carried = Some(m.carried.map_or(peak, |c| c.max(peak)));
     }
 
+    /// Carries `peaks` (one per member, in order) for every member but
+    /// `index`, and returns `index`'s.
+    fn carry_others(&mut self, index: usize, peaks: Vec<u64>) -> u64 {
+        let mut own = 0;
+        for (i, peak) in peaks.into_iter().enumerate() {
+            if self.members[i].index == index {
+                own = peak;
+            } else {
+                self.carry(i, peak);
+            }
+        }
+        own
+    }
+
     /// Carries every other member's mark, then resets the group. On error
     /// the marks are not reset (or were, with every other mark carried).
     /// Returns `index`'s value right after the reset when the group read
@@ -330,11 +344,7 @@ impl GroupState {
         if !carried_already {
             match self.read_all(MarkValue::Peak, info, index) {
                 Some(peaks) => {
-                    for (i, peak) in peaks?.into_iter().enumerate() {
-                        if self.members[i].index != index {
-                            self.carry(i, peak);
-                        }
-                    }
+                    self.carry_others(index, peaks?);
                 }
                 None => {
                     for i in 0..self.members.len() {
@@ -441,14 +451,7 @@ impl Sampler for MarkSampler {
             // carry the others' to the reset that follows in this sweep.
             match st.read_all(MarkValue::Peak, &self.info, self.index) {
                 Some(peaks) => {
-                    let mut own = 0;
-                    for (i, peak) in peaks?.into_iter().enumerate() {
-                        if st.members[i].index == self.index {
-                            own = peak;
-                        } else {
-                            st.carry(i, peak);
-                        }
-                    }
+                    let own = st.carry_others(self.index, peaks?);
                     st.peaks_read_in = sweep;
                     Some(own)
                 }
