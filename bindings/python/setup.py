@@ -63,26 +63,23 @@ def manifest(crate: str) -> str:
         return str(path)
 
 
+def library(module: str, crate: str) -> RustExtension:
+    """A cdylib of the workspace, stripped, as ``module`` (tagged abi3)."""
+    return RustExtension(
+        module,
+        path=manifest(crate),
+        binding=Binding.NoBinding,
+        py_limited_api=True,
+        strip=Strip.All,
+        debug=False,
+        cargo_manifest_args=["--locked"],
+    )
+
+
 setup(
     rust_extensions=[
-        RustExtension(
-            "memprobe._lib.libmemprobe",
-            path=manifest("memprobe-ffi"),
-            binding=Binding.NoBinding,
-            py_limited_api=True,
-            strip=Strip.All,
-            debug=False,
-            cargo_manifest_args=["--locked"],
-        ),
-        RustExtension(
-            "memprobe._lib.libmemprobe_interpose",
-            path=manifest("memprobe-interpose/preload"),
-            binding=Binding.NoBinding,
-            py_limited_api=True,
-            strip=Strip.All,
-            debug=False,
-            cargo_manifest_args=["--locked"],
-        ),
+        library("memprobe._lib.libmemprobe", "memprobe-ffi"),
+        library("memprobe._lib.libmemprobe_interpose", "memprobe-interpose/preload"),
         RustBin(
             "memprobe",
             path=manifest("memprobe-cli"),
