@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel gpu-validation-bundle
 
 all: lib examples
 
@@ -82,6 +82,24 @@ wheel:
 	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair -w $(BUILD)/wheel $(BUILD)/wheel-linux/memprobe-*.whl
 	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*.whl
 	@ls -l $(BUILD)/wheel/memprobe-*.whl
+
+# What scripts/gpu-validate-all.sh runs on a GPU machine that has no Rust:
+# the release library, the interposer, the memprobe command and the NVML
+# latency probe, stripped, laid out as an install prefix (bin/, lib/) in
+# build/gpu-bundle. The source tree (scripts, the Python package, headers)
+# travels beside it.
+GPU_BUNDLE := $(BUILD)/gpu-bundle
+gpu-validation-bundle: lib
+	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe
+	$(CARGO) build -j$(JOBS) --release -p memprobe-gpu --example nvml_latency
+	rm -rf $(GPU_BUNDLE)
+	mkdir -p $(GPU_BUNDLE)/bin $(GPU_BUNDLE)/lib
+	cp $(RELEASE)/memprobe $(RELEASE)/examples/nvml_latency $(GPU_BUNDLE)/bin/
+	cp $(RELEASE)/libmemprobe.so $(RELEASE)/libmemprobe_interpose.so $(GPU_BUNDLE)/lib/
+	strip $(GPU_BUNDLE)/bin/* $(GPU_BUNDLE)/lib/*.so
+	@set -e; soname=$$(objdump -p $(GPU_BUNDLE)/lib/libmemprobe.so | awk '/SONAME/{print $$2}'); \
+	ln -sfn libmemprobe.so $(GPU_BUNDLE)/lib/$$soname
+	@du -sh $(GPU_BUNDLE)
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
