@@ -160,8 +160,39 @@ def find_cudart():
 
 # ---- experiments (children) --------------------------------------------------
 
+class DriverRuntime:
+    """cudaSetDevice / cudaFree / cudaMalloc over the driver API itself, for
+    the dry run on the fake driver (which has no runtime library): the same
+    entry points the runtime reaches, so the interposer counts the same."""
+
+    def __init__(self):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self._name = "libcuda.so.1 (driver API)"
+        self.cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        self.cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+
+    def cudaSetDevice(self, index):
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        for rc in (self.cu.cuInit(0), self.cu.cuDeviceGet(ctypes.byref(dev), index),
+                   self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), self.cu.cuCtxSetCurrent(ctx)):
+            if rc != 0:
+                return rc
+        return 0
+
+    def cudaMalloc(self, ptr_ref, size):
+        p = ctypes.c_uint64()
+        rc = self.cu.cuMemAlloc_v2(ctypes.byref(p), size)
+        ptr_ref._obj.value = p.value
+        return rc
+
+    def cudaFree(self, ptr):
+        if ptr is None:
+            return 0
+        return self.cu.cuMemFree_v2(ctypes.c_uint64(ptr.value or 0))
+
+
 def exp_direct(args, ip, nv):
-    rt = ctypes.CDLL(find_cudart())
+    rt = DriverRuntime() if args.driver_api else ctypes.CDLL(find_cudart())
     ok = rt.cudaSetDevice(0)
     assert ok == 0, f"cudaSetDevice: {ok}"
     rt.cudaFree(None)  # creates the context
@@ -323,7 +354,7 @@ def run_child(args, name, preload=True, extra_env=None):
     env.update(extra_env or {})
     steps = args.throughput_steps if name == "throughput" else args.steps
     cmd = [sys.executable, os.path.abspath(__file__), args.lib, "--child", name,
-           "--steps", str(steps)]
+           "--steps", str(steps)] + (["--driver-api"] if args.driver_api else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -340,6 +371,8 @@ def main():
                     help="comma-separated subset of direct,torch,throughput")
     ap.add_argument("--pairs", type=int, default=4, help="throughput: alternated pairs of runs")
     ap.add_argument("--throughput-steps", type=int, default=300, help="throughput: steps per run")
+    ap.add_argument("--driver-api", action="store_true",
+                    help="direct: allocate through the driver API, not libcudart (the dry run on the fake driver)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

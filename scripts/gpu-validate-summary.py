@@ -32,6 +32,8 @@ def outcome(status):
     if status[0] == "skipped":
         return "skipped"
     rc = int(status[0])
+    if rc == 77:  # the part said it cannot run here (the dry run's GPU-only parts)
+        return "skipped"
     if rc == 0:
         return "passed"
     if rc in (124, 137):
@@ -43,6 +45,8 @@ def checks_of(name, rep):
     """(check, ok, detail) rows of a part's report."""
     if not isinstance(rep, dict):
         return []
+    if isinstance(rep.get("skipped"), str):
+        return [("skipped", None, rep["skipped"])]
     if isinstance(rep.get("checks"), list):
         return [(c.get("check"), c.get("ok"), c.get("detail")) for c in rep["checks"]]
     rows = []
@@ -122,11 +126,16 @@ def main() -> int:
     title = "GPU validation" + (" — DRY RUN on the fakes (no GPU)" if a.dry_run else "")
     md.append(f"# {title}\n")
     if env:
-        md.append(f"{env.get('date', '?')} · {env.get('device') or env.get('nvidia_smi', '?')} · "
-                  f"`{env.get('nvidia_smi', '?')}` · torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda', '?')}) · "
+        md.append(f"{env.get('date', '?')} · {env.get('device') or 'no GPU'} · "
+                  f"nvidia-smi: `{env.get('nvidia_smi') or 'none'}` · torch {env.get('torch') or 'none'} "
+                  f"(CUDA {env.get('torch_cuda') or 'none'}) · "
                   f"kernel {env.get('kernel', '?')} · {env.get('cpus', '?')} CPUs · Python {env.get('python', '?')}\n")
-    md.append(f"Whole run: {a.elapsed} s of a {a.budget} s budget. Result: "
-              f"**{'all parts passed' if doc['passed'] else 'some parts did not pass'}**.\n")
+    skipped = [n for n, p in doc["parts"].items() if p["outcome"] in ("skipped", "not run")]
+    verdict = "every part that ran passed" if doc["passed"] else "some parts did not pass"
+    if not ran:
+        verdict = "no part ran"
+    md.append(f"Whole run: {a.elapsed} s of a {a.budget} s budget. Result: **{verdict}**"
+              + (f" ({len(skipped)} not run: {', '.join(skipped)})" if skipped else "") + ".\n")
     md.append("| part | what | outcome | time |")
     md.append("|---|---|---|---|")
     for name, p in doc["parts"].items():
@@ -143,7 +152,7 @@ def main() -> int:
             for c, ok, d in rows:
                 res = "—" if ok is None else ("ok" if ok else "**FAIL**")
                 md.append(f"| {short(c, 120)} | {res} | {short(d)} |")
-        elif p["outcome"] not in ("skipped", "not run"):
+        elif p["outcome"] != "not run":
             tail = "\n".join(p["log_tail"].strip().splitlines()[-12:])
             md.append("No report; the end of its output:\n\n```\n" + tail + "\n```")
     with open(os.path.join(a.outdir, "gpu-validation.md"), "w") as f:
