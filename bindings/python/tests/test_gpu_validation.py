@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import memprobe
@@ -52,7 +53,7 @@ def _bundle(tmp: Path) -> Path:
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     require(shutil.which("cc") is not None, "a C compiler is needed for the fake GPU libraries")
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHON=sys.executable)
     env.pop("MEMPROBE_GPU_EXACT", None)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -121,7 +122,7 @@ def test_the_summary_names_each_outcome(tmp_path):
         (parts / f"{name}.status").write_text(status + "\n")
         (parts / f"{name}.log").write_text(f"{name} output\n")
     (parts / "run.json").write_text(json.dumps({"checks": [{"check": "c", "ok": False, "detail": "d"}]}))
-    r = subprocess.run([os.environ.get("PYTHON", "python3"), str(SUMMARY), str(tmp_path),
+    r = subprocess.run([sys.executable, str(SUMMARY), str(tmp_path),
                         "--parts", "torch,interpose,run,oom,nvml,cpp"], capture_output=True, text=True)
     assert r.returncode == 1
     doc = json.loads((tmp_path / "gpu-validation.json").read_text())
