@@ -58,6 +58,10 @@ def checks_of(name, rep):
                      py.get("exact_caught") == py.get("tries"), f"{py.get('exact_caught')} of {py.get('tries')}"))
         rows.append(("NVML polling caught it (reported, not checked)", None,
                      f"{py.get('nvml_caught')} of {py.get('tries')}; polls {py.get('nvml_polls')}"))
+        ur = py.get("user_reset")
+        if isinstance(ur, dict):
+            rows.append(("the script's own reset_peak_memory_stats inside the windows: peaks still exact",
+                         ur.get("exact"), {k: ur.get(k) for k in ("expected", "step_peak", "epoch_peak")}))
         bc = py.get("boundary_cost")
         if isinstance(bc, dict):
             rows.append(("boundary cost vs a bare max_memory_allocated + reset_peak_memory_stats (target <= 1.0x)",

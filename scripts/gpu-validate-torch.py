@@ -228,8 +228,10 @@ def python_run(args, torch):
     for p in pollers.values():
         p.stop()
     cost = boundary_cost(torch, device, mp)
+    ureset = user_reset(torch, device, mp)
     return {
         "boundary_cost": cost,
+        "user_reset": ureset,
         "sources": mp.names,
         "tries": args.tries,
         "steps_per_try": args.steps,
@@ -270,6 +272,31 @@ def boundary_cost(torch, device, mp, blocks=30, per_block=200):
     return {"median_ns": {k: round(v) for k, v in med.items()},
             "ratio": round(med["memprobe_window_reset"] / med["bare_max_allocated_and_reset"], 3),
             "blocks": blocks, "calls_per_block": per_block}
+
+
+def user_reset(torch, device, mp):
+    """A training script's own `torch.cuda.reset_peak_memory_stats()` inside
+    memprobe's windows: 500 MiB held and freed, the user's reset, then
+    100 MiB. memprobe carries its marks before a reset made through torch's
+    Python API, so the open windows still see the 500 MiB: the step
+    window's `torch_alloc` peak must be the base plus 500 MiB, to the byte,
+    and so must an epoch window opened before it."""
+    mib = 1 << 20
+    torch.cuda.synchronize(device)
+    mp.step()
+    mp.epoch()
+    base = torch.cuda.memory_allocated(device)
+    x = torch.empty(500 * mib, dtype=torch.uint8, device=device)
+    del x
+    torch.cuda.reset_peak_memory_stats(device)  # the user's own
+    y = torch.empty(100 * mib, dtype=torch.uint8, device=device)
+    del y
+    torch.cuda.synchronize(device)
+    step, epoch = mp.step()["alloc"], mp.epoch()["alloc"]
+    want = base + 500 * mib
+    return {"base": base, "expected": want, "step_peak": step, "epoch_peak": epoch,
+            "torch_after_user_reset": torch.cuda.max_memory_allocated(device),
+            "exact": step == want and epoch == want}
 
 
 CPP = r"""
@@ -425,7 +452,10 @@ def main():
     if "cpp_run" in report:
         c = report["cpp_run"]
         print(f"libtorch: {json.dumps({k: v for k, v in c.items() if k not in ('stderr', 'command')})[:400]}")
-    ok = py["exact_equal_to_reference"] and py["exact_caught"] == args.tries
+    ur = py["user_reset"]
+    print(f"the user's own reset_peak_memory_stats inside the windows: step {ur['step_peak']}, epoch "
+          f"{ur['epoch_peak']}, expected {ur['expected']}: {'exact' if ur['exact'] else 'NOT exact'}")
+    ok = py["exact_equal_to_reference"] and py["exact_caught"] == args.tries and ur["exact"]
     if "cpp_run" in report and "skipped" not in report["cpp_run"]:
         ok = ok and report["cpp_run"].get("returncode") == 0
     sys.exit(0 if ok else 1)
