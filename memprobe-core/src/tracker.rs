@@ -333,19 +333,29 @@ impl Tracker {
             .get(&(kind, name_s.clone()))
             .copied()
             .unwrap_or(0);
-        if self.release_may_fire(kind, index) {
-            // A release must run between the phases, not inside the next one.
-            let record = self.end(kind, name)?;
-            self.begin(kind, name)?;
-            return Ok(record);
-        }
+        let release = self.release_may_fire(kind, index);
         let top = self.stack.last_mut().expect("checked");
         let started = top.window.started_at_ns();
+        // The one step that can fail, all or nothing: on error the phase
+        // goes on as if `next` had not been called.
         let deltas = top.window.reset()?;
         // The phase is still on the stack: it does not enclose itself.
         let depth = self.stack.len() - 1;
-        let record = self.finish_phase(kind, name_s, started, deltas, depth);
-        self.run.end(&record, true);
+        let record = self.finish_phase(kind, name_s.clone(), started, deltas, depth);
+        if !release {
+            self.run.end(&record, true);
+            return Ok(record);
+        }
+        // A release must run between the phases, not inside the next one:
+        // the next phase restarts once the release ran (finish_phase). Should
+        // that restart fail, the next phase keeps the start the boundary
+        // gave it, the release inside it: nothing is lost.
+        self.run.end(&record, false);
+        let top = self.stack.last_mut().expect("still open");
+        let _ = top.window.reset();
+        let t_ns = top.window.started_at_ns();
+        let index = *self.counters.get(&(kind, name_s.clone())).unwrap_or(&0);
+        self.run.begin(kind, &name_s, || index, depth, t_ns);
         Ok(record)
     }
 

@@ -195,3 +195,8 @@ fn cpp_out_of_memory_reports() {
     check_all_ways("test_cpp_oom.cpp", &[("OOM_TEST_DIR", &shown)]);
     assert_reports_valid(&dir, &["cpp.json"]);
 }
+
+#[test]
+fn a_boundary_that_fails_part_way_keeps_every_peak() {
+    check_all_ways("test_failed_boundary.c", &[]);
+}
