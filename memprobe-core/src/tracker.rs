@@ -8,7 +8,8 @@ use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
 use crate::leak::{LeakPolicy, LeakStatus, LeakTracker};
 use crate::oom_report::{
-    self, FailedAllocation, OomOutcome, OomReportOptions, OomReporter, OpenPhase,
+    self, FailedAllocation, OomLocation, OomOutcome, OomReportOptions, OomReporter, OomTrigger,
+    OpenPhase,
 };
 use crate::phase::{PhaseInfo, PhaseKind};
 use crate::release::{
@@ -490,7 +491,10 @@ impl Tracker {
 
     /// fastai's gpu_mem_restore, made useful outside IPython: runs `step`;
     /// when it reports out-of-memory, runs every release callback (GC
-    /// included) and retries, at most `max_retries` times.
+    /// included) and retries, at most `max_retries` times. When the last
+    /// try still runs out of memory and an out-of-memory report is
+    /// configured for the caller trigger, the report is written (reported
+    /// by `run_oom_retry`), as by [`report_oom`](Self::report_oom).
     pub fn run_with_oom_retry(
         &mut self,
         mut step: impl FnMut() -> Result<StepOutcome>,
@@ -507,7 +511,10 @@ impl Tracker {
                     report.succeeded = true;
                     return Ok(report);
                 }
-                StepOutcome::OutOfMemory if report.retries >= max_retries => return Ok(report),
+                StepOutcome::OutOfMemory if report.retries >= max_retries => {
+                    self.report_retries_exhausted(report.retries);
+                    return Ok(report);
+                }
                 StepOutcome::OutOfMemory => {
                     report
                         .releases
@@ -516,6 +523,29 @@ impl Tracker {
                 }
             }
         }
+    }
+
+    /// The step still ran out of memory after every retry: that is the
+    /// failure an armed out-of-memory report is for (caller trigger). A
+    /// write that fails is kept in the report's status.
+    fn report_retries_exhausted(&self, retries: u32) {
+        if !self
+            .oom
+            .as_ref()
+            .is_some_and(|r| r.accepts(OomTrigger::Caller))
+        {
+            return;
+        }
+        let mut failed = FailedAllocation::new(
+            OomTrigger::Caller,
+            OomLocation::Unknown,
+            None,
+            "run_oom_retry",
+        );
+        failed.detail = Some(format!(
+            "the step still ran out of memory after {retries} retries"
+        ));
+        let _ = self.report_oom(failed);
     }
 
     // ---- Out-of-memory reports: the logic is in oom_report.rs ----
