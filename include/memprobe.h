@@ -735,7 +735,8 @@ typedef struct {
   int32_t json_fd;
   /**
    * A file descriptor for the summary for people (e.g. 2, standard
-   * error); 0 or -1: none.
+   * error); 0 or -1: none. A write to a pipe or socket whose reader is
+   * gone fails with MEMPROBE_STATUS_IO, never SIGPIPE.
    */
   int32_t summary_fd;
   /**
@@ -1456,7 +1457,7 @@ memprobe_status memprobe_monitor_stop(void);
  * struct_size smaller than sizeof(memprobe_oom_report_options), unknown
  * trigger bits, no trigger, no destination, keep_ended above
  * MEMPROBE_OOM_KEEP_ENDED_MAX, a descriptor not open for writing, a path
- * naming a directory), UNAVAILABLE (the driver trigger without the
+ * naming a directory or ending in '/'), UNAVAILABLE (the driver trigger without the
  * interposer loaded — it says how to load it — or with counting switched
  * off; a path whose directory is missing), WRONG_ORDER (already configured:
  * remove it first). On error nothing changes.
@@ -1628,7 +1629,8 @@ memprobe_status memprobe_trace_start(memprobe_trace *trace);
 memprobe_status memprobe_trace_stop(memprobe_trace *trace);
 
 /**
- * Restarts the counters of a running trace (WRONG_ORDER if stopped).
+ * Restarts the counters of a running trace (WRONG_ORDER if stopped). All or
+ * nothing: a source that fails leaves every delta as it was.
  */
 memprobe_status memprobe_trace_reset(memprobe_trace *trace);
 
@@ -1676,7 +1678,8 @@ memprobe_status memprobe_trace_set_silent(memprobe_trace *trace, bool silent);
  * Sends printed reports to file descriptor `fd` (not closed by memprobe;
  * it must stay open while the trace reports). A descriptor that is not
  * open for writing is INVALID_ARGUMENT; a write that fails later fails the
- * report call (MEMPROBE_STATUS_IO).
+ * report call (MEMPROBE_STATUS_IO), a pipe or socket whose reader is gone
+ * included: memprobe never raises SIGPIPE in its host.
  */
 memprobe_status memprobe_trace_set_output_fd(memprobe_trace *trace, int32_t fd);
 
@@ -1723,6 +1726,8 @@ memprobe_status memprobe_tracker_end(memprobe_tracker *tracker, uint32_t kind, c
 /**
  * Ends the innermost phase and begins the next of the same kind at the
  * same instant (the cheapest step boundary); outputs as memprobe_tracker_end.
+ * All or nothing: when a source fails the phase stays open, its peaks
+ * intact, and no record is made.
  */
 memprobe_status memprobe_tracker_next(memprobe_tracker *tracker, uint32_t kind, const char *name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
 
@@ -1731,7 +1736,8 @@ memprobe_status memprobe_tracker_next(memprobe_tracker *tracker, uint32_t kind, 
  * (fastai: epochs), each source's delta used and delta peaked in MiB,
  * written to file descriptor `fd` (not closed by memprobe). A descriptor
  * that is not open for writing is INVALID_ARGUMENT; a write that fails
- * later (the descriptor was closed, the disk is full) is reported by
+ * later (the descriptor was closed, the disk is full, a pipe's reader is
+ * gone: never SIGPIPE) is reported by
  * memprobe_tracker_finish_sinks or memprobe_tracker_free (MEMPROBE_STATUS_IO).
  */
 memprobe_status memprobe_tracker_add_table_sink(memprobe_tracker *tracker, uint32_t kind, int32_t fd);
@@ -1810,7 +1816,10 @@ memprobe_status memprobe_tracker_leak_status(const memprobe_tracker *tracker, si
  * it returns MEMPROBE_STEP_OUT_OF_MEMORY, runs every release callback (GC
  * included) and retries, at most `max_retries` times. When the last try
  * still ran out of memory the status is MEMPROBE_STATUS_OUT_OF_MEMORY, with
- * `*out` (`succeeded` false) and `freed` written all the same. A step that
+ * `*out` (`succeeded` false) and `freed` written all the same, and the
+ * out-of-memory report, when one is configured for
+ * MEMPROBE_OOM_TRIGGER_CALLER, is written (reported by `run_oom_retry`; a
+ * failed write shows in memprobe_tracker_oom_status). A step that
  * returns another value fails the call (UNAVAILABLE). Bytes freed per
  * source go to `freed[0..n_freed]` when not NULL.
  */
@@ -1842,6 +1851,9 @@ memprobe_status memprobe_window_measure(const memprobe_window *window, size_t in
  * peaks. This is the cheapest step boundary. When `ended` is not NULL, the
  * ended interval of source i is written to `ended[i]` for i below both
  * `n_ended` and the number of sources; nothing past those is touched.
+ * All or nothing: when a source fails (a custom read, a mark callback),
+ * its status is returned and the window goes on unchanged — its start and
+ * every source's peak, those already restarted included.
  */
 memprobe_status memprobe_window_reset(memprobe_window *window, memprobe_delta *ended, size_t n_ended);
 

@@ -23,6 +23,7 @@ pub mod callback;
 pub mod cgroup;
 pub mod delta;
 pub mod error;
+pub mod fd_write;
 pub mod fork;
 mod kernel_hwm;
 pub mod leak;

@@ -94,12 +94,41 @@ pub(crate) struct State {
     /// Pushed/sampled: max value seen since the last boundary.
     pending: Option<u64>,
     /// Peak folded into each open window; `None` marks a free slot.
-    slots: Vec<Option<u64>>,
+    slots: Vec<Option<Slot>>,
     open: usize,
     last: Option<Sample>,
     last_error: Option<Error>,
     /// Fork generation the sampler last ran in.
     generation: u64,
+}
+
+/// One open window's peak in a source.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// The peak folded in since the window (last) started.
+    peak: u64,
+    /// Set while the window's boundary is under way over several sources:
+    /// the peak its next interval has seen since this source's part of the
+    /// boundary. The boundary commits it (it becomes `peak`) only once every
+    /// source's part succeeded; a failed boundary drops it, and `peak`,
+    /// which kept folding, still covers the whole unfinished interval.
+    restart: Option<u64>,
+}
+
+impl Slot {
+    fn new(start: u64) -> Slot {
+        Slot {
+            peak: start,
+            restart: None,
+        }
+    }
+
+    fn raise(&mut self, hwm: u64) {
+        self.peak = self.peak.max(hwm);
+        if let Some(r) = self.restart.as_mut() {
+            *r = (*r).max(hwm);
+        }
+    }
 }
 
 /// Identifies one window's slot in a source.
@@ -320,11 +349,11 @@ impl Source {
             let (_, sample) = st.boundary()?;
             let slot = match st.slots.iter().position(Option::is_none) {
                 Some(i) => {
-                    st.slots[i] = Some(sample.used);
+                    st.slots[i] = Some(Slot::new(sample.used));
                     i
                 }
                 None => {
-                    st.slots.push(Some(sample.used));
+                    st.slots.push(Some(Slot::new(sample.used)));
                     st.slots.len() - 1
                 }
             };
@@ -343,16 +372,39 @@ impl Source {
         Ok((slot, sample))
     }
 
-    /// Ends one slot's interval and starts the next at the same instant,
-    /// leaving the other slots intact. Returns the ended interval's peak and
-    /// the reading that both ends it and starts the next.
-    pub(crate) fn restart_slot(&self, slot: SlotId) -> Result<(u64, Sample)> {
+    /// One source's part of a window boundary: folds the high-water mark
+    /// into every slot and restarts it, and starts the slot's next interval
+    /// *pending*: the slot keeps its ended interval's peak until
+    /// [`commit_restart`](Self::commit_restart), so a boundary that fails on
+    /// a later source ([`abort_restart`](Self::abort_restart)) loses no peak.
+    /// Returns the ended interval's peak and the reading that both ends it
+    /// and starts the next.
+    pub(crate) fn begin_restart(&self, slot: SlotId) -> Result<(u64, Sample)> {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
         let (hwm, sample) = st.boundary()?;
-        let folded = st.slots[slot.0].unwrap_or(0);
-        st.slots[slot.0] = Some(sample.used);
-        Ok((folded.max(hwm).max(sample.used), sample))
+        let s = st.slot_mut(slot)?;
+        s.restart = Some(sample.used);
+        Ok((s.peak.max(hwm).max(sample.used), sample))
+    }
+
+    /// Ends the slot's interval begun by [`begin_restart`](Self::begin_restart):
+    /// its next interval's peak becomes the slot's.
+    pub(crate) fn commit_restart(&self, slot: SlotId) -> Result<()> {
+        let mut st = self.shared.state.lock()?;
+        let s = st.slot_mut(slot)?;
+        if let Some(r) = s.restart.take() {
+            s.peak = r;
+        }
+        Ok(())
+    }
+
+    /// Drops a restart begun by [`begin_restart`](Self::begin_restart): the
+    /// slot's interval goes on, its peak intact.
+    pub(crate) fn abort_restart(&self, slot: SlotId) -> Result<()> {
+        let mut st = self.shared.state.lock()?;
+        st.slot_mut(slot)?.restart = None;
+        Ok(())
     }
 
     /// The peak of one slot so far, without ending it; also returns a reading
@@ -362,7 +414,7 @@ impl Source {
         st.check_slot(slot)?;
         let now = st.read_now()?;
         let hwm = st.current_hwm()?;
-        let folded = st.slots[slot.0].unwrap_or(0);
+        let folded = st.slots[slot.0].map_or(0, |s| s.peak);
         Ok((folded.max(hwm).max(now.used), now))
     }
 
@@ -377,7 +429,7 @@ impl Source {
             st.read_now()?.used
         };
         let hwm = st.current_hwm()?;
-        Ok(st.slots[slot.0].unwrap_or(0).max(hwm).max(now))
+        Ok(st.slots[slot.0].map_or(0, |s| s.peak).max(hwm).max(now))
     }
 
     /// Frees a slot. Its peak is not computed (see `peek_slot`).
@@ -484,9 +536,7 @@ impl State {
         if self.open > 0 {
             hwm = self.current_hwm()?;
             for p in self.slots.iter_mut().flatten() {
-                if hwm > *p {
-                    *p = hwm;
-                }
+                p.raise(hwm);
             }
         }
         self.pending = None;
@@ -508,6 +558,13 @@ impl State {
     fn check_slot(&self, slot: SlotId) -> Result<()> {
         match self.slots.get(slot.0) {
             Some(Some(_)) => Ok(()),
+            _ => Err(Error::wrong_order("window is not open on this source")),
+        }
+    }
+
+    fn slot_mut(&mut self, slot: SlotId) -> Result<&mut Slot> {
+        match self.slots.get_mut(slot.0) {
+            Some(Some(s)) => Ok(s),
             _ => Err(Error::wrong_order("window is not open on this source")),
         }
     }

@@ -105,7 +105,7 @@ impl Trace {
             ctx: options.ctx,
             silent: options.silent,
             on_exit_report: options.on_exit_report,
-            out: Box::new(std::io::stderr()),
+            out: Box::new(crate::fd_write::FdWriter::stderr()),
             sinks: Vec::new(),
         };
         if options.start {

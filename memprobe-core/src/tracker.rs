@@ -8,7 +8,8 @@ use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
 use crate::leak::{LeakPolicy, LeakStatus, LeakTracker};
 use crate::oom_report::{
-    self, FailedAllocation, OomOutcome, OomReportOptions, OomReporter, OpenPhase,
+    self, FailedAllocation, OomLocation, OomOutcome, OomReportOptions, OomReporter, OomTrigger,
+    OpenPhase,
 };
 use crate::phase::{PhaseInfo, PhaseKind};
 use crate::release::{
@@ -333,19 +334,29 @@ impl Tracker {
             .get(&(kind, name_s.clone()))
             .copied()
             .unwrap_or(0);
-        if self.release_may_fire(kind, index) {
-            // A release must run between the phases, not inside the next one.
-            let record = self.end(kind, name)?;
-            self.begin(kind, name)?;
-            return Ok(record);
-        }
+        let release = self.release_may_fire(kind, index);
         let top = self.stack.last_mut().expect("checked");
         let started = top.window.started_at_ns();
+        // The one step that can fail, all or nothing: on error the phase
+        // goes on as if `next` had not been called.
         let deltas = top.window.reset()?;
         // The phase is still on the stack: it does not enclose itself.
         let depth = self.stack.len() - 1;
-        let record = self.finish_phase(kind, name_s, started, deltas, depth);
-        self.run.end(&record, true);
+        let record = self.finish_phase(kind, name_s.clone(), started, deltas, depth);
+        if !release {
+            self.run.end(&record, true);
+            return Ok(record);
+        }
+        // A release must run between the phases, not inside the next one:
+        // the next phase restarts once the release ran (finish_phase). Should
+        // that restart fail, the next phase keeps the start the boundary
+        // gave it, the release inside it: nothing is lost.
+        self.run.end(&record, false);
+        let top = self.stack.last_mut().expect("still open");
+        let _ = top.window.reset();
+        let t_ns = top.window.started_at_ns();
+        let index = *self.counters.get(&(kind, name_s.clone())).unwrap_or(&0);
+        self.run.begin(kind, &name_s, || index, depth, t_ns);
         Ok(record)
     }
 
@@ -480,7 +491,10 @@ impl Tracker {
 
     /// fastai's gpu_mem_restore, made useful outside IPython: runs `step`;
     /// when it reports out-of-memory, runs every release callback (GC
-    /// included) and retries, at most `max_retries` times.
+    /// included) and retries, at most `max_retries` times. When the last
+    /// try still runs out of memory and an out-of-memory report is
+    /// configured for the caller trigger, the report is written (reported
+    /// by `run_oom_retry`), as by [`report_oom`](Self::report_oom).
     pub fn run_with_oom_retry(
         &mut self,
         mut step: impl FnMut() -> Result<StepOutcome>,
@@ -497,7 +511,10 @@ impl Tracker {
                     report.succeeded = true;
                     return Ok(report);
                 }
-                StepOutcome::OutOfMemory if report.retries >= max_retries => return Ok(report),
+                StepOutcome::OutOfMemory if report.retries >= max_retries => {
+                    self.report_retries_exhausted(report.retries);
+                    return Ok(report);
+                }
                 StepOutcome::OutOfMemory => {
                     report
                         .releases
@@ -506,6 +523,29 @@ impl Tracker {
                 }
             }
         }
+    }
+
+    /// The step still ran out of memory after every retry: that is the
+    /// failure an armed out-of-memory report is for (caller trigger). A
+    /// write that fails is kept in the report's status.
+    fn report_retries_exhausted(&self, retries: u32) {
+        if !self
+            .oom
+            .as_ref()
+            .is_some_and(|r| r.accepts(OomTrigger::Caller))
+        {
+            return;
+        }
+        let mut failed = FailedAllocation::new(
+            OomTrigger::Caller,
+            OomLocation::Unknown,
+            None,
+            "run_oom_retry",
+        );
+        failed.detail = Some(format!(
+            "the step still ran out of memory after {retries} retries"
+        ));
+        let _ = self.report_oom(failed);
     }
 
     // ---- Out-of-memory reports: the logic is in oom_report.rs ----

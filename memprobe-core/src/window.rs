@@ -77,22 +77,22 @@ impl Window {
         if sources.is_empty() {
             return Err(Error::invalid("a window needs at least one source"));
         }
-        let started_at_ns = monotonic_ns();
-        let mut parts: Vec<Part> = Vec::with_capacity(sources.len());
+        let mut window = Window {
+            parts: Vec::with_capacity(sources.len()),
+            started_at_ns: monotonic_ns(),
+        };
         let _sweep = Sweep::begin();
         for source in sources {
-            // On failure, `parts` drops and closes the slots opened so far.
+            // On failure, `window` drops and closes the slots opened so far
+            // (their boundaries folded every other window's peak first).
             let (slot, start) = source.open_slot()?;
-            parts.push(Part {
+            window.parts.push(Part {
                 source: source.clone(),
                 slot,
                 start,
             });
         }
-        Ok(Window {
-            parts,
-            started_at_ns,
-        })
+        Ok(window)
     }
 
     /// The sources, in the order given at open.
@@ -162,23 +162,48 @@ impl Window {
     /// keep their peaks. Returns what the ended interval measured. This is
     /// the cheapest step boundary: per exact source, one high-water-mark
     /// read, one reset and one RSS read.
+    ///
+    /// All or nothing: when one source fails (a callback's read, a caller's
+    /// mark), the error is returned and the window goes on as if the call
+    /// had not been made — its start and every source's peak so far intact,
+    /// those of the sources that were already restarted included.
     pub fn reset(&mut self) -> Result<Vec<SourceDelta>> {
-        self.started_at_ns = monotonic_ns();
+        let started_at_ns = monotonic_ns();
         let mut ended = Vec::with_capacity(self.parts.len());
-        let _sweep = Sweep::begin();
-        for p in &mut self.parts {
-            let (peak, sample) = p.source.restart_slot(p.slot)?;
-            let info = p.source.info();
-            ended.push(SourceDelta::new(
-                &info.name,
-                info.kind,
-                info.fidelity,
-                p.start.used,
-                sample.used,
-                peak,
-            ));
-            p.start = sample;
+        let mut starts = Vec::with_capacity(self.parts.len());
+        {
+            let _sweep = Sweep::begin();
+            for (i, p) in self.parts.iter().enumerate() {
+                match p.source.begin_restart(p.slot) {
+                    Ok((peak, sample)) => {
+                        let info = p.source.info();
+                        ended.push(SourceDelta::new(
+                            &info.name,
+                            info.kind,
+                            info.fidelity,
+                            p.start.used,
+                            sample.used,
+                            peak,
+                        ));
+                        starts.push(sample);
+                    }
+                    Err(e) => {
+                        for q in &self.parts[..i] {
+                            // Fails only on re-entry, which `begin_restart`
+                            // refused first; a restart left pending is
+                            // overwritten by the next boundary.
+                            let _ = q.source.abort_restart(q.slot);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
         }
+        for (p, start) in self.parts.iter_mut().zip(starts) {
+            p.source.commit_restart(p.slot)?;
+            p.start = start;
+        }
+        self.started_at_ns = started_at_ns;
         Ok(ended)
     }
 

@@ -73,7 +73,8 @@ pub struct memprobe_oom_report_options {
     /// JSON document and a newline; 0 or -1: none.
     pub json_fd: i32,
     /// A file descriptor for the summary for people (e.g. 2, standard
-    /// error); 0 or -1: none.
+    /// error); 0 or -1: none. A write to a pipe or socket whose reader is
+    /// gone fails with MEMPROBE_STATUS_IO, never SIGPIPE.
     pub summary_fd: i32,
     /// A function receiving each report; NULL: none.
     pub callback: memprobe_oom_report_fn,
@@ -257,7 +258,7 @@ fn options_from_c(o: &memprobe_oom_report_options) -> FfiResult<OomReportOptions
 /// struct_size smaller than sizeof(memprobe_oom_report_options), unknown
 /// trigger bits, no trigger, no destination, keep_ended above
 /// MEMPROBE_OOM_KEEP_ENDED_MAX, a descriptor not open for writing, a path
-/// naming a directory), UNAVAILABLE (the driver trigger without the
+/// naming a directory or ending in '/'), UNAVAILABLE (the driver trigger without the
 /// interposer loaded — it says how to load it — or with counting switched
 /// off; a path whose directory is missing), WRONG_ORDER (already configured:
 /// remove it first). On error nothing changes.

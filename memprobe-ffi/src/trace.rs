@@ -77,7 +77,8 @@ pub extern "C" fn memprobe_trace_stop(trace: *mut memprobe_trace) -> memprobe_st
     entry_point("memprobe_trace_stop", || Ok(get(trace)?.lock()?.stop()?))
 }
 
-/// Restarts the counters of a running trace (WRONG_ORDER if stopped).
+/// Restarts the counters of a running trace (WRONG_ORDER if stopped). All or
+/// nothing: a source that fails leaves every delta as it was.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_reset(trace: *mut memprobe_trace) -> memprobe_status {
     entry_point("memprobe_trace_reset", || {
@@ -190,7 +191,8 @@ pub extern "C" fn memprobe_trace_set_silent(
     })
 }
 
-/// Writes to a caller's file descriptor (never closed by memprobe).
+/// Writes to a caller's file descriptor (never closed by memprobe), never
+/// raising SIGPIPE.
 pub(crate) struct FdWriter(i32);
 
 impl FdWriter {
@@ -218,13 +220,9 @@ impl FdWriter {
 
 impl Write for FdWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // SAFETY: writing from a valid buffer to a caller-owned descriptor.
-        let n = unsafe { libc::write(self.0, buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        // A pipe or socket whose reader is gone fails the write (EPIPE, an
+        // IO status) instead of killing the host with SIGPIPE.
+        memprobe_core::fd_write::write_no_sigpipe(self.0, buf)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
@@ -234,7 +232,8 @@ impl Write for FdWriter {
 /// Sends printed reports to file descriptor `fd` (not closed by memprobe;
 /// it must stay open while the trace reports). A descriptor that is not
 /// open for writing is INVALID_ARGUMENT; a write that fails later fails the
-/// report call (MEMPROBE_STATUS_IO).
+/// report call (MEMPROBE_STATUS_IO), a pipe or socket whose reader is gone
+/// included: memprobe never raises SIGPIPE in its host.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_set_output_fd(
     trace: *mut memprobe_trace,

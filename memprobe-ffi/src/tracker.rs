@@ -273,6 +273,8 @@ fn end_with(
 
 /// Ends the innermost phase and begins the next of the same kind at the
 /// same instant (the cheapest step boundary); outputs as memprobe_tracker_end.
+/// All or nothing: when a source fails the phase stays open, its peaks
+/// intact, and no record is made.
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_next(
     tracker: *mut memprobe_tracker,
@@ -296,7 +298,8 @@ pub extern "C" fn memprobe_tracker_next(
 /// (fastai: epochs), each source's delta used and delta peaked in MiB,
 /// written to file descriptor `fd` (not closed by memprobe). A descriptor
 /// that is not open for writing is INVALID_ARGUMENT; a write that fails
-/// later (the descriptor was closed, the disk is full) is reported by
+/// later (the descriptor was closed, the disk is full, a pipe's reader is
+/// gone: never SIGPIPE) is reported by
 /// memprobe_tracker_finish_sinks or memprobe_tracker_free (MEMPROBE_STATUS_IO).
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_add_table_sink(
@@ -580,7 +583,10 @@ pub struct memprobe_oom_report {
 /// it returns MEMPROBE_STEP_OUT_OF_MEMORY, runs every release callback (GC
 /// included) and retries, at most `max_retries` times. When the last try
 /// still ran out of memory the status is MEMPROBE_STATUS_OUT_OF_MEMORY, with
-/// `*out` (`succeeded` false) and `freed` written all the same. A step that
+/// `*out` (`succeeded` false) and `freed` written all the same, and the
+/// out-of-memory report, when one is configured for
+/// MEMPROBE_OOM_TRIGGER_CALLER, is written (reported by `run_oom_retry`; a
+/// failed write shows in memprobe_tracker_oom_status). A step that
 /// returns another value fails the call (UNAVAILABLE). Bytes freed per
 /// source go to `freed[0..n_freed]` when not NULL.
 #[no_mangle]

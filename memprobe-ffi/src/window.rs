@@ -119,6 +119,9 @@ pub extern "C" fn memprobe_window_measure(
 /// peaks. This is the cheapest step boundary. When `ended` is not NULL, the
 /// ended interval of source i is written to `ended[i]` for i below both
 /// `n_ended` and the number of sources; nothing past those is touched.
+/// All or nothing: when a source fails (a custom read, a mark callback),
+/// its status is returned and the window goes on unchanged — its start and
+/// every source's peak, those already restarted included.
 #[no_mangle]
 pub extern "C" fn memprobe_window_reset(
     window: *mut memprobe_window,

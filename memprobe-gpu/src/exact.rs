@@ -11,7 +11,7 @@
 //! `memprobe run` reading the same process from outside holds marks of its
 //! own and never resets these.
 
-use memprobe_core::{Error, ErrorKind, Marks, Result, Source, SourceKind};
+use memprobe_core::{fork, Error, ErrorKind, Marks, Result, Source, SourceKind};
 use memprobe_interpose::{Counter, Mark, Region};
 
 /// How to get the interposer loaded, for the errors below.
@@ -53,13 +53,22 @@ pub fn gpu_exact_host_pinned_source() -> Result<Source> {
 }
 
 fn exact_source(counter: Counter, name: &str) -> Result<Source> {
-    let region = Region::in_process().map_err(|e| unavailable(&e))?;
-    let mark = region.mark().map_err(|e| unavailable(&e))?;
+    let mark = claim()?;
     Source::mark(
         name,
         SourceKind::GpuExact,
-        Box::new(InterposerMark { mark, counter }),
+        Box::new(InterposerMark {
+            mark: Some(mark),
+            counter,
+            generation: fork::generation(),
+        }),
     )
+}
+
+/// A mark of this process's own in its region.
+fn claim() -> Result<Mark> {
+    let region = Region::in_process().map_err(|e| unavailable(&e))?;
+    region.mark().map_err(|e| unavailable(&e))
 }
 
 pub(crate) fn unavailable(e: &memprobe_interpose::Error) -> Error {
@@ -72,23 +81,64 @@ pub(crate) fn unavailable(e: &memprobe_interpose::Error) -> Error {
 }
 
 /// One reader's mark on one counter, as the core's [`Marks`].
+///
+/// Across `fork` the child inherits the mark, which names the parent's
+/// slot in the parent's region (a shared mapping): reading it would give
+/// the child the parent's peaks, and a boundary's reset would restart the
+/// parent's. In a forked child the mark is set aside untouched (never
+/// released: the slot is the parent's) and a mark of the child's own is
+/// claimed in the child's region, where its own allocations are counted.
 struct InterposerMark {
-    mark: Mark,
+    /// `None` while a forked child has not got a mark of its own yet.
+    mark: Option<Mark>,
     counter: Counter,
+    /// The fork generation the mark belongs to.
+    generation: u64,
+}
+
+impl InterposerMark {
+    /// This process's mark, claimed anew in a forked child.
+    fn mark(&mut self) -> Result<&Mark> {
+        let now = fork::generation();
+        // memprobe's fork handler bumps the generation in the child (it is
+        // registered before any source exists): no system call per read.
+        if now != self.generation || self.mark.is_none() {
+            // Dropping the parent's copy leaves its slot held (Mark's drop
+            // releases only in the process that claimed it).
+            self.mark = None;
+            let own = claim().map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "a forked child cannot get a GPU counter mark of its own: {}",
+                        e.message()
+                    ),
+                )
+            })?;
+            self.mark = Some(own);
+            self.generation = now;
+        }
+        self.mark
+            .as_ref()
+            .ok_or_else(|| Error::unavailable("exact GPU counts: no mark held"))
+    }
 }
 
 impl Marks for InterposerMark {
     fn current(&mut self, _index: usize) -> Result<u64> {
-        Ok(self.mark.region().current(self.counter))
+        let counter = self.counter;
+        Ok(self.mark()?.region().current(counter))
     }
 
     fn peak(&mut self, _index: usize) -> Result<u64> {
-        Ok(self.mark.peak(self.counter))
+        let counter = self.counter;
+        Ok(self.mark()?.peak(counter))
     }
 
     fn reset(&mut self) -> Result<()> {
         // Restarts the mark from the bytes held now, in one atomic swap.
-        self.mark.take(self.counter);
+        let counter = self.counter;
+        self.mark()?.take(counter);
         Ok(())
     }
 }

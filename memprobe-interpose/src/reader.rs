@@ -363,16 +363,22 @@ impl Region {
         Ok(Mark {
             region: Arc::clone(self),
             slot,
+            owner: me,
         })
     }
 }
 
 /// One reader's high-water marks over every counter of a region, independent
-/// of every other reader's (in this process or another). Released on drop.
+/// of every other reader's (in this process or another). Released on drop
+/// by the process that claimed it only: a forked child that inherited it
+/// (its slot is the parent's, in a mapping the child shares) must claim a
+/// mark of its own ([`Mark::inherited`]) and leaves the parent's alone.
 #[derive(Debug)]
 pub struct Mark {
     region: Arc<Region>,
     slot: usize,
+    /// The process that claimed the slot.
+    owner: u32,
 }
 
 impl Mark {
@@ -384,6 +390,13 @@ impl Mark {
     /// The slot this mark holds (0..32).
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// Whether this process did not claim the mark: a forked child's copy
+    /// of its parent's. Reading or taking it would read or restart the
+    /// parent's peaks.
+    pub fn inherited(&self) -> bool {
+        std::process::id() != self.owner
     }
 
     /// The highest bytes held on `counter` since the mark was claimed or
@@ -412,7 +425,10 @@ impl Mark {
 
 impl Drop for Mark {
     fn drop(&mut self) {
-        self.region.layout().release_mark(self.slot);
+        // A forked child's copy: the slot is still its parent's.
+        if !self.inherited() {
+            self.region.layout().release_mark(self.slot);
+        }
     }
 }
 

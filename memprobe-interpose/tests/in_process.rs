@@ -90,6 +90,49 @@ fn in_child(test: &str) -> bool {
     std::env::var(CHILD).is_ok_and(|v| v == test)
 }
 
+/// A mark inherited across fork is the parent's: the child dropping it
+/// leaves the parent's slot claimed and folding.
+#[test]
+fn a_forked_child_dropping_an_inherited_mark_leaves_the_parents_slot() {
+    const NAME: &str = "a_forked_child_dropping_an_inherited_mark_leaves_the_parents_slot";
+    if !in_child(NAME) {
+        return run_child(NAME, &[]);
+    }
+    let d = driver();
+    let region = Region::in_process().expect("the interposer is preloaded");
+    let d0 = Counter::Device(0);
+    let mark = region.mark().unwrap();
+    let p = d.alloc(3 * MIB);
+    d.free(p);
+    // SAFETY: the child only drops the mark (atomics, getpid) and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let inherited = mark.inherited();
+        drop(mark);
+        // SAFETY: ending the forked child at once.
+        unsafe { libc::_exit(if inherited { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert!(!mark.inherited());
+    let bit = 1u32 << mark.slot();
+    let header = &region.layout().header;
+    assert_ne!(
+        header.claimed.load(std::sync::atomic::Ordering::SeqCst) & bit,
+        0
+    );
+    assert_ne!(
+        header.active.load(std::sync::atomic::Ordering::SeqCst) & bit,
+        0
+    );
+    assert_eq!(mark.take(d0), 3 * MIB);
+    let p = d.alloc(4 * MIB);
+    d.free(p);
+    assert_eq!(mark.take(d0), 4 * MIB);
+}
+
 /// Nested and concurrent windows over one process's counters: an outer
 /// mark per "epoch", an inner mark per "step"; every step's spike of a few
 /// microseconds is caught exactly by the inner mark, every time, and the

@@ -6,13 +6,18 @@
  *                libcuda.so.1 on LD_LIBRARY_PATH: a spike of microseconds is
  *                the exact peak of every window open across it, in every
  *                try; nested and sibling windows are independent; the
- *                source's info, reads, bad input and wrong order
+ *                source's info, reads, bad input and wrong order; a
+ *                child forked with the source and a window open gets marks
+ *                of its own: its boundaries never reset the parent's peak
+ *                and its windows see its own allocations
  *   off          interposed, with MEMPROBE_GPU_EXACT=off: UNAVAILABLE
  *   plain        without the interposer: UNAVAILABLE, saying how to load it
  */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "check.h"
 
 #define MIB ((uint64_t)1 << 20)
@@ -80,6 +85,67 @@ static void bad_input(void) {
     EXPECT(memprobe_source_new_gpu_exact(64, &s), MEMPROBE_STATUS_INVALID_ID);
     CHECK(s == (memprobe_source *)(uintptr_t)0x1234); /* untouched on failure */
     EXPECT(memprobe_source_new_gpu_exact(UINT32_MAX, &s), MEMPROBE_STATUS_INVALID_ID);
+}
+
+/* A source and a window made before fork: the child's boundaries and the
+ * child freeing the source leave the parent's mark alone (its 7 MiB peak
+ * stays), and the child's windows see the child's own allocations. */
+static void fork_keeps_the_parents_marks(void *lib) {
+    memprobe_source *src = NULL;
+    memprobe_window *w = NULL, *kept = NULL;
+    memprobe_delta ended;
+    memprobe_sample sample;
+    pid_t pid;
+    int status = -1;
+
+    use_device(lib, 0);
+    OK(memprobe_source_new_gpu_exact(0, &src));
+    OK(memprobe_window_open((const memprobe_source *const *)&src, 1, &w));
+    OK(memprobe_window_open((const memprobe_source *const *)&src, 1, &kept));
+    CHECK(spike(7 * MIB));
+    CHECK(peak_of(w) == 7 * MIB);
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        memprobe_window *mine = NULL;
+        CUdeviceptr held;
+        int before = check_failed;
+        use_device(lib, 0);
+        /* The inherited window's boundary and a new window: the child's. */
+        OK(memprobe_window_reset(w, &ended, 1));
+        OK(memprobe_window_open((const memprobe_source *const *)&src, 1, &mine));
+        CHECK(cu_mem_alloc(&held, (size_t)(2 * MIB)) == 0);
+        CHECK(spike(3 * MIB));
+        OK(memprobe_source_read(src, &sample));
+        CHECK(sample.used == 2 * MIB);
+        CHECK(peak_of(mine) == 5 * MIB);
+        CHECK(peak_of(w) == 5 * MIB);
+        OK(memprobe_window_reset(mine, &ended, 1));
+        CHECK(ended.peak == 5 * MIB && ended.used_start == 0 && ended.used_end == 2 * MIB);
+        CHECK(cu_mem_free(held) == 0);
+        FREE_OK(memprobe_window_free(mine));
+        FREE_OK(memprobe_window_free(w));
+        FREE_OK(memprobe_window_free(kept));
+        FREE_OK(memprobe_source_free(src));
+        _exit(check_failed == before ? 0 : 1);
+    }
+    CHECK(pid > 0);
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's peaks, and its counts, are as the child found them. */
+    CHECK(peak_of(w) == 7 * MIB);
+    CHECK(peak_of(kept) == 7 * MIB);
+    OK(memprobe_source_read(src, &sample));
+    CHECK(sample.used == 0);
+    OK(memprobe_window_reset(w, &ended, 1));
+    CHECK(ended.peak == 7 * MIB);
+    /* The parent's mark still counts (the child gave back only its own). */
+    CHECK(spike(1 * MIB));
+    CHECK(peak_of(w) == 1 * MIB);
+    CHECK(peak_of(kept) == 7 * MIB);
+    FREE_OK(memprobe_window_free(w));
+    FREE_OK(memprobe_window_free(kept));
+    FREE_OK(memprobe_source_free(src));
 }
 
 static void interposed(void) {
@@ -176,6 +242,7 @@ static void interposed(void) {
     FREE_OK(memprobe_source_free(dev0));
     FREE_OK(memprobe_source_free(dev1));
     FREE_OK(memprobe_source_free(NULL));
+    fork_keeps_the_parents_marks(lib);
     dlclose(lib);
 }
 

@@ -195,3 +195,16 @@ fn cpp_out_of_memory_reports() {
     check_all_ways("test_cpp_oom.cpp", &[("OOM_TEST_DIR", &shown)]);
     assert_reports_valid(&dir, &["cpp.json"]);
 }
+
+#[test]
+fn a_boundary_that_fails_part_way_keeps_every_peak() {
+    check_all_ways("test_failed_boundary.c", &[]);
+}
+
+#[test]
+fn out_of_memory_report_destinations_refused_broken_and_retried() {
+    let dir = scratch("oom-destinations");
+    let shown = dir.display().to_string();
+    check_all_ways("test_oom_destinations.c", &[("OOM_TEST_DIR", &shown)]);
+    assert_reports_valid(&dir, &["piped.json", "retry.json"]);
+}

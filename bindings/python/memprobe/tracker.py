@@ -408,8 +408,9 @@ class Tracker(Owned):
         callback (GC included) and retries, at most ``max_retries`` times.
         Another exception propagates. When the step still runs out of
         memory after every retry, the report says so (``succeeded`` False)
-        instead of raising. The step must not use this tracker (it runs
-        inside the library's call)."""
+        instead of raising, and an out-of-memory report configured for the
+        caller trigger (``set_oom_report``) is written. The step must not
+        use this tracker (it runs inside the library's call)."""
         state: dict = {}
 
         def c_step(_ud) -> int:

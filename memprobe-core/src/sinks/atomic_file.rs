@@ -34,8 +34,9 @@ pub struct AtomicFile {
 
 impl AtomicFile {
     /// Creates `<path>.tmp-<pid>-<n>` next to `path`. Fails at once when
-    /// `path` names no file (`/`, `..`), is a directory, or its directory is
-    /// missing, not a directory or not writable.
+    /// `path` names no file (`/`, `..`, a path ending in `/`), is a
+    /// directory, or its directory is missing, not a directory or not
+    /// writable.
     pub fn create(path: impl AsRef<Path>) -> Result<AtomicFile> {
         let path = path.as_ref().to_path_buf();
         let shown = path.display();
@@ -45,6 +46,15 @@ impl AtomicFile {
         if path.is_dir() {
             return Err(Error::invalid(format!(
                 "{shown} is a directory, not a file"
+            )));
+        }
+        // `dir/` and `dir/.` name a directory even when none exists yet
+        // (Path drops the trailing part, so the rename at the end would be
+        // the first to fail).
+        let bytes = path.as_os_str().as_encoded_bytes();
+        if bytes.ends_with(b"/") || bytes.ends_with(b"/.") {
+            return Err(Error::invalid(format!(
+                "{shown} ends with '/': it names a directory, not a file"
             )));
         }
         let dir = match path.parent() {
@@ -253,6 +263,13 @@ mod tests {
         assert!(e.message().contains("is a directory"), "{e}");
         let e = AtomicFile::create("/").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        // A directory that does not exist yet: its creation would succeed
+        // beside it and only the rename into place would fail.
+        for p in ["new/", "new/.", "new//"] {
+            let e = AtomicFile::create(format!("{}/{p}", d.display())).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{p}: {e}");
+            assert!(e.message().contains("ends with '/'"), "{e}");
+        }
         let e = AtomicFile::create(d.join("missing/x.jsonl")).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
         assert!(e.message().contains("does not exist"), "{e}");
