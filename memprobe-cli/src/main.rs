@@ -22,6 +22,7 @@ mod process_lines;
 mod recording;
 mod report;
 mod sampling;
+mod say;
 mod signals;
 mod timeline;
 mod timeline_csv;

@@ -101,7 +101,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let outputs = match Outputs::reserve(&args) {
         Ok(o) => o,
         Err(msg) => {
-            eprintln!("memprobe: {msg}");
+            crate::say::say!("memprobe: {msg}");
             return exit::USAGE;
         }
     };
@@ -109,7 +109,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         match Injection::prepare() {
             Ok(i) => Some(i),
             Err(msg) => {
-                eprintln!("memprobe: {msg}");
+                crate::say::say!("memprobe: {msg}");
                 return exit::USAGE;
             }
         }
@@ -119,13 +119,13 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let exact = match injection.as_ref().map(Injection::watcher).transpose() {
         Ok(w) => w,
         Err(msg) => {
-            eprintln!("memprobe: {msg}");
+            crate::say::say!("memprobe: {msg}");
             return exit::FAILURE;
         }
     };
     let set = SigSet::of(&signals::FORWARDED);
     if let Err(e) = set.block() {
-        eprintln!("memprobe: cannot block signals: {e}");
+        crate::say::say!("memprobe: cannot block signals: {e}");
         return exit::FAILURE;
     }
     let cgroup = open_cgroup();
@@ -149,7 +149,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let pid = match child::spawn(&args.command, &env, oom_score_adj) {
         Ok(pid) => pid,
         Err(e) => {
-            eprintln!("memprobe: {}", e.message);
+            crate::say::say!("memprobe: {}", e.message);
             return e.status;
         }
     };
@@ -161,7 +161,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
         Ok(f) => Some(f),
         Err(e) => {
-            eprintln!("memprobe: warning: signals will not be forwarded: {e}");
+            crate::say::say!("memprobe: warning: signals will not be forwarded: {e}");
             None
         }
     };
@@ -179,7 +179,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {
         crate::commands::serve::start_for_tree(addr, pid)
-            .map_err(|e| eprintln!("memprobe: warning: --serve: {e}"))
+            .map_err(|e| crate::say::say!("memprobe: warning: --serve: {e}"))
             .ok()
     });
 
@@ -193,20 +193,20 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     }
     let signals = forwarder.map(|f| f.disarm()).unwrap_or_default();
     if let Err(e) = waited {
-        eprintln!("memprobe: waiting for the command: {e}");
+        crate::say::say!("memprobe: waiting for the command: {e}");
         return exit::FAILURE;
     }
     let exit_info = match child::reap(pid) {
         Ok(x) => x,
         Err(e) => {
-            eprintln!("memprobe: reaping the command: {e}");
+            crate::say::say!("memprobe: reaping the command: {e}");
             return exit::FAILURE;
         }
     };
     let mut recording = match recording {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("memprobe: could not start sampling: {e}");
+            crate::say::say!("memprobe: could not start sampling: {e}");
             return exit::FAILURE;
         }
     };
@@ -236,7 +236,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     });
     recording.phases = log;
     let rep = report::build(&recording, &facts);
-    eprint!("{}", report::summary(&rep, args.verbose));
+    crate::say::text(&report::summary(&rep, args.verbose));
 
     let mut failed = false;
     let mut write = |file: Option<AtomicFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
@@ -248,9 +248,9 @@ pub(crate) fn main(args: RunArgs) -> i32 {
                 .map_err(|e| e.message().to_string())
         });
         match written {
-            Ok(()) => eprintln!("memprobe: wrote {target}"),
+            Ok(()) => crate::say::say!("memprobe: wrote {target}"),
             Err(e) => {
-                eprintln!("memprobe: {target}: {e}");
+                crate::say::say!("memprobe: {target}: {e}");
                 failed = true;
             }
         }
