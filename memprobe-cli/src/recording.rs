@@ -96,6 +96,19 @@ impl ProcessRecord {
     }
 }
 
+/// An orphan of the tree memprobe reaped (see [`crate::orphans`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OrphanEnd {
+    pub(crate) pid: u32,
+    pub(crate) name: String,
+    /// When it was reaped, ns since the start.
+    pub(crate) ended_ns: u64,
+    pub(crate) wait_status: i32,
+}
+
+/// At most this many orphans are kept.
+pub(crate) const MAX_ORPHANS: usize = 4096;
+
 /// The container's cgroup over the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CgroupRecord {
@@ -218,6 +231,8 @@ pub(crate) struct Recording {
     pub(crate) gpu_exact: Option<crate::gpu_exact::ExactRecord>,
     /// With `--pss`: the tree's PSS and USS peaks and the reads' cost.
     pub(crate) pss: Option<crate::tree_pss::PssReport>,
+    /// Orphans of the tree memprobe reaped as their subreaper.
+    pub(crate) orphans: Vec<OrphanEnd>,
     /// The container's OOM event counters over the run.
     pub(crate) oom_counters: crate::oom_kill::CounterLog,
     /// Whether the kernel's OOM killer ended a process of the run (set

@@ -29,7 +29,7 @@ use crate::units;
 use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
 use memprobe_core::sinks::AtomicFile;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// The reserved output files: each one's temporary file exists from before
@@ -146,6 +146,12 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     // From before the spawn (a command that fills the container at once
     // must not find memprobe unshielded); the command gets its value back.
     let oom_score_adj = crate::oom_kill::shield_self();
+    // Every birth and death of the tree, and the kernel's record of its OOM
+    // kills, from before the spawn: the command's first fork counts.
+    let events = crate::process_events::ProcessEvents::start();
+    let kernel_log = Arc::new(Mutex::new(crate::kernel_log::KernelLog::open()));
+    let inherited = crate::orphans::inherited();
+    crate::orphans::become_subreaper();
     let pid = match child::spawn(&args.command, &env, oom_score_adj) {
         Ok(pid) => pid,
         Err(e) => {
@@ -175,6 +181,8 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         live: live_state.clone(),
         exact,
         pss: args.pss,
+        kernel_log: Some(Arc::clone(&kernel_log)),
+        inherited: inherited.clone(),
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {
@@ -203,6 +211,20 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             return exit::FAILURE;
         }
     };
+    // The command's exit and any kill were logged before it could be
+    // reaped: read what is left.
+    let lives = events.map(crate::process_events::ProcessEvents::finish);
+    let kernel_log = match Arc::try_unwrap(kernel_log) {
+        Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+        Err(shared) => {
+            let mut l = shared.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *l, crate::kernel_log::KernelLog::closed())
+        }
+    };
+    let mut kernel_log = kernel_log;
+    kernel_log.poll();
+    let end_ns = (duration_s * 1e9) as u64;
+    let late_orphans = crate::orphans::reap(pid, &inherited);
     let mut recording = match recording {
         Ok(r) => r,
         Err(e) => {
@@ -210,6 +232,14 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             return exit::FAILURE;
         }
     };
+    for o in late_orphans {
+        recording.orphans.push(crate::recording::OrphanEnd {
+            pid: o.pid,
+            name: o.name,
+            ended_ns: end_ns,
+            wait_status: o.wait_status,
+        });
+    }
     match phases {
         Ok(log) => recording.phases = Some(log),
         Err(why) => {
@@ -230,10 +260,17 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     // The phase open when a process was killed, from what its trackers sent
     // (the log counts nanoseconds from the spawn).
     let log = recording.phases.take();
-    crate::oom_kill::explain_run(&mut recording, &facts, t0_monotonic_ns, &|pid, t| {
-        log.as_ref()?
-            .phase_at(pid, t.saturating_sub(t0_monotonic_ns))
-    });
+    crate::oom_kill::explain_run(
+        &mut recording,
+        &facts,
+        t0_monotonic_ns,
+        lives.as_ref().map_err(String::clone),
+        &kernel_log,
+        &|pid, t| {
+            log.as_ref()?
+                .phase_at(pid, t.saturating_sub(t0_monotonic_ns))
+        },
+    );
     recording.phases = log;
     let rep = report::build(&recording, &facts);
     crate::say::text(&report::summary(&rep, args.verbose));

@@ -204,6 +204,25 @@ fn child() {
             }
             std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
         }
+        // After DELAY ms, a worker grows by MiB every MS ms until the OOM
+        // killer ends it; the parent reaps it at once (it lives between two
+        // samples of a 1 s interval), stays until 2.5 s, and exits with 3
+        // if a signal ended the worker.
+        "short-worker-grows" => {
+            let (delay, mib, ms) = (num(1), num(2) as usize, num(3));
+            let started = std::time::Instant::now();
+            sleep_ms(delay);
+            let w = fork(|| loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            });
+            let mut st = 0;
+            // SAFETY: valid pointer; w is our child.
+            unsafe { libc::waitpid(w, &mut st, 0) };
+            let left = 2500u64.saturating_sub(started.elapsed().as_millis() as u64);
+            sleep_ms(left);
+            std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
+        }
         "exit" => std::process::exit(num(1) as i32),
         "marker" => {
             std::fs::write(words[1], b"ran").expect("marker");

@@ -269,3 +269,162 @@ fn a_real_oom_kill_of_a_worker_is_confirmed() {
     );
     assert!(err.contains("its last RSS seen"), "{err}");
 }
+
+/// memprobe's direct child (the command), from /proc.
+fn command_of(memprobe: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{memprobe}/task")).ok()?;
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .next()
+}
+
+/// Item 7: an unrelated process of the same cgroup is OOM-killed; half a
+/// second later the user `kill -9`s the command. The kill is not the
+/// command's: "none" where the kernel's log names the other victim, never
+/// "confirmed" on the time window alone.
+#[test]
+fn an_unrelated_oom_kill_then_a_users_kill_is_not_confirmed() {
+    let Some(cg) = small_cgroup_or_skip("an_unrelated_oom_kill_then_a_users_kill_is_not_confirmed")
+    else {
+        return;
+    };
+    let dir = scratch("oom-unrelated");
+    let json = dir.join("run.json");
+    let procs = cg.dir.join("cgroup.procs");
+    let in_cgroup = "echo $$ > \"$1\" && shift && exec \"$@\"";
+    // The command: waits to be killed.
+    let (argv, (k, v)) = crate::helper::argv(&["sleep", "60000"]);
+    let run = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(in_cgroup)
+        .arg("sh")
+        .arg(&procs)
+        .arg(env!("CARGO_BIN_EXE_memprobe"))
+        .arg("run")
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .args(&argv)
+        .env(k, v)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let command = {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(c) = command_of(run.id()) {
+                break c;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the command never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // A bystander, not of the run: grows in the same cgroup until killed.
+    let (argv, (k, v)) = crate::helper::argv(&["grow", "8", "5"]);
+    let mut bystander = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(in_cgroup)
+        .arg("sh")
+        .arg(&procs)
+        .args(&argv)
+        .env(k, v)
+        .spawn()
+        .unwrap();
+    let st = bystander.wait().unwrap();
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGKILL),
+        "the bystander was OOM-killed"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: sending a signal to the command memprobe started.
+    assert_eq!(unsafe { libc::kill(command as i32, libc::SIGKILL) }, 0);
+    let out = run.wait_with_output().unwrap();
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(137), "{err}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let oom = &json["oom_kill"];
+    assert_ne!(oom["verdict"], "confirmed", "{oom}");
+    assert!(!err.contains("OOM killer killed pid"), "{err}");
+    if oom["kernel_log"] == true {
+        assert_eq!(oom["verdict"], "none", "{oom}");
+        let others = oom["other_kills"].as_array().unwrap();
+        assert!(
+            others
+                .iter()
+                .any(|k| u(&k["pid"]) == u64::from(bystander.id())),
+            "{oom}"
+        );
+        assert!(
+            err.contains("was killed by SIGKILL, but not by the kernel's OOM killer: the kernel's log names pid"),
+            "{err}"
+        );
+    } else {
+        eprintln!("the kernel's log is not readable here: the verdict may only be likely");
+        assert!(err.contains("does not say which process"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Item 8: with `--interval 1s`, a worker starts and is OOM-killed between
+/// two samples, its parent reaping it at once. It is the run's, and named
+/// where the kernel's process events and log can be read; never "none of
+/// them this run's".
+#[test]
+fn a_worker_killed_between_two_samples_is_not_missed() {
+    let Some(cg) = small_cgroup_or_skip("a_worker_killed_between_two_samples_is_not_missed") else {
+        return;
+    };
+    let (out, json) = cg.run(
+        &["--interval", "1s"],
+        &["short-worker-grows", "300", "16", "1"],
+    );
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let oom = &json["oom_kill"];
+    assert!(!err.contains("none of them this run's"), "{err}");
+    // No sample saw the worker: the samples came at 0, 1, 2 s.
+    let worker_seen = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["pid"] != json["pid"]);
+    eprintln!("a sample saw the worker: {worker_seen}");
+    if oom["tracking"] == "process_events" && oom["kernel_log"] == true {
+        assert_eq!(oom["verdict"], "confirmed", "{oom}");
+        let v = &oom["victims"][0];
+        assert_ne!(u(&v["pid"]), u(&json["pid"]));
+        assert_eq!(v["evidence"], "kernel_log");
+        assert_eq!(v["direct_child"], false);
+        if !worker_seen {
+            assert_eq!(v["peak_source"], "kernel_log", "{v}");
+            assert!(u(&v["peak_bytes"]) >= 64 * MIB, "{v}");
+        }
+        assert!(
+            err.contains(&format!(
+                "memprobe: the kernel's OOM killer killed pid {} (",
+                u(&v["pid"])
+            )),
+            "{err}"
+        );
+    } else {
+        assert!(
+            oom["verdict"] == "unknown" || oom["verdict"] == "likely",
+            "{oom}"
+        );
+    }
+}
