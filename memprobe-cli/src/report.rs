@@ -563,6 +563,40 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
                 ),
             );
         }
+        // A GPU out-of-memory the program may have caught and survived
+        // (PyTorch raises, a training loop retries with a smaller batch):
+        // said whenever the interposer counted one.
+        if x.oom_failures > 0 {
+            let last = x
+                .processes
+                .iter()
+                .filter(|p| p.oom_failures > 0)
+                .map(|p| {
+                    let what = p.last_oom.as_ref().map_or_else(String::new, |o| {
+                        format!(
+                            ": last {} on {}{}",
+                            units::bytes(o.size_bytes),
+                            o.device.map_or_else(
+                                || "host pinned memory".into(),
+                                |d| format!("GPU {d}")
+                            ),
+                            o.api.map(|a| format!(" ({a})")).unwrap_or_default()
+                        )
+                    });
+                    format!("pid {} {}x{what}", p.pid, p.oom_failures)
+                })
+                .take(4)
+                .collect::<Vec<_>>()
+                .join("; ");
+            row(
+                &mut out,
+                "GPU out of memory",
+                format!(
+                    "{} allocation(s) failed with CUDA out-of-memory ({last})",
+                    x.oom_failures
+                ),
+            );
+        }
         let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
         if not_counted > 0 {
             row(
