@@ -653,7 +653,11 @@ pub(crate) fn explain_run(
                 ended_ns: if direct { Some(end) } else { p.ended_ns },
                 wait_status: if direct { child_status } else { p.wait_status },
                 last_rss: p.last_rss,
-                exact_peak: if direct { Some(p.peak().0) } else { None },
+                // ru_maxrss where it is the command's own.
+                exact_peak: match p.peak() {
+                    (b, crate::recording::PeakSource::Rusage) if direct => Some(b),
+                    _ => None,
+                },
                 direct_child: direct,
             }
         })

@@ -256,7 +256,14 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         signals,
         memprobe_cpu_s: child::own_cpu_s(),
     };
-    report::add_rusage(&mut recording, &facts);
+    // Whether the command had children, whose peaks the kernel folds into
+    // its ru_maxrss: every birth is known with the process events.
+    let children = lives
+        .as_ref()
+        .ok()
+        .filter(|l| l.complete())
+        .map(|l| l.members.values().any(|m| m.pid != pid));
+    report::add_rusage(&mut recording, &facts, children);
     // The phase open when a process was killed, from what its trackers sent
     // (the log counts nanoseconds from the spawn).
     let log = recording.phases.take();
