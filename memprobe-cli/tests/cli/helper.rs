@@ -223,6 +223,27 @@ fn child() {
             sleep_ms(left);
             std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
         }
+        // A trainer that reports its phases opens epoch 0 then epoch 1 and
+        // forks a worker (which reports none) that grows by MiB every MS ms
+        // until the OOM killer ends it; exits with 3 after that.
+        "worker-grows-in-epochs" => {
+            use memprobe_core::{PhaseKind, Source, Tracker};
+            let (mib, ms) = (num(1) as usize, num(2));
+            let mut t = Tracker::new(&[Source::process().unwrap()]).unwrap();
+            t.begin(PhaseKind::Epoch, None).unwrap();
+            sleep_ms(ms);
+            t.next(PhaseKind::Epoch, None).unwrap();
+            let w = fork(|| loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            });
+            let mut st = 0;
+            // SAFETY: valid pointer; w is our child.
+            unsafe { libc::waitpid(w, &mut st, 0) };
+            t.end(PhaseKind::Epoch, None).unwrap();
+            drop(t);
+            std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
+        }
         "exit" => std::process::exit(num(1) as i32),
         "marker" => {
             std::fs::write(words[1], b"ran").expect("marker");

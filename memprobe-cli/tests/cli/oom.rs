@@ -428,3 +428,28 @@ fn a_worker_killed_between_two_samples_is_not_missed() {
         );
     }
 }
+
+/// Item 9: a DataLoader-like worker sends no phases, its trainer does: the
+/// worker's OOM verdict carries the trainer's open epoch (was null), and
+/// says whose phase it is.
+#[test]
+fn a_workers_oom_kill_names_its_trainers_phase() {
+    let Some(cg) = small_cgroup_or_skip("a_workers_oom_kill_names_its_trainers_phase") else {
+        return;
+    };
+    let (out, json) = cg.run(&[], &["worker-grows-in-epochs", "8", "5"]);
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let v = &json["oom_kill"]["victims"][0];
+    assert_ne!(u(&v["pid"]), u(&json["pid"]), "{v}");
+    assert_eq!(v["phase"], "epoch 1", "{v}");
+    assert_eq!(
+        u(&v["phase_pid"]),
+        u(&json["pid"]),
+        "the trainer's phase: {v}"
+    );
+    assert!(err.contains("in epoch 1 (pid "), "{err}");
+    assert!(err.contains("'s phase: it sent none of its own)"), "{err}");
+}
