@@ -118,7 +118,7 @@ impl KernelLog {
             match f.read(&mut buf) {
                 Ok(0) => return,
                 Ok(n) => {
-                    if let Some(record) = std::str::from_utf8(&buf[..n]).ok() {
+                    if let Ok(record) = std::str::from_utf8(&buf[..n]) {
                         fold(&mut self.kills, record);
                     }
                 }
