@@ -653,11 +653,9 @@ pub(crate) fn explain_run(
                 ended_ns: if direct { Some(end) } else { p.ended_ns },
                 wait_status: if direct { child_status } else { p.wait_status },
                 last_rss: p.last_rss,
-                // ru_maxrss where it is the command's own.
-                exact_peak: match p.peak() {
-                    (b, crate::recording::PeakSource::Rusage) if direct => Some(b),
-                    _ => None,
-                },
+                // Exact where ru_maxrss is the command's own (it had no
+                // children whose peaks the kernel folds in).
+                exact_peak: (direct && p.rusage_children != Some(true)).then(|| p.peak().0),
                 direct_child: direct,
             }
         })

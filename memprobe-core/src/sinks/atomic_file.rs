@@ -19,7 +19,9 @@
 //!   `/dev/full`, a named pipe read by another program): nothing can be
 //!   renamed onto those, and the output cannot be atomic there; a write
 //!   error (`ENOSPC` from `/dev/full`) is reported like any other. A FIFO
-//!   with no reader yet is opened when the first bytes are written;
+//!   is opened when the first bytes are written (waiting for a reader then,
+//!   as a shell's redirection does), so that creating one and dropping it
+//!   unwritten never ends its reader's input;
 //! - `/dev/stdout`, `/dev/stderr`, `/dev/fd/N` and `/proc/self/fd/N` are the
 //!   process's descriptor N, written through a duplicate of it (opening the
 //!   path again would start at offset 0 of a file the shell opened for
@@ -44,7 +46,7 @@ enum Target {
     Atomic { tmp: PathBuf, dest: PathBuf },
     /// The named object itself (a device, a FIFO, a standard stream).
     Direct,
-    /// A FIFO with no reader when created: opened at the first write.
+    /// A FIFO: opened at the first write (waiting for a reader then).
     Fifo(PathBuf),
 }
 
@@ -140,20 +142,12 @@ fn dup_stream(path: &Path, fd: i32) -> Result<File> {
     Ok(File::from(owned))
 }
 
-/// Opens a FIFO for writing; `wait`: block until a reader comes.
-fn open_fifo(path: &Path, wait: bool) -> std::io::Result<File> {
-    let flags = if wait { 0 } else { libc::O_NONBLOCK };
-    let f = OpenOptions::new()
+/// Opens a FIFO for writing, waiting for a reader.
+fn open_fifo(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
         .write(true)
-        .custom_flags(flags | libc::O_CLOEXEC)
-        .open(path)?;
-    if !wait {
-        // Writes block as a pipe's do; only the open must not.
-        use std::os::fd::AsRawFd;
-        // SAFETY: F_SETFL on a descriptor we own.
-        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) };
-    }
-    Ok(f)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
 }
 
 impl AtomicFile {
@@ -192,14 +186,10 @@ impl AtomicFile {
         if let Ok(m) = std::fs::metadata(&dest) {
             let kind = m.file_type();
             if kind.is_fifo() {
-                return match open_fifo(&dest, false) {
-                    Ok(f) => Ok(direct(Target::Direct, Some(f))),
-                    // No reader yet: the first write waits for one.
-                    Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
-                        Ok(direct(Target::Fifo(dest), None))
-                    }
-                    Err(e) => Err(Error::io(format!("{shown}: open the FIFO"), &e)),
-                };
+                // Opened at the first write, not now: opening and closing
+                // it would end its reader's input (a probe that the path
+                // can be written, an output abandoned) before the output.
+                return Ok(direct(Target::Fifo(dest), None));
             }
             if !kind.is_file() {
                 let f = OpenOptions::new()
@@ -277,7 +267,7 @@ impl AtomicFile {
             return Ok(());
         }
         if let Target::Fifo(p) = &self.target {
-            let file = open_fifo(p, true)
+            let file = open_fifo(p)
                 .map_err(|e| Error::io(format!("{}: open the FIFO", self.path.display()), &e))?;
             *f = Some(file);
         }
@@ -621,18 +611,14 @@ mod tests {
         f.finish().unwrap();
         drop(f);
         assert_eq!(reader.join().unwrap(), b"one two");
-        // A reader already there.
+        // A reader already there: creating and dropping an unwritten one
+        // does not end its input.
         let reader = {
             let fifo = fifo.clone();
             std::thread::spawn(move || std::fs::read(&fifo).unwrap())
         };
-        let f = loop {
-            let f = AtomicFile::create(&fifo).unwrap();
-            if !f.pending.load(Ordering::SeqCst) || reader.is_finished() {
-                break f;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
+        drop(AtomicFile::create(&fifo).unwrap());
+        let f = AtomicFile::create(&fifo).unwrap();
         f.write(b"three").unwrap();
         f.finish().unwrap();
         drop(f);
