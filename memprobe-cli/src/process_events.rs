@@ -5,7 +5,8 @@
 //! and is OOM-killed between two samples (`--interval 1s`) is a member of the
 //! tree all the same, with its death by `SIGKILL`.
 //!
-//! Listening needs `CAP_NET_ADMIN` (root); without it the reason is kept,
+//! Listening needs `CAP_NET_ADMIN` (root) before Linux 6.6, and nothing
+//! since; where it is refused the reason is kept,
 //! and the run falls back on what samples see, on the zombies they catch,
 //! and on the orphans memprobe reaps as their subreaper
 //! ([`crate::orphans`]), and the OOM verdict says that a process living
@@ -170,11 +171,12 @@ pub(crate) struct ProcessEvents {
 
 impl ProcessEvents {
     /// Subscribes to the kernel's process events and starts listening;
-    /// `Err`: why not (no `CAP_NET_ADMIN`, no connector in the kernel).
+    /// `Err`: why not (no `CAP_NET_ADMIN` before Linux 6.6, no connector in
+    /// the kernel).
     pub(crate) fn start() -> Result<ProcessEvents, String> {
         let sock = subscribe().map_err(|e| {
             let hint = if e.raw_os_error() == Some(libc::EPERM) {
-                " (needs CAP_NET_ADMIN: root)"
+                " (needs CAP_NET_ADMIN before Linux 6.6)"
             } else {
                 ""
             };

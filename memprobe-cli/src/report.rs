@@ -440,7 +440,7 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
         "peak tree RSS",
         if r.tree.raised_to_a_process() {
             format!(
-                "{}  (at least its largest process's exact peak; samples saw {}, {most})",
+                "{}  (at least one of its processes' exact peak; samples saw {}, {most})",
                 units::bytes(r.tree.peak_rss_bytes),
                 units::bytes(r.tree.sampled_peak_bytes),
             )

@@ -96,13 +96,19 @@ impl SmallCgroup {
     /// Runs `memprobe run --json FILE <opts> -- <helper mode>` inside the
     /// cgroup (the shell moves itself in, then becomes memprobe).
     fn run(&self, opts: &[&str], mode: &[&str]) -> (Output, Value) {
+        self.run_under(&[], opts, mode)
+    }
+
+    /// [`run`](Self::run) with memprobe started through `prefix` (e.g.
+    /// [`UNPRIVILEGED`]).
+    fn run_under(&self, prefix: &[&str], opts: &[&str], mode: &[&str]) -> (Output, Value) {
         // Where memprobe may not lower its oom_score_adj (no
         // CAP_SYS_RESOURCE), an allocation of its own in the moment the
         // command's memory is being released can make the kernel end
         // memprobe too (docs/cli.md says so). That run tells nothing about
         // the verdict: run it again, a few times at most.
         for attempt in 1..=5 {
-            match self.run_once(opts, mode) {
+            match self.run_once(prefix, opts, mode) {
                 Ok(r) => return r,
                 Err(why) => eprintln!("attempt {attempt}: {why}"),
             }
@@ -110,7 +116,12 @@ impl SmallCgroup {
         panic!("memprobe itself was killed in every attempt")
     }
 
-    fn run_once(&self, opts: &[&str], mode: &[&str]) -> Result<(Output, Value), String> {
+    fn run_once(
+        &self,
+        prefix: &[&str],
+        opts: &[&str],
+        mode: &[&str],
+    ) -> Result<(Output, Value), String> {
         let dir = scratch("oom");
         let json = dir.join("run.json");
         let (argv, (k, v)) = crate::helper::argv(mode);
@@ -119,6 +130,7 @@ impl SmallCgroup {
             .arg("echo $$ > \"$1\" && shift && exec \"$@\"")
             .arg("sh")
             .arg(self.dir.join("cgroup.procs"))
+            .args(prefix)
             .arg(env!("CARGO_BIN_EXE_memprobe"))
             .arg("run")
             .arg("--json")
@@ -176,6 +188,18 @@ fn small_cgroup_or_skip(test: &str) -> Option<SmallCgroup> {
             None
         }
     }
+}
+
+/// memprobe without the privileges to read the kernel's log
+/// (`CAP_SYSLOG`) or its process events (`CAP_NET_ADMIN`): the fallbacks.
+const UNPRIVILEGED: &[&str] = &["setpriv", "--bounding-set", "-syslog,-net_admin"];
+
+/// Whether [`UNPRIVILEGED`] can be used here (root, with setpriv).
+fn can_drop_privileges() -> bool {
+    std::process::Command::new("setpriv")
+        .args(["--bounding-set", "-syslog,-net_admin", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn container_counters(path: &Path) -> bool {
@@ -296,16 +320,22 @@ fn an_unrelated_oom_kill_then_a_users_kill_is_not_confirmed() {
     };
     // memprobe may itself be killed where it cannot lower its
     // oom_score_adj (see SmallCgroup::run): such a try tells nothing.
-    for attempt in 1..=5 {
-        match unrelated_kill_then_users_kill(&cg) {
-            Ok(()) => return,
-            Err(why) => eprintln!("attempt {attempt}: {why}"),
-        }
+    let mut prefixes: Vec<&[&str]> = vec![&[]];
+    if can_drop_privileges() {
+        prefixes.push(UNPRIVILEGED);
     }
-    panic!("memprobe itself was killed in every attempt");
+    'prefix: for prefix in prefixes {
+        for attempt in 1..=5 {
+            match unrelated_kill_then_users_kill(&cg, prefix) {
+                Ok(()) => continue 'prefix,
+                Err(why) => eprintln!("attempt {attempt}: {why}"),
+            }
+        }
+        panic!("memprobe itself was killed in every attempt");
+    }
 }
 
-fn unrelated_kill_then_users_kill(cg: &SmallCgroup) -> Result<(), String> {
+fn unrelated_kill_then_users_kill(cg: &SmallCgroup, prefix: &[&str]) -> Result<(), String> {
     let dir = scratch("oom-unrelated");
     let json = dir.join("run.json");
     let procs = cg.dir.join("cgroup.procs");
@@ -317,6 +347,7 @@ fn unrelated_kill_then_users_kill(cg: &SmallCgroup) -> Result<(), String> {
         .arg(in_cgroup)
         .arg("sh")
         .arg(&procs)
+        .args(prefix)
         .arg(env!("CARGO_BIN_EXE_memprobe"))
         .arg("run")
         .arg("--json")
@@ -389,8 +420,12 @@ fn unrelated_kill_then_users_kill(cg: &SmallCgroup) -> Result<(), String> {
             "{err}"
         );
     } else {
-        eprintln!("the kernel's log is not readable here: the verdict may only be likely");
+        eprintln!("the kernel's log is not read: the verdict may only be likely");
+        assert_eq!(oom["verdict"], "likely", "{oom}");
         assert!(err.contains("does not say which process"), "{err}");
+    }
+    if prefix == UNPRIVILEGED {
+        assert_eq!(oom["kernel_log"], false, "{oom}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
     Ok(())
@@ -470,4 +505,48 @@ fn a_workers_oom_kill_names_its_trainers_phase() {
     );
     assert!(err.contains("in epoch 1 (pid "), "{err}");
     assert!(err.contains("'s phase: it sent none of its own)"), "{err}");
+}
+
+/// Item 8 without the privileges to read the kernel's log (nor, before
+/// Linux 6.6, its process events): the worker is "likely" where its death
+/// was seen, else "unknown", never "none of them this run's".
+#[test]
+fn a_worker_killed_between_two_samples_unprivileged_is_unknown() {
+    if !can_drop_privileges() {
+        eprintln!("SKIPPED: cannot drop privileges here (not root, or no setpriv)");
+        return;
+    }
+    let Some(cg) =
+        small_cgroup_or_skip("a_worker_killed_between_two_samples_unprivileged_is_unknown")
+    else {
+        return;
+    };
+    let (out, json) = cg.run_under(
+        UNPRIVILEGED,
+        &["--interval", "1s"],
+        &["short-worker-grows", "300", "16", "1"],
+    );
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let oom = &json["oom_kill"];
+    assert_eq!(oom["kernel_log"], false, "{oom}");
+    assert!(!err.contains("none of them this run's"), "{err}");
+    if oom["tracking"] == "process_events" {
+        // Linux >= 6.6 lets anyone listen: the worker's birth and death by
+        // SIGKILL were seen, and with the counter's rise it is likely.
+        assert_eq!(oom["verdict"], "likely", "{oom}");
+        let v = &oom["victims"][0];
+        assert_eq!(v["evidence"], "counter_and_sigkill", "{v}");
+        assert_ne!(u(&v["pid"]), u(&json["pid"]));
+        assert!(err.contains("does not say which process"), "{err}");
+    } else {
+        assert_eq!(oom["verdict"], "unknown", "{oom}");
+        assert!(
+            err.contains("a process living between two samples is not seen"),
+            "{err}"
+        );
+        assert!(oom["kills_outside_tree"].is_null(), "{oom}");
+    }
 }
