@@ -9,10 +9,14 @@
 //! 3. with `--gpu-exact`, find the interposer and make the run's directory
 //!    of counter regions (exit 2 before anything runs if the interposer is
 //!    missing);
-//! 4. open the cgroup and ask for GPUs, spawn the child, start the signal,
-//!    sampling and live-line threads;
+//! 4. open the cgroup and ask for GPUs; listen to the kernel's process
+//!    events and open its log, become the tree's subreaper (all before the
+//!    spawn: the command's first fork counts); spawn the child, start the
+//!    signal, sampling and live-line threads;
 //! 5. wait for the child to terminate without reaping it, take the last
-//!    sample, stop forwarding, then reap it with `wait4` for its exact peak.
+//!    sample, stop forwarding, then reap it with `wait4` for its exact peak;
+//!    read what the process events and the kernel's log still hold, reap
+//!    the last orphans, and judge any OOM kill.
 
 use crate::args::RunArgs;
 use crate::child;
@@ -214,14 +218,13 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     // The command's exit and any kill were logged before it could be
     // reaped: read what is left.
     let lives = events.map(crate::process_events::ProcessEvents::finish);
-    let kernel_log = match Arc::try_unwrap(kernel_log) {
+    let mut kernel_log = match Arc::try_unwrap(kernel_log) {
         Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
         Err(shared) => {
             let mut l = shared.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::replace(&mut *l, crate::kernel_log::KernelLog::closed())
         }
     };
-    let mut kernel_log = kernel_log;
     kernel_log.poll();
     let end_ns = (duration_s * 1e9) as u64;
     let late_orphans = crate::orphans::reap(pid, &inherited);
