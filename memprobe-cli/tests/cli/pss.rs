@@ -7,7 +7,7 @@ const BUF_MIB: u64 = 256;
 const WORKERS: u64 = 4;
 
 /// The command touches 256 MiB and forks 4 workers that only read it, and
-/// all hold it for 1.5 s. Summed RSS counts the buffer in every process
+/// all hold it for 3 s. Summed RSS counts the buffer in every process
 /// (about 5 × 256 MiB); the tree's PSS counts it once; no process owns it
 /// alone, so it is in nobody's USS. Real kernel figures: every bound leaves
 /// at least 10% of the buffer (5% where the buffer itself is measured), and
@@ -32,7 +32,7 @@ fn pss_counts_the_pages_workers_share_once() {
             "shared-workers",
             &WORKERS.to_string(),
             &BUF_MIB.to_string(),
-            "1500",
+            "3000",
         ],
     );
     let err = stderr(&out);
@@ -43,7 +43,7 @@ fn pss_counts_the_pages_workers_share_once() {
     let points = json["timeline"].as_array().unwrap();
     assert!(points.iter().all(|p| p.get("tree_pss_bytes").is_some()));
     // The steady state: all five processes up, the workers done reading
-    // (they read for well under 0.5 s; the hold is 1.5 s), and the command
+    // (they read for well under 0.5 s; the hold is 3 s), and the command
     // not yet reaping them. Before it, the buffer was the command's alone (its
     // USS), and a reading taken while workers fork is not atomic across them.
     // On the time of the run, not the clock: on a loaded machine the
@@ -139,7 +139,7 @@ fn no_pss_without_the_option() {
 fn pss_of_a_buffer_being_shared_is_never_above_the_truth() {
     let (out, json) = run_helper_json(
         &["--pss", "--interval", "2ms"],
-        &["mapshared-workers", "3", "256", "0", "2000"],
+        &["mapshared-workers", "3", "256", "0", "3000"],
     );
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
@@ -156,8 +156,9 @@ fn pss_of_a_buffer_being_shared_is_never_above_the_truth() {
         .filter_map(|p| p["tree_pss_bytes"].as_u64())
         .filter(|&v| v >= BUF_MIB * MIB)
         .collect();
+    // Each reading is two passes: on a loaded machine, a second each.
     assert!(
-        hold.len() >= 5,
+        hold.len() >= 2,
         "too few readings during the hold: {hold:?} {pss}"
     );
     hold.sort_unstable();
