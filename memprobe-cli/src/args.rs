@@ -55,7 +55,7 @@ pub(crate) struct ServeArgs {
 /// Options of `memprobe run`.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    /// Sampling interval, 1ms ..= 60s, with a unit (e.g. 10ms, 1s, 500us).
+    /// Sampling interval, 100us ..= 60s, with a unit (e.g. 10ms, 1s, 500us).
     #[arg(
         long,
         short = 'i',
@@ -124,7 +124,7 @@ pub(crate) struct StatusArgs {
 /// Options of `memprobe watch`.
 #[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
-    /// Refresh interval, 1ms ..= 60s, with a unit (e.g. 500ms, 2s).
+    /// Refresh interval, 100us ..= 60s, with a unit (e.g. 500ms, 2s).
     #[arg(
         long,
         short = 'i',

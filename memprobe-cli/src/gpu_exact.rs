@@ -218,6 +218,17 @@ impl Drop for Injection {
     }
 }
 
+/// The last allocation of a process that failed with out-of-memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct LastOom {
+    /// The device it was asked on; null for page-locked host memory.
+    pub(crate) device: Option<u32>,
+    /// The bytes asked for.
+    pub(crate) size_bytes: u64,
+    /// The entry point that failed (`cuMemAlloc_v2`, ...), where recorded.
+    pub(crate) api: Option<&'static str>,
+}
+
 /// One process's exact figures.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ExactProcess {
@@ -232,6 +243,8 @@ pub(crate) struct ExactProcess {
     pub(crate) host_pinned_peak: u64,
     /// Allocations that failed with out-of-memory.
     pub(crate) oom_failures: u64,
+    /// The last of them.
+    pub(crate) last_oom: Option<LastOom>,
     /// Allocations that passed through uncounted, and their bytes.
     pub(crate) not_counted_calls: u64,
     pub(crate) not_counted_bytes: u64,
@@ -401,7 +414,16 @@ fn read_figures(region: &Region, f: &mut ExactProcess) {
         .map(|d| region.read(Counter::Device(d)).current)
         .collect();
     f.host_pinned_peak = region.read(Counter::HostPinned).lifetime_peak;
-    f.oom_failures = region.last_oom().map_or(0, |o| o.events);
+    let oom = region.last_oom();
+    f.oom_failures = oom.as_ref().map_or(0, |o| o.events);
+    f.last_oom = oom.map(|o| LastOom {
+        device: match o.counter {
+            Counter::Device(d) => Some(d),
+            Counter::HostPinned => None,
+        },
+        size_bytes: o.size,
+        api: o.api,
+    });
     let nc = region.not_counted();
     f.not_counted_calls = nc.calls;
     f.not_counted_bytes = nc.bytes;
@@ -412,6 +434,8 @@ fn read_figures(region: &Region, f: &mut ExactProcess) {
 pub(crate) struct GpuExactReport {
     pub(crate) library: String,
     pub(crate) peak_fidelity: &'static str,
+    /// Allocations of the tree that failed with out-of-memory, in all.
+    pub(crate) oom_failures: u64,
     pub(crate) devices: Vec<ExactDeviceReport>,
     pub(crate) host_pinned_tree_peak_bytes: u64,
     pub(crate) processes: Vec<ExactProcessReport>,
@@ -437,6 +461,8 @@ pub(crate) struct ExactProcessReport {
     pub(crate) end_bytes: Vec<u64>,
     pub(crate) host_pinned_peak_bytes: u64,
     pub(crate) oom_failures: u64,
+    /// The last allocation that failed with out-of-memory; null for none.
+    pub(crate) last_oom: Option<LastOom>,
     pub(crate) not_counted_calls: u64,
     pub(crate) not_counted_bytes: u64,
     /// Per device ordinal: NVML's figure for the process (null: not listed).
@@ -486,6 +512,7 @@ impl GpuExactReport {
         GpuExactReport {
             library: rec.library.clone(),
             peak_fidelity: "exact",
+            oom_failures: rec.processes.iter().map(|p| p.oom_failures).sum(),
             devices,
             host_pinned_tree_peak_bytes: rec.tree_host_pinned_peak,
             processes: rec
@@ -498,6 +525,7 @@ impl GpuExactReport {
                     end_bytes: pad(&p.end),
                     host_pinned_peak_bytes: p.host_pinned_peak,
                     oom_failures: p.oom_failures,
+                    last_oom: p.last_oom.clone(),
                     not_counted_calls: p.not_counted_calls,
                     not_counted_bytes: p.not_counted_bytes,
                     nvml_used_bytes: pad_opt(&p.nvml_used),

@@ -2,13 +2,16 @@
 
 use std::time::Duration;
 
-/// The shortest interval `--interval` accepts.
-pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// The shortest interval `--interval` accepts: the core monitor's (every
+/// example the messages give, `500us` among them, is accepted).
+pub(crate) const MIN_INTERVAL: Duration = memprobe_core::monitor::MIN_INTERVAL;
 /// The longest interval `--interval` accepts.
 pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(60);
 
+/// The accepted range as the messages write it.
+const RANGE: &str = "100us ..= 60s";
 /// How to write an interval, in every error message.
-const ACCEPTED: &str = "write a duration of 1ms ..= 60s with a unit, e.g. 10ms, 1s or 500us";
+const ACCEPTED: &str = "write a duration of 100us ..= 60s with a unit, e.g. 10ms, 1s or 500us";
 
 /// Parses a duration with a unit (`ns`, `us`/`µs`, `ms`, `s`, `m`), no unit
 /// being an error: a bare `10` could mean anything (a bare `0` is no
@@ -56,7 +59,7 @@ pub(crate) fn parse_interval(text: &str) -> Result<Duration, String> {
     };
     if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
         return Err(format!(
-            "'{}' is outside the accepted range 1ms ..= 60s: write it with a unit, e.g. 10ms, 1s or 500us",
+            "'{}' is outside the accepted range {RANGE}: write it with a unit, e.g. 10ms, 1s or 500us",
             text.trim()
         ));
     }
@@ -88,19 +91,27 @@ mod tests {
     fn range() {
         assert_eq!(parse_interval("1ms"), Ok(Duration::from_millis(1)));
         assert_eq!(parse_interval("60s"), Ok(Duration::from_secs(60)));
-        assert!(parse_interval("500us").unwrap_err().contains("outside"));
+        // Every example the messages give is accepted.
+        assert_eq!(parse_interval("500us"), Ok(Duration::from_micros(500)));
+        assert_eq!(parse_interval("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_interval("100000ns"), Ok(Duration::from_micros(100)));
+        assert!(parse_interval("99us").unwrap_err().contains("outside"));
+        for example in ["10ms", "1s", "500us", "0.5s", "1m", "500µs"] {
+            assert!(parse_interval(example).is_ok(), "{example}");
+        }
+        assert_eq!(MIN_INTERVAL, Duration::from_micros(100), "{RANGE}");
         assert!(parse_interval("61s").unwrap_err().contains("outside"));
         assert!(parse_interval("0ms").is_err());
         // Zero, however written, gets one message with the range and an example.
         let zero = parse_interval("0").unwrap_err();
         assert_eq!(
             zero,
-            "'0' is outside the accepted range 1ms ..= 60s: write it with a unit, e.g. 10ms, 1s or 500us"
+            "'0' is outside the accepted range 100us ..= 60s: write it with a unit, e.g. 10ms, 1s or 500us"
         );
         for z in ["0ms", "0s", "0.0", " 0 "] {
             let e = parse_interval(z).unwrap_err();
             assert_eq!(e.replace(&format!("'{}'", z.trim()), "'0'"), zero, "{z}");
         }
-        assert!(parse_interval("10").unwrap_err().contains("1ms ..= 60s"));
+        assert!(parse_interval("10").unwrap_err().contains("100us ..= 60s"));
     }
 }

@@ -792,7 +792,7 @@ pub(crate) mod tests {
             signals: Vec::new(),
             memprobe_cpu_s: 0.01,
         };
-        crate::report::add_rusage(&mut rec, &facts);
+        crate::report::add_rusage(&mut rec, &facts, None);
         build(&rec, &facts)
     }
 

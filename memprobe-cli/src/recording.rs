@@ -44,6 +44,11 @@ pub(crate) struct ProcessRecord {
     pub(crate) max_sampled_rss: u64,
     /// For the direct child: `wait4`'s `ru_maxrss`, bytes.
     pub(crate) rusage_maxrss: Option<u64>,
+    /// Whether that `ru_maxrss` may be a child's: the kernel folds in the
+    /// peak of every child the process waited for (and theirs). `Some(true)`:
+    /// it had children; `Some(false)`: it had none (every birth seen);
+    /// `None`: unknown (no process events, and no sample saw a child).
+    pub(crate) rusage_children: Option<bool>,
     /// The last `VmRSS` sampled, bytes.
     pub(crate) last_rss: u64,
     /// The sample that first saw it ended, ns.
@@ -66,6 +71,7 @@ impl ProcessRecord {
             vmhwm: None,
             max_sampled_rss: 0,
             rusage_maxrss: None,
+            rusage_children: None,
             last_rss: 0,
             ended_ns: None,
             wait_status: None,
@@ -86,15 +92,30 @@ impl ProcessRecord {
         self.last_seen_ns = now;
     }
 
-    /// The exact peak and where it comes from.
+    /// The exact peak and where it comes from. `ru_maxrss` is the
+    /// process's own only where it had no children: a worker's 255 MiB,
+    /// reaped by the command, would otherwise be credited to the command.
     pub(crate) fn peak(&self) -> (u64, PeakSource) {
         let hwm = self.vmhwm.unwrap_or(0).max(self.max_sampled_rss);
         match self.rusage_maxrss {
-            Some(r) if r > hwm => (r, PeakSource::Rusage),
+            Some(r) if r > hwm && self.rusage_children != Some(true) => (r, PeakSource::Rusage),
             _ => (hwm, PeakSource::VmHwm),
         }
     }
 }
+
+/// An orphan of the tree memprobe reaped (see [`crate::orphans`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OrphanEnd {
+    pub(crate) pid: u32,
+    pub(crate) name: String,
+    /// When it was reaped, ns since the start.
+    pub(crate) ended_ns: u64,
+    pub(crate) wait_status: i32,
+}
+
+/// At most this many orphans are kept.
+pub(crate) const MAX_ORPHANS: usize = 4096;
 
 /// The container's cgroup over the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +239,8 @@ pub(crate) struct Recording {
     pub(crate) gpu_exact: Option<crate::gpu_exact::ExactRecord>,
     /// With `--pss`: the tree's PSS and USS peaks and the reads' cost.
     pub(crate) pss: Option<crate::tree_pss::PssReport>,
+    /// Orphans of the tree memprobe reaped as their subreaper.
+    pub(crate) orphans: Vec<OrphanEnd>,
     /// The container's OOM event counters over the run.
     pub(crate) oom_counters: crate::oom_kill::CounterLog,
     /// Whether the kernel's OOM killer ended a process of the run (set
@@ -323,6 +346,7 @@ mod tests {
             vmhwm: Some(100),
             max_sampled_rss: 90,
             rusage_maxrss: Some(50),
+            rusage_children: None,
             last_rss: 80,
             ended_ns: None,
             wait_status: None,
@@ -330,5 +354,10 @@ mod tests {
         assert_eq!(p.peak(), (100, PeakSource::VmHwm));
         p.rusage_maxrss = Some(300);
         assert_eq!(p.peak(), (300, PeakSource::Rusage));
+        p.rusage_children = Some(false);
+        assert_eq!(p.peak(), (300, PeakSource::Rusage));
+        // With children, ru_maxrss may be one of theirs: not its own.
+        p.rusage_children = Some(true);
+        assert_eq!(p.peak(), (100, PeakSource::VmHwm));
     }
 }

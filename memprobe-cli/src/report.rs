@@ -138,6 +138,10 @@ pub(crate) struct ProcessReport {
     pub(crate) vmhwm_bytes: Option<u64>,
     pub(crate) max_sampled_rss_bytes: u64,
     pub(crate) rusage_maxrss_bytes: Option<u64>,
+    /// Whether `rusage_maxrss_bytes` may be a child's peak (see
+    /// [`ProcessRecord::rusage_children`]); null for other processes, or
+    /// where unknown.
+    pub(crate) rusage_includes_children: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -205,15 +209,26 @@ fn process_report(p: &ProcessRecord) -> ProcessReport {
         vmhwm_bytes: p.vmhwm,
         max_sampled_rss_bytes: p.max_sampled_rss,
         rusage_maxrss_bytes: p.rusage_maxrss,
+        rusage_includes_children: p.rusage_children,
     }
 }
 
 /// Folds the child's `ru_maxrss` into its record (creating the record if the
-/// child exited before the first sample saw it).
-pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts) {
+/// child exited before the first sample saw it). `children`: whether it had
+/// children (whose peaks the kernel folds into its `ru_maxrss`): from the
+/// kernel's process events where read, else `Some(true)` when a sample saw
+/// one, else unknown.
+pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts, children: Option<bool>) {
     let rusage = facts.exit.maxrss_bytes;
+    let sampled_children = rec.processes.iter().any(|p| p.pid != facts.pid);
+    let children = if sampled_children {
+        Some(true)
+    } else {
+        children
+    };
     if let Some(p) = rec.processes.iter_mut().find(|p| p.pid == facts.pid) {
         p.rusage_maxrss = Some(rusage);
+        p.rusage_children = children;
         p.exited = true;
         return;
     }
@@ -235,6 +250,7 @@ pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts) {
             vmhwm: None,
             max_sampled_rss: 0,
             rusage_maxrss: Some(rusage),
+            rusage_children: children,
             last_rss: 0,
             ended_ns: Some(end),
             wait_status: None,
@@ -285,7 +301,11 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
         },
         tree: TreeReport::new(
             rec.tree_peak,
-            rec.peak_process().map(|p| p.peak().0),
+            // ru_maxrss is some process's exact peak even where it is not
+            // the command's own: the tree held at least that.
+            rec.peak_process()
+                .map(|p| p.peak().0)
+                .max(rec.processes.iter().filter_map(|p| p.rusage_maxrss).max()),
             rec.max_processes,
         ),
         peak_process: rec.peak_process().map(process_report),
@@ -420,7 +440,7 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
         "peak tree RSS",
         if r.tree.raised_to_a_process() {
             format!(
-                "{}  (at least its largest process's exact peak; samples saw {}, {most})",
+                "{}  (at least one of its processes' exact peak; samples saw {}, {most})",
                 units::bytes(r.tree.peak_rss_bytes),
                 units::bytes(r.tree.sampled_peak_bytes),
             )
@@ -443,6 +463,11 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
     match &r.peak_process {
         Some(p) => {
             let how = match p.peak_source {
+                s if s == PeakSource::Rusage.as_str()
+                    && p.rusage_includes_children == Some(false) =>
+                {
+                    "exact (wait4 ru_maxrss; it started no process)"
+                }
                 s if s == PeakSource::Rusage.as_str() => {
                     "exact (wait4 ru_maxrss: this process or a child it waited for)"
                 }
@@ -563,6 +588,40 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
                 ),
             );
         }
+        // A GPU out-of-memory the program may have caught and survived
+        // (PyTorch raises, a training loop retries with a smaller batch):
+        // said whenever the interposer counted one.
+        if x.oom_failures > 0 {
+            let last = x
+                .processes
+                .iter()
+                .filter(|p| p.oom_failures > 0)
+                .map(|p| {
+                    let what = p.last_oom.as_ref().map_or_else(String::new, |o| {
+                        format!(
+                            ": last {} on {}{}",
+                            units::bytes(o.size_bytes),
+                            o.device.map_or_else(
+                                || "host pinned memory".into(),
+                                |d| format!("GPU {d}")
+                            ),
+                            o.api.map(|a| format!(" ({a})")).unwrap_or_default()
+                        )
+                    });
+                    format!("pid {} {}x{what}", p.pid, p.oom_failures)
+                })
+                .take(4)
+                .collect::<Vec<_>>()
+                .join("; ");
+            row(
+                &mut out,
+                "GPU out of memory",
+                format!(
+                    "{} allocation(s) failed with CUDA out-of-memory ({last})",
+                    x.oom_failures
+                ),
+            );
+        }
         let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
         if not_counted > 0 {
             row(
@@ -655,6 +714,7 @@ mod tests {
                 vmhwm: Some(90 << 20),
                 max_sampled_rss: 80 << 20,
                 rusage_maxrss: None,
+                rusage_children: None,
                 last_rss: 80 << 20,
                 ended_ns: Some(40_000_000),
                 wait_status: None,
@@ -669,6 +729,7 @@ mod tests {
                 vmhwm: Some(20 << 20),
                 max_sampled_rss: 20 << 20,
                 rusage_maxrss: None,
+                rusage_children: None,
                 last_rss: 20 << 20,
                 ended_ns: Some(40_000_000),
                 wait_status: None,
@@ -715,7 +776,7 @@ mod tests {
             }],
             memprobe_cpu_s: 0.01,
         };
-        add_rusage(&mut rec, &facts);
+        add_rusage(&mut rec, &facts, None);
         (rec, facts)
     }
 
@@ -725,10 +786,14 @@ mod tests {
         let r = build(&rec, &facts);
         assert_eq!(r.exit.status, 143);
         let p = r.peak_process.as_ref().unwrap();
+        // The command had a worker: its ru_maxrss (120 MiB) may be the
+        // worker's, so its own peak is its VmHWM; the tree holds at least
+        // the 120 MiB all the same.
         assert_eq!(
             (p.pid, p.peak_rss_bytes, p.peak_source),
-            (100, 120 << 20, "rusage")
+            (100, 90 << 20, "vmhwm")
         );
+        assert!(r.tree.peak_rss_bytes >= 120 << 20);
         assert_eq!(r.cgroup.as_ref().unwrap().peak_fidelity, "exact");
 
         let json = serde_json::to_value(&r).unwrap();

@@ -20,6 +20,7 @@
 
 use crate::gpu_exact::Watcher;
 use crate::gpu_readings::{self, GpuReading};
+use crate::kernel_log::KernelLog;
 use crate::live::LiveState;
 use crate::oom_kill::ZombieWatch;
 use crate::recording::{CgroupRecord, GpuSeries, Recording};
@@ -31,7 +32,7 @@ use memprobe_core::Sampler;
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,10 @@ pub(crate) struct Setup {
     pub(crate) exact: Option<Watcher>,
     /// With `--pss`: read the tree's PSS and USS at every tick.
     pub(crate) pss: bool,
+    /// The kernel's log, read at every tick for its OOM-kill records.
+    pub(crate) kernel_log: Option<Arc<Mutex<KernelLog>>>,
+    /// memprobe's children from before the spawn (no orphans of the tree).
+    pub(crate) inherited: Vec<u32>,
 }
 
 /// The running sampling thread.
@@ -93,6 +98,8 @@ struct State {
     exact: Option<Watcher>,
     pss: Option<PssRecord>,
     zombies: ZombieWatch,
+    kernel_log: Option<Arc<Mutex<KernelLog>>>,
+    inherited: Vec<u32>,
     rec: Recording,
 }
 
@@ -125,6 +132,8 @@ impl State {
             exact: setup.exact,
             pss: setup.pss.then(PssRecord::default),
             zombies: ZombieWatch::default(),
+            kernel_log: setup.kernel_log,
+            inherited: setup.inherited,
             rec,
         }
     }
@@ -164,11 +173,34 @@ impl State {
         self.rec
     }
 
+    /// Reaps the tree's orphans that ended (memprobe is their subreaper)
+    /// and keeps how each ended.
+    fn reap_orphans(&mut self, now: u64) {
+        for o in crate::orphans::reap(self.tree.root(), &self.inherited) {
+            self.rec.ended_with(o.pid, o.wait_status);
+            if self.rec.orphans.len() < crate::recording::MAX_ORPHANS {
+                self.rec.orphans.push(crate::recording::OrphanEnd {
+                    pid: o.pid,
+                    name: o.name,
+                    ended_ns: now,
+                    wait_status: o.wait_status,
+                });
+            }
+        }
+    }
+
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let tree = self.tree.read();
         for (pid, status) in self.zombies.tick(now) {
             self.rec.ended_with(pid, status);
+        }
+        self.reap_orphans(now);
+        if let Some(log) = &self.kernel_log {
+            // Read often: the kernel's ring buffer overwrites old records.
+            if let Ok(mut l) = log.try_lock() {
+                l.poll();
+            }
         }
         for &pid in &tree.exited {
             // A member not memprobe's own child is seen to die of a signal

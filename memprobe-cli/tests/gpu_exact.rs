@@ -439,3 +439,32 @@ fn without_the_interposer_it_fails_before_the_command_starts() {
 fn libc_etxtbsy() -> i32 {
     26
 }
+
+/// A GPU out-of-memory the interposer counted (the program survived it)
+/// is in the summary and the JSON: it was in neither.
+#[test]
+fn a_gpu_out_of_memory_is_reported() {
+    let (o, v) = run_env(
+        "oom",
+        &["oom", "64"],
+        &[],
+        &[("FAKE_CUDA_MEMORY", Path::new("33554432"))],
+    );
+    let pid = pid_of(&o, "pid");
+    let x = &v["gpu_exact"];
+    assert_eq!(x["oom_failures"], 1, "{x:#}");
+    let p = process(&v, pid);
+    assert_eq!(p["oom_failures"], 1);
+    assert_eq!(p["last_oom"]["device"], 0);
+    assert_eq!(p["last_oom"]["size_bytes"], 64 * MIB);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("GPU out of memory     1 allocation(s) failed with CUDA out-of-memory"),
+        "{err}"
+    );
+    assert!(err.contains("64.0 MiB on GPU 0"), "{err}");
+    // None counted: no line.
+    let (o, v) = run("no-oom", &["spike", "4"], &[]);
+    assert_eq!(v["gpu_exact"]["oom_failures"], 0);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("GPU out of memory"));
+}

@@ -15,6 +15,9 @@
  *                   old image's 1 MiB went with it: tree 3 + 6 = 9)
  *   killed          child: 8 MiB held, killed by the parent with SIGKILL
  *   hold MIB MS     holds MIB MiB on device 0 for MS milliseconds
+ *   oom MIB         holds 2 MiB on device 0, asks for MIB MiB more, which
+ *                   must fail with CUDA_ERROR_OUT_OF_MEMORY (run with
+ *                   FAKE_CUDA_MEMORY below it), and exits 0
  */
 #include "cuda_api.h"
 
@@ -54,6 +57,14 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "spike") == 0 && argc == 3) {
         hold(2 * MIB);
         spike(strtoull(argv[2], NULL, 0) * MIB);
+        printf("pid %d\n", (int)getpid());
+        return 0;
+    }
+    if (strcmp(argv[1], "oom") == 0 && argc == 3) {
+        CUdeviceptr p;
+        hold(2 * MIB);
+        if (a.cuMemAlloc_v2(&p, (size_t)(strtoull(argv[2], NULL, 0) * MIB)) != 2 /* CUDA_ERROR_OUT_OF_MEMORY */)
+            return 1;
         printf("pid %d\n", (int)getpid());
         return 0;
     }

@@ -33,7 +33,7 @@ pub(crate) fn main(args: GpusArgs) -> i32 {
         Ok(g) => (g, BTreeMap::new()),
         Err(why) if args.json => (Vec::new(), BTreeMap::from([("gpus".to_string(), why)])),
         Err(why) => {
-            eprintln!("memprobe: {why}");
+            crate::say::say!("memprobe: {why}");
             return NO_GPU;
         }
     };

@@ -18,7 +18,7 @@ pub(crate) fn print(json: bool, doc: &impl Serialize, table: impl FnOnce() -> St
         match serde_json::to_string_pretty(doc) {
             Ok(s) => s + "\n",
             Err(e) => {
-                eprintln!("memprobe: cannot encode JSON: {e}");
+                crate::say::say!("memprobe: cannot encode JSON: {e}");
                 return exit::FAILURE;
             }
         }
@@ -29,7 +29,7 @@ pub(crate) fn print(json: bool, doc: &impl Serialize, table: impl FnOnce() -> St
         Ok(()) => 0,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
         Err(e) => {
-            eprintln!("memprobe: writing to stdout: {e}");
+            crate::say::say!("memprobe: writing to stdout: {e}");
             exit::FAILURE
         }
     }

@@ -9,10 +9,14 @@
 //! 3. with `--gpu-exact`, find the interposer and make the run's directory
 //!    of counter regions (exit 2 before anything runs if the interposer is
 //!    missing);
-//! 4. open the cgroup and ask for GPUs, spawn the child, start the signal,
-//!    sampling and live-line threads;
+//! 4. open the cgroup and ask for GPUs; listen to the kernel's process
+//!    events and open its log, become the tree's subreaper (all before the
+//!    spawn: the command's first fork counts); spawn the child, start the
+//!    signal, sampling and live-line threads;
 //! 5. wait for the child to terminate without reaping it, take the last
-//!    sample, stop forwarding, then reap it with `wait4` for its exact peak.
+//!    sample, stop forwarding, then reap it with `wait4` for its exact peak;
+//!    read what the process events and the kernel's log still hold, reap
+//!    the last orphans, and judge any OOM kill.
 
 use crate::args::RunArgs;
 use crate::child;
@@ -29,7 +33,7 @@ use crate::units;
 use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
 use memprobe_core::sinks::AtomicFile;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// The reserved output files: each one's temporary file exists from before
@@ -101,7 +105,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let outputs = match Outputs::reserve(&args) {
         Ok(o) => o,
         Err(msg) => {
-            eprintln!("memprobe: {msg}");
+            crate::say::say!("memprobe: {msg}");
             return exit::USAGE;
         }
     };
@@ -109,7 +113,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         match Injection::prepare() {
             Ok(i) => Some(i),
             Err(msg) => {
-                eprintln!("memprobe: {msg}");
+                crate::say::say!("memprobe: {msg}");
                 return exit::USAGE;
             }
         }
@@ -119,13 +123,13 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let exact = match injection.as_ref().map(Injection::watcher).transpose() {
         Ok(w) => w,
         Err(msg) => {
-            eprintln!("memprobe: {msg}");
+            crate::say::say!("memprobe: {msg}");
             return exit::FAILURE;
         }
     };
     let set = SigSet::of(&signals::FORWARDED);
     if let Err(e) = set.block() {
-        eprintln!("memprobe: cannot block signals: {e}");
+        crate::say::say!("memprobe: cannot block signals: {e}");
         return exit::FAILURE;
     }
     let cgroup = open_cgroup();
@@ -146,10 +150,16 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     // From before the spawn (a command that fills the container at once
     // must not find memprobe unshielded); the command gets its value back.
     let oom_score_adj = crate::oom_kill::shield_self();
+    // Every birth and death of the tree, and the kernel's record of its OOM
+    // kills, from before the spawn: the command's first fork counts.
+    let events = crate::process_events::ProcessEvents::start();
+    let kernel_log = Arc::new(Mutex::new(crate::kernel_log::KernelLog::open()));
+    let inherited = crate::orphans::inherited();
+    crate::orphans::become_subreaper();
     let pid = match child::spawn(&args.command, &env, oom_score_adj) {
         Ok(pid) => pid,
         Err(e) => {
-            eprintln!("memprobe: {}", e.message);
+            crate::say::say!("memprobe: {}", e.message);
             return e.status;
         }
     };
@@ -161,7 +171,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
         Ok(f) => Some(f),
         Err(e) => {
-            eprintln!("memprobe: warning: signals will not be forwarded: {e}");
+            crate::say::say!("memprobe: warning: signals will not be forwarded: {e}");
             None
         }
     };
@@ -175,11 +185,13 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         live: live_state.clone(),
         exact,
         pss: args.pss,
+        kernel_log: Some(Arc::clone(&kernel_log)),
+        inherited: inherited.clone(),
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {
         crate::commands::serve::start_for_tree(addr, pid)
-            .map_err(|e| eprintln!("memprobe: warning: --serve: {e}"))
+            .map_err(|e| crate::say::say!("memprobe: warning: --serve: {e}"))
             .ok()
     });
 
@@ -193,23 +205,44 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     }
     let signals = forwarder.map(|f| f.disarm()).unwrap_or_default();
     if let Err(e) = waited {
-        eprintln!("memprobe: waiting for the command: {e}");
+        crate::say::say!("memprobe: waiting for the command: {e}");
         return exit::FAILURE;
     }
     let exit_info = match child::reap(pid) {
         Ok(x) => x,
         Err(e) => {
-            eprintln!("memprobe: reaping the command: {e}");
+            crate::say::say!("memprobe: reaping the command: {e}");
             return exit::FAILURE;
         }
     };
+    // The command's exit and any kill were logged before it could be
+    // reaped: read what is left.
+    let lives = events.map(crate::process_events::ProcessEvents::finish);
+    let mut kernel_log = match Arc::try_unwrap(kernel_log) {
+        Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+        Err(shared) => {
+            let mut l = shared.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::replace(&mut *l, crate::kernel_log::KernelLog::closed())
+        }
+    };
+    kernel_log.poll();
+    let end_ns = (duration_s * 1e9) as u64;
+    let late_orphans = crate::orphans::reap(pid, &inherited);
     let mut recording = match recording {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("memprobe: could not start sampling: {e}");
+            crate::say::say!("memprobe: could not start sampling: {e}");
             return exit::FAILURE;
         }
     };
+    for o in late_orphans {
+        recording.orphans.push(crate::recording::OrphanEnd {
+            pid: o.pid,
+            name: o.name,
+            ended_ns: end_ns,
+            wait_status: o.wait_status,
+        });
+    }
     match phases {
         Ok(log) => recording.phases = Some(log),
         Err(why) => {
@@ -226,17 +259,31 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         signals,
         memprobe_cpu_s: child::own_cpu_s(),
     };
-    report::add_rusage(&mut recording, &facts);
+    // Whether the command had children, whose peaks the kernel folds into
+    // its ru_maxrss: every birth is known with the process events.
+    let children = lives
+        .as_ref()
+        .ok()
+        .filter(|l| l.complete())
+        .map(|l| l.members.values().any(|m| m.pid != pid));
+    report::add_rusage(&mut recording, &facts, children);
     // The phase open when a process was killed, from what its trackers sent
     // (the log counts nanoseconds from the spawn).
     let log = recording.phases.take();
-    crate::oom_kill::explain_run(&mut recording, &facts, t0_monotonic_ns, &|pid, t| {
-        log.as_ref()?
-            .phase_at(pid, t.saturating_sub(t0_monotonic_ns))
-    });
+    crate::oom_kill::explain_run(
+        &mut recording,
+        &facts,
+        t0_monotonic_ns,
+        lives.as_ref().map_err(String::clone),
+        &kernel_log,
+        &|pid, t| {
+            log.as_ref()?
+                .phase_at(pid, t.saturating_sub(t0_monotonic_ns))
+        },
+    );
     recording.phases = log;
     let rep = report::build(&recording, &facts);
-    eprint!("{}", report::summary(&rep, args.verbose));
+    crate::say::text(&report::summary(&rep, args.verbose));
 
     let mut failed = false;
     let mut write = |file: Option<AtomicFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
@@ -248,9 +295,9 @@ pub(crate) fn main(args: RunArgs) -> i32 {
                 .map_err(|e| e.message().to_string())
         });
         match written {
-            Ok(()) => eprintln!("memprobe: wrote {target}"),
+            Ok(()) => crate::say::say!("memprobe: wrote {target}"),
             Err(e) => {
-                eprintln!("memprobe: {target}: {e}");
+                crate::say::say!("memprobe: {target}: {e}");
                 failed = true;
             }
         }

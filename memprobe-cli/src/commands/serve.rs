@@ -32,28 +32,28 @@ pub(crate) fn start_for_tree(listen: SocketAddr, pid: u32) -> Result<Exporter, E
     let tree = Source::from_sampler(Box::new(ProcessTreeSampler::at(pid)?));
     e.add_source(&tree)?;
     add_machine(&e)?;
-    eprintln!("memprobe: serving http://{}/metrics", e.local_addr());
+    crate::say::say!("memprobe: serving http://{}/metrics", e.local_addr());
     Ok(e)
 }
 
 pub(crate) fn main(args: ServeArgs) -> i32 {
     let set = SigSet::of(&signals::STOPPING);
     if let Err(e) = set.block() {
-        eprintln!("memprobe: cannot block signals: {e}");
+        crate::say::say!("memprobe: cannot block signals: {e}");
         return exit::FAILURE;
     }
     let mut e = match start(args.listen) {
         Ok(e) => e,
         Err(err) => {
-            eprintln!("memprobe: {}", err.message());
+            crate::say::say!("memprobe: {}", err.message());
             return exit::FAILURE;
         }
     };
     let added = Source::system_ram().and_then(|ram| e.add_source(&ram));
     if let Err(err) = added.and_then(|()| add_machine(&e)) {
-        eprintln!("memprobe: warning: {}", err.message());
+        crate::say::say!("memprobe: warning: {}", err.message());
     }
-    eprintln!("memprobe: serving http://{}/metrics", e.local_addr());
+    crate::say::say!("memprobe: serving http://{}/metrics", e.local_addr());
     while signals::wait(&set, None).is_none() {}
     let _ = e.stop();
     0

@@ -51,7 +51,7 @@ impl Drop for TerminalGuard {
 pub(crate) fn main(args: WatchArgs) -> i32 {
     let set = SigSet::of(&signals::STOPPING);
     if let Err(e) = set.block() {
-        eprintln!("memprobe: cannot block signals: {e}");
+        crate::say::say!("memprobe: cannot block signals: {e}");
         return exit::FAILURE;
     }
     let tty = is_tty(1);
@@ -100,7 +100,7 @@ fn write_failed(e: &io::Error) -> i32 {
     if e.kind() == io::ErrorKind::BrokenPipe {
         0
     } else {
-        eprintln!("memprobe: writing to stdout: {e}");
+        crate::say::say!("memprobe: writing to stdout: {e}");
         exit::FAILURE
     }
 }

@@ -169,7 +169,7 @@ fn bad_flags_are_2() {
 #[test]
 fn bad_intervals_are_2_with_a_reason() {
     for (value, reason) in [
-        ("500us", "outside the accepted range 1ms ..= 60s"),
+        ("50us", "outside the accepted range 100us ..= 60s"),
         ("61s", "outside"),
         ("10", "no unit"),
         ("10 fortnights", "unknown unit"),
@@ -186,6 +186,19 @@ fn bad_intervals_are_2_with_a_reason() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Every example the messages suggest is accepted (`500us` was refused
+/// while every message suggested it).
+#[test]
+fn the_suggested_intervals_are_accepted() {
+    for value in ["500us", "10ms", "1s", "0.5s"] {
+        let out = memprobe()
+            .args(["run", "--interval", value, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{value}: {}", stderr(&out));
+    }
 }
 
 /// Zero, with or without a unit, gets one message: the accepted range and
@@ -207,7 +220,7 @@ fn zero_interval_is_one_clear_message() {
         let out = c.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{value}");
         let err = stderr(&out);
-        assert!(err.contains("1ms ..= 60s"), "{value}: {err}");
+        assert!(err.contains("100us ..= 60s"), "{value}: {err}");
         assert!(err.contains("e.g. 10ms"), "{value}: {err}");
         assert!(!err.contains("no unit"), "{value}: {err}");
         let reason = err
@@ -304,4 +317,52 @@ fn failed_start_leaves_nothing() {
     assert_eq!(out.status.code(), Some(127));
     assert!(listing(&dir).is_empty(), "{:?}", listing(&dir));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A pipe whose reading end is already closed: every write to the other end
+/// fails with EPIPE.
+fn broken_pipe() -> std::process::Stdio {
+    let mut fds = [0; 2];
+    // SAFETY: valid array of two descriptors.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both are ours; the reading end is closed at once.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: the writing end is ours and owned by the Stdio from here on.
+    unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) }
+}
+
+/// `memprobe run --json f -- sh -c 'exit 4' 2>&1 | true`: the summary
+/// cannot be delivered, yet the command's status passes through and the
+/// JSON is written.
+#[test]
+fn a_closed_stdout_or_stderr_keeps_the_status_and_the_files() {
+    for (out_broken, err_broken) in [(false, true), (true, true), (true, false)] {
+        let dir = scratch("epipe");
+        let json = dir.join("run.json");
+        let mut c = memprobe();
+        c.arg("run")
+            .arg("--json")
+            .arg(&json)
+            .args(["--", "sh", "-c", "exit 4"]);
+        c.stdout(if out_broken {
+            broken_pipe()
+        } else {
+            std::process::Stdio::null()
+        });
+        c.stderr(if err_broken {
+            broken_pipe()
+        } else {
+            std::process::Stdio::null()
+        });
+        let status = c.status().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(4),
+            "stdout broken {out_broken}, stderr broken {err_broken}"
+        );
+        let text = std::fs::read_to_string(&json).expect("the JSON is written");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["exit"]["code"], 4);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

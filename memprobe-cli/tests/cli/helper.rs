@@ -147,6 +147,54 @@ fn child() {
             wait_all(&pids);
             release((p, len));
         }
+        // N workers and the command share one MAP_SHARED buffer of MiB:
+        // the command touches every page of it, then the workers do, one
+        // page every US microseconds (0: at full speed), the pages becoming
+        // shared while readings go on; then all hold it for MS.
+        "mapshared-workers" => {
+            let (n, mib, us, hold) = (num(1), num(2) as usize, num(3), num(4));
+            let len = mib << 20;
+            // SAFETY: a shared anonymous mapping with no address hint.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert!(p != libc::MAP_FAILED);
+            let walk = move || {
+                for off in (0..len).step_by(4096) {
+                    // SAFETY: inside the shared mapping.
+                    unsafe { p.cast::<u8>().add(off).write_volatile(1) };
+                    if us > 0 && off % (64 * 4096) == 0 {
+                        sleep_ms(0);
+                        let ts = libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: (us * 64 * 1000) as libc::c_long,
+                        };
+                        // SAFETY: valid timespec.
+                        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+                    }
+                }
+            };
+            // The command's pages first: each worker's faults then turn
+            // pages of the command's alone into shared ones.
+            walk();
+            let pids: Vec<_> = (0..n)
+                .map(|_| {
+                    fork(move || {
+                        walk();
+                        sleep_ms(hold);
+                    })
+                })
+                .collect();
+            sleep_ms(hold);
+            wait_all(&pids);
+        }
         // Kills itself with SIGKILL (not the OOM killer: no counter rises).
         "self-kill" => {
             sleep_ms(num(1));
@@ -202,6 +250,46 @@ fn child() {
                     break;
                 }
             }
+            std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
+        }
+        // After DELAY ms, a worker grows by MiB every MS ms until the OOM
+        // killer ends it; the parent reaps it at once (it lives between two
+        // samples of a 1 s interval), stays until 2.5 s, and exits with 3
+        // if a signal ended the worker.
+        "short-worker-grows" => {
+            let (delay, mib, ms) = (num(1), num(2) as usize, num(3));
+            let started = std::time::Instant::now();
+            sleep_ms(delay);
+            let w = fork(|| loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            });
+            let mut st = 0;
+            // SAFETY: valid pointer; w is our child.
+            unsafe { libc::waitpid(w, &mut st, 0) };
+            let left = 2500u64.saturating_sub(started.elapsed().as_millis() as u64);
+            sleep_ms(left);
+            std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
+        }
+        // A trainer that reports its phases opens epoch 0 then epoch 1 and
+        // forks a worker (which reports none) that grows by MiB every MS ms
+        // until the OOM killer ends it; exits with 3 after that.
+        "worker-grows-in-epochs" => {
+            use memprobe_core::{PhaseKind, Source, Tracker};
+            let (mib, ms) = (num(1) as usize, num(2));
+            let mut t = Tracker::new(&[Source::process().unwrap()]).unwrap();
+            t.begin(PhaseKind::Epoch, None).unwrap();
+            sleep_ms(ms);
+            t.next(PhaseKind::Epoch, None).unwrap();
+            let w = fork(|| loop {
+                let _ = touch(mib);
+                sleep_ms(ms);
+            });
+            let mut st = 0;
+            // SAFETY: valid pointer; w is our child.
+            unsafe { libc::waitpid(w, &mut st, 0) };
+            t.end(PhaseKind::Epoch, None).unwrap();
+            drop(t);
             std::process::exit(if libc::WIFSIGNALED(st) { 3 } else { 0 });
         }
         "exit" => std::process::exit(num(1) as i32),

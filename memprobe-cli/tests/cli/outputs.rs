@@ -118,3 +118,114 @@ fn svg_has_series_and_axes() {
     assert_eq!(listing(&dir), vec!["run.svg"], "no temporary file left");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Whether `p` is a character device.
+fn is_char_device(p: &str) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(p).is_ok_and(|m| m.file_type().is_char_device())
+}
+
+/// `--json /dev/full`: the device stays a device, the write error (ENOSPC)
+/// is reported, "wrote" is not claimed, and the run fails; `/dev/null` is
+/// written to and stays a device. The same for every output option.
+#[test]
+fn a_device_is_written_to_never_replaced() {
+    for opt in ["--json", "--csv", "--plot"] {
+        if !std::path::Path::new("/dev/full").exists() || opt == "--plot" {
+            // The chart must be named .svg: a device is checked with --json
+            // and --csv only.
+            continue;
+        }
+        let out = memprobe()
+            .args(["run", opt, "/dev/full", "--", "true"])
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(is_char_device("/dev/full"), "{opt}: /dev/full replaced");
+        assert_eq!(out.status.code(), Some(1), "{opt}: {err}");
+        assert!(!err.contains("wrote /dev/full"), "{opt}: {err}");
+        assert!(err.contains("/dev/full"), "{opt}: {err}");
+        assert!(err.to_lowercase().contains("no space"), "{opt}: {err}");
+        let out = memprobe()
+            .args(["run", opt, "/dev/null", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{opt}: {}", stderr(&out));
+        assert!(is_char_device("/dev/null"), "{opt}: /dev/null replaced");
+    }
+}
+
+/// An output named through a symbolic link lands on the link's target
+/// (made beside it); the link stays.
+#[test]
+fn a_symbolic_link_output_updates_its_target() {
+    let dir = scratch("symlink-out");
+    std::fs::create_dir(dir.join("real")).unwrap();
+    for (opt, name) in [
+        ("--json", "run.json"),
+        ("--csv", "run.csv"),
+        ("--plot", "run.svg"),
+    ] {
+        let target = dir.join("real").join(name);
+        std::fs::write(&target, b"stale").unwrap();
+        let link = dir.join(format!("link-{name}"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let out = memprobe()
+            .arg("run")
+            .arg(opt)
+            .arg(&link)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{opt}: {}", stderr(&out));
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let text = std::fs::read_to_string(&target).unwrap();
+        assert_ne!(text, "stale", "{opt}: the target was left stale");
+        assert_eq!(std::fs::read_to_string(&link).unwrap(), text);
+    }
+    assert_eq!(
+        listing(&dir.join("real")),
+        vec!["run.csv", "run.json", "run.svg"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--json /dev/stdout` writes the document on memprobe's stdout (a pipe
+/// here); `--csv` to a FIFO another program reads.
+#[test]
+fn stdout_and_a_fifo_are_written_to() {
+    let out = memprobe()
+        .args(["run", "--json", "/dev/stdout", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(doc["kind"], "run");
+
+    let dir = scratch("fifo-out");
+    let fifo = dir.join("rows");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(&fifo).unwrap())
+    };
+    let out = memprobe()
+        .arg("run")
+        .arg("--csv")
+        .arg(&fifo)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = reader.join().unwrap();
+    assert!(rows.starts_with("t_s,"), "{rows}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert_eq!(listing(&dir), vec!["rows"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
