@@ -3,6 +3,7 @@
 //! `include/`, builds the fake GPU libraries of `tests/fake-gpu/`, and runs
 //! programs (plainly, under AddressSanitizer, under valgrind).
 
+pub mod c_header;
 pub mod fake_gpu;
 
 use std::collections::HashMap;
