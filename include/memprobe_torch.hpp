@@ -2,7 +2,8 @@
  * memprobe_torch.hpp — exact GPU peaks from PyTorch's CUDA caching
  * allocator, for libtorch (C++) programs. Header-only; include it only when
  * building against libtorch (C++20 for libtorch >= 2.10), and link
- * libc10_cuda and libc10 besides libmemprobe.
+ * libc10_cuda and libc10 besides libmemprobe. With libtorch >= 2.11 it
+ * needs no CUDA header (see MEMPROBE_TORCH_DEVICE_ALLOCATOR below).
  *
  * PyTorch keeps exact high-water marks of the bytes its allocator hands out
  * (allocated), holds from the driver (reserved) and keeps in active blocks
@@ -39,8 +40,38 @@
 #ifndef MEMPROBE_TORCH_HPP
 #define MEMPROBE_TORCH_HPP
 
+/* Where the allocator is reached from. libtorch >= 2.11 registers its CUDA
+ * caching allocator as a c10::DeviceAllocator, declared in c10/core: no
+ * CUDA header is needed, so the torch wheel alone builds this header. Older
+ * libtorch (2.5 ... 2.10) only declares it in c10/cuda, whose headers
+ * include the CUDA runtime's (cuda_runtime_api.h and crt/host_defines.h:
+ * the CUDA toolkit, or the nvidia-cuda-runtime-cu12 and
+ * nvidia-cuda-nvcc-cu12 wheels matching torch.version.cuda). Define
+ * MEMPROBE_TORCH_DEVICE_ALLOCATOR to 0 or 1 to choose. */
+#ifndef MEMPROBE_TORCH_DEVICE_ALLOCATOR
+#if __has_include(<torch/version.h>)
+#include <torch/version.h>
+#endif
+#if defined(TORCH_VERSION_MAJOR) && defined(TORCH_VERSION_MINOR) && \
+    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11))
+#define MEMPROBE_TORCH_DEVICE_ALLOCATOR 1
+#else
+#define MEMPROBE_TORCH_DEVICE_ALLOCATOR 0
+#endif
+#endif
+
+#if MEMPROBE_TORCH_DEVICE_ALLOCATOR
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceType.h>
+namespace c10::cuda {
+/* libc10_cuda's, as c10/cuda/CUDAFunctions.h declares it (that header
+ * would pull in the CUDA runtime's). */
+DeviceIndex device_count() noexcept;
+}  // namespace c10::cuda
+#else
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -70,12 +101,12 @@ inline std::string source_name(Stat stat, int device) {
 }
 
 /** Reads one device's allocator statistics. */
-using StatsFn = std::function<c10::cuda::CUDACachingAllocator::DeviceStats()>;
+using StatsFn = std::function<c10::CachingDeviceAllocator::DeviceStats()>;
 /** Resets one device's allocator peaks. */
 using ResetFn = std::function<void()>;
 
 /** The AGGREGATE entry (all pools) of one figure. */
-inline const c10::CachingDeviceAllocator::Stat &aggregate(const c10::cuda::CUDACachingAllocator::DeviceStats &s,
+inline const c10::CachingDeviceAllocator::Stat &aggregate(const c10::CachingDeviceAllocator::DeviceStats &s,
                                                         Stat stat) {
     const auto &array = stat == Stat::Allocated  ? s.allocated_bytes
                         : stat == Stat::Reserved ? s.reserved_bytes
@@ -105,7 +136,7 @@ public:
           // two and one resetPeakStats, whatever the number of sources.
           group_(MarkGroup::many(
               [stats](memprobe_mark_value what, const std::size_t *idx, std::size_t n, std::uint64_t *out) {
-                  const c10::cuda::CUDACachingAllocator::DeviceStats s = stats();
+                  const c10::CachingDeviceAllocator::DeviceStats s = stats();
                   for (std::size_t i = 0; i < n; i++) {
                       const auto &st = aggregate(s, static_cast<Stat>(idx[i]));
                       out[i] = static_cast<std::uint64_t>(what == MEMPROBE_MARK_VALUE_PEAK ? st.peak : st.current);
@@ -151,7 +182,7 @@ private:
             throw Error(MEMPROBE_STATUS_INVALID_ID, "memprobe_torch: CUDA device " + std::to_string(device) +
                                                        " does not exist (" + std::to_string(n) + " visible)");
         try {
-            (void)c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+            (void)device_stats(device);
         } catch (const c10::Error &e) {
             throw Error(MEMPROBE_STATUS_UNAVAILABLE,
                         "memprobe_torch: cannot read the CUDA caching allocator of device " + std::to_string(device) +
@@ -159,13 +190,26 @@ private:
         }
         return device;
     }
+#if MEMPROBE_TORCH_DEVICE_ALLOCATOR
+    static c10::CachingDeviceAllocator::DeviceStats device_stats(int device) {
+        return c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    }
+    static void reset_peaks(int device) {
+        c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+    }
+#else
+    static c10::CachingDeviceAllocator::DeviceStats device_stats(int device) {
+        return c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    }
+    static void reset_peaks(int device) {
+        c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+    }
+#endif
     static StatsFn stats_of(int device) {
-        return [device] {
-            return c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
-        };
+        return [device] { return device_stats(device); };
     }
     static ResetFn reset_of(int device) {
-        return [device] { c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device)); };
+        return [device] { reset_peaks(device); };
     }
     static std::vector<Source> make_sources(const MarkGroup &g, int device, bool with_active) {
         std::vector<Source> v;

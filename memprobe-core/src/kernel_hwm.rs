@@ -12,6 +12,15 @@
 //! tightens the bound or pins the floor exactly. A process whose own memory
 //! exceeds its launcher's (any real trainer) stays on the fast path; one that
 //! stays below it pays the slow, still exact, read.
+//!
+//! Precision (see [`peak_error_bound`]): since Linux 6.2 the RSS counters are
+//! per-CPU, and the kernel stores its mark (at a reset, and before each unmap
+//! lowers the RSS) from their approximate sum, while `getrusage` adds the
+//! approximate *current* RSS. `/proc/self/statm` sums the per-CPU parts
+//! exactly since Linux 6.16, so every read also takes the current RSS from
+//! `statm`: a peak still resident at the read is then exact, and the reading
+//! is never below the `VmHWM` of `/proc/self/status` read at the same moment
+//! (which is `max(stored mark, exact current RSS)`).
 
 use crate::error::{Error, Result};
 use crate::fork;
@@ -101,18 +110,22 @@ impl KernelHwm {
     pub(crate) fn read(&mut self, rss_now: impl FnOnce() -> Result<u64>) -> Result<u64> {
         self.check_fork()?;
         let kb = maxrss_kb();
+        // getrusage adds the *approximate* current RSS (per-CPU counters not
+        // yet folded: up to hundreds of KiB low); statm sums them (Linux ≥
+        // 6.16), so a peak still resident now is read exactly.
+        let now = rss_now()?;
         let above_floor = match self.floor_kb {
             Some(floor) => kb > floor,
             None => kb > self.floor_bound_kb,
         };
         if above_floor {
-            return Ok(kb * 1024);
+            return Ok((kb * 1024).max(now));
         }
         // Ambiguous: the floor may hide the true mark. The mark is never
-        // below the current RSS, so a reading at the current RSS is the mark
-        // (one statm read); otherwise ask /proc/self/status, and learn.
-        if kb <= rss_now()? / 1024 + SLACK_KB / 4 {
-            return Ok(kb * 1024);
+        // below the current RSS, so a reading at the current RSS is the mark;
+        // otherwise ask /proc/self/status, and learn.
+        if kb <= now / 1024 + SLACK_KB / 4 {
+            return Ok((kb * 1024).max(now));
         }
         let exact_kb = self.read_status()? / 1024;
         if exact_kb + SLACK_KB < kb {
@@ -120,7 +133,7 @@ impl KernelHwm {
         } else {
             self.floor_bound_kb = self.floor_bound_kb.min(kb);
         }
-        Ok(exact_kb * 1024)
+        Ok((exact_kb * 1024).max(now))
     }
 
     /// `VmHWM` from `/proc/self/status`, bytes (the slow, always-exact path).
@@ -152,4 +165,116 @@ fn maxrss_kb() -> u64 {
     // SAFETY: `ru` is a valid, writable rusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     u64::try_from(ru.ru_maxrss).unwrap_or(0)
+}
+
+/// How far this process's exact RSS peak can be from the true peak on this
+/// machine, from the kernel's counting alone (bytes). See
+/// [`peak_error_bound`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeakErrorBound {
+    /// For a peak still resident when the window reads it: 0 where
+    /// `/proc/self/statm` is exact (Linux ≥ 6.16), else as `freed`.
+    pub held: u64,
+    /// For a peak freed (unmapped) before the window read it, which the kernel
+    /// recorded from its approximate counters; also how far above the RSS a
+    /// reset may place the mark. A reading may be this much low or high.
+    pub freed: u64,
+    /// Online CPUs the bound was computed for.
+    pub cpus: u64,
+    /// The kernel release, `(major, minor)`, the bound was computed for.
+    pub kernel: (u32, u32),
+}
+
+/// The bound of this machine's kernel RSS counting, which every exact RSS
+/// peak inherits.
+///
+/// Linux ≥ 6.2 keeps each of the three resident counters (anonymous, file,
+/// shared memory) per CPU and folds a CPU's part into the total once it
+/// reaches the batch, `max(32, 2 × CPUs)` pages; so a reading that does not
+/// sum the parts is off by less than `3 × CPUs × batch` pages: with 4 KiB
+/// pages, 744 KiB on 2 CPUs, 5.8 MiB on 16, 95 MiB on 64 (in practice a
+/// fraction: only the CPUs the process ran on since their last fold count).
+/// Before 6.2 each thread caches up to 64 page-fault updates before folding
+/// them: 64 pages × threads.
+pub fn peak_error_bound() -> PeakErrorBound {
+    // SAFETY: sysconf has no preconditions.
+    let cpus = u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+        .unwrap_or(1)
+        .max(1);
+    let kernel = kernel_release();
+    let page = procfs::page_size();
+    let freed = if kernel >= (6, 2) {
+        let batch = (2 * cpus).max(32);
+        3 * cpus * (batch - 1) * page
+    } else {
+        64 * thread_count() * page
+    };
+    let held = if kernel >= (6, 16) { 0 } else { freed };
+    PeakErrorBound {
+        held,
+        freed,
+        cpus,
+        kernel,
+    }
+}
+
+/// `(major, minor)` of the running kernel (`(0, 0)` if unreadable, which
+/// selects the older, per-thread bound).
+fn kernel_release() -> (u32, u32) {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return (0, 0);
+    }
+    let release: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    parse_release(&release)
+}
+
+fn parse_release(release: &[u8]) -> (u32, u32) {
+    let mut parts = release.split(|&c| c == b'.' || c == b'-').map(|p| {
+        std::str::from_utf8(p)
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+    });
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => (0, 0),
+    }
+}
+
+fn thread_count() -> u64 {
+    std::fs::read("/proc/self/status")
+        .ok()
+        .and_then(|t| procfs::keyed_u64(&t, b"Threads"))
+        .unwrap_or(1)
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_parse() {
+        assert_eq!(parse_release(b"6.18.44-fc-v769"), (6, 18));
+        assert_eq!(parse_release(b"5.15.0-105-generic"), (5, 15));
+        assert_eq!(parse_release(b"garbage"), (0, 0));
+    }
+
+    #[test]
+    fn the_bound_follows_cpus_and_kernel() {
+        let b = peak_error_bound();
+        assert!(b.cpus >= 1 && b.freed > 0, "{b:?}");
+        if b.kernel >= (6, 2) {
+            let batch = (2 * b.cpus).max(32);
+            assert_eq!(b.freed, 3 * b.cpus * (batch - 1) * procfs::page_size());
+        }
+        assert_eq!(b.held == 0, b.kernel >= (6, 16), "{b:?}");
+    }
 }

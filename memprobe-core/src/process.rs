@@ -1,12 +1,14 @@
 //! One process's memory. This process's resident set: `/proc/self/statm`
 //! kept open (one `pread` per reading), with an exact peak from the kernel
-//! high-water mark ([`ProcessSampler`]). Any process's status: its
+//! high-water mark ([`ProcessSampler`]), within the kernel's own counting
+//! bound ([`peak_error_bound`]). Any process's status: its
 //! `/proc/<pid>/status` kept open ([`StatusFile`]), which gives the resident
 //! set, the kernel high-water mark, the name, the parent and the thread count
 //! in one read.
 
 use crate::error::{Error, Result};
 use crate::kernel_hwm::KernelHwm;
+pub use crate::kernel_hwm::{peak_error_bound, PeakErrorBound};
 use crate::procfs::{self, ProcFile};
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;

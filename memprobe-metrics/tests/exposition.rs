@@ -235,16 +235,20 @@ fn dcgm_gauges_in_mib_with_dcgm_labels() {
 /// allowed one complaint only: DCGM's camel-case `modelName` label, which
 /// dashboards rely on.
 pub(crate) fn promtool_accepts(text: &str) {
-    let Ok(mut child) = Command::new("promtool")
+    if !common::required_tool::require(
+        "promtool check metrics",
+        &["promtool"],
+        "apt-get install prometheus",
+    ) {
+        return;
+    }
+    let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-    else {
-        eprintln!("SKIP promtool check: promtool is not installed (apt-get install prometheus)");
-        return;
-    };
+        .expect("run promtool");
     use std::io::Write;
     child
         .stdin

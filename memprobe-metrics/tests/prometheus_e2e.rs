@@ -74,8 +74,11 @@ fn prometheus_scrapes_two_ranks() {
         return;
     }
     let prometheus = "prometheus";
-    if Command::new(prometheus).arg("--version").output().is_err() {
-        eprintln!("SKIP prometheus_scrapes_two_ranks: no `prometheus` binary on PATH (apt-get install prometheus)");
+    if !common::required_tool::require(
+        "prometheus_scrapes_two_ranks",
+        &[prometheus],
+        "apt-get install prometheus",
+    ) {
         return;
     }
     let exe = std::env::current_exe().unwrap();

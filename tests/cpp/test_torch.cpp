@@ -23,7 +23,7 @@ static int passed = 0, failed = 0;
 constexpr std::uint64_t MIB = 1ull << 20;
 constexpr std::uint64_t GIB = 1ull << 30;
 
-using c10::cuda::CUDACachingAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::DeviceStats;
 constexpr auto AGG = static_cast<std::size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
 
 /* A scripted device: what the caching allocator would count. */

@@ -3,7 +3,9 @@
 //! `include/`, builds the fake GPU libraries of `tests/fake-gpu/`, and runs
 //! programs (plainly, under AddressSanitizer, under valgrind).
 
+pub mod c_header;
 pub mod fake_gpu;
+pub mod required_tool;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -158,12 +160,10 @@ pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         .unwrap_or_else(|e| panic!("run {}: {e}", program.display()))
 }
 
-/// Whether valgrind is installed.
-pub fn have_valgrind() -> bool {
-    Command::new("valgrind")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// Whether valgrind is installed; missing, the caller's test skips (or,
+/// under `CI=true`, fails) through [`required_tool`].
+pub fn have_valgrind(test: &str) -> bool {
+    required_tool::require(test, &["valgrind"], "apt-get install valgrind")
 }
 
 /// Runs `program` under valgrind memcheck with its default leak kinds, as a

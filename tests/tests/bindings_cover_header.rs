@@ -3,59 +3,10 @@
 //! (`function_name: reason`) — so the header cannot grow without the
 //! bindings following, or saying why not.
 
+use memprobe_tests::c_header::{declared_functions, mentions};
 use memprobe_tests::root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// The functions a C header declares: top-level declarations whose
-/// identifier before `(` starts with `memprobe_` (typedefs, macros, comments
-/// and struct fields excluded).
-fn declared_functions(header: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for line in header.lines() {
-        let first = line.chars().next();
-        if !first.is_some_and(|c| c.is_ascii_alphabetic())
-            || line.starts_with("typedef")
-            || line.starts_with("enum")
-            || line.starts_with("struct")
-        {
-            continue;
-        }
-        let Some(paren) = line.find('(') else {
-            continue;
-        };
-        let before = line[..paren].trim_end();
-        let name: String = before
-            .chars()
-            .rev()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        if name.starts_with("memprobe_") && name.len() < before.len() {
-            out.insert(name);
-        }
-    }
-    out
-}
-
-/// Whether `text` names `ident` as a whole identifier.
-fn mentions(text: &str, ident: &str) -> bool {
-    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut from = 0;
-    while let Some(i) = text[from..].find(ident) {
-        let start = from + i;
-        let end = start + ident.len();
-        let before_ok = !text[..start].chars().next_back().is_some_and(is_ident);
-        let after_ok = !text[end..].chars().next().is_some_and(is_ident);
-        if before_ok && after_ok {
-            return true;
-        }
-        from = end;
-    }
-    false
-}
 
 /// `function_name: reason` lines; `#` starts a comment line.
 fn parse_unbound(text: &str) -> Result<BTreeMap<String, String>, String> {

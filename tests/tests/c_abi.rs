@@ -39,11 +39,9 @@ fn check_all_ways(name: &str, env: &[(&str, &str)]) {
     env_asan.push(("MEMPROBE_FORK_NO_HAMMER", "1"));
     assert_ok(&format!("{name} under ASan"), &run(&asan, &[], &env_asan));
 
-    if have_valgrind() {
+    if have_valgrind(&format!("the valgrind run of {name}")) {
         let o = run_valgrind(&plain, &[], env);
         assert_ok(&format!("{name} under valgrind"), &o);
-    } else {
-        eprintln!("valgrind not installed: skipped the valgrind run of {name}");
     }
 }
 

@@ -80,7 +80,7 @@ fn c_trainer_reports_every_spike() {
         "trainer under ASan",
         &run(&asan, &["1", "2", "16", "4"], &[]),
     );
-    if have_valgrind() {
+    if have_valgrind("trainer under valgrind") {
         assert_ok(
             "trainer under valgrind",
             &run_valgrind(&exe, &["1", "2", "16", "4"], &[]),
@@ -127,7 +127,7 @@ fn cpp_trainer_flags_the_leak_and_releases_the_cache() {
         out.contains("releases fired: 5; process flagged as leaking: yes"),
         "{out}"
     );
-    if have_valgrind() {
+    if have_valgrind("trainer_cpp under valgrind") {
         assert_ok(
             "trainer_cpp under valgrind",
             &run_valgrind(&exe, &["2", "1"], &[]),

@@ -2,7 +2,12 @@
 //! arguments: handles that are live, freed, of another type or forged;
 //! unknown enum values and flag bits; random strings, sizes and NULLs. It
 //! drives the real `extern "C"` entry points (the same code as
-//! libmemprobe.so) in this process.
+//! libmemprobe.so) in this process: every function include/memprobe.h
+//! declares (`every_exported_function_is_fuzzed` fails when one is left
+//! out) — mark groups and their sources, the GPU module over a fake NVML,
+//! exact GPU sources (without the interposer), the exporter, tracker sinks
+//! — while every tracker boundary also goes to a run channel
+//! (`MEMPROBE_RUN_CHANNEL`) whose receiver is drained, left full or closed.
 //!
 //! Properties: no call crashes or returns MEMPROBE_STATUS_PANIC; every status
 //! is a known value with a message when not OK; after the sequence, freeing
@@ -71,12 +76,106 @@ unsafe extern "C" fn step_cb(data: *mut c_void) -> i32 {
     (*n % 3) as i32
 }
 
+unsafe extern "C" fn mark_read_cb(data: *mut c_void, index: usize, out: *mut u64) -> i32 {
+    // SAFETY: a live u64 counter; memprobe passes a valid out-pointer.
+    let v = unsafe { *(data as *const u64) };
+    // SAFETY: as above.
+    unsafe { *out = v.wrapping_add(index as u64) };
+    i32::from(v % 11 == 5)
+}
+unsafe extern "C" fn mark_read_many_cb(
+    data: *mut c_void,
+    _what: u32,
+    _indices: *const usize,
+    count: usize,
+    out: *mut u64,
+) -> i32 {
+    // SAFETY: a live u64 counter; `out` holds `count` values.
+    let v = unsafe { *(data as *const u64) };
+    for i in 0..count {
+        // SAFETY: as above.
+        unsafe { *out.add(i) = v };
+    }
+    i32::from(v % 13 == 4)
+}
+unsafe extern "C" fn mark_reset_cb(data: *mut c_void) -> i32 {
+    // SAFETY: a live u64 counter.
+    let v = unsafe { *(data as *const u64) };
+    i32::from(v % 17 == 9)
+}
+
+/// A file descriptor to hand memprobe: /dev/null, or one that is not open.
+fn fd(rng: &mut Rng, null_fd: i32) -> i32 {
+    match rng.below(4) {
+        0 => -1,
+        1 => 1 << 20,
+        _ => null_fd,
+    }
+}
+
+/// A sink path: a file in the scratch directory, the directory itself, a
+/// path under a missing directory, empty, invalid UTF-8 or NULL.
+fn sink_path(rng: &mut Rng, dir: &std::path::Path) -> Option<CString> {
+    match rng.below(8) {
+        0 => None,
+        1 => Some(CString::new("").unwrap()),
+        2 => Some(CString::new(dir.display().to_string()).unwrap()),
+        3 => Some(CString::new("/nonexistent-memprobe-dir/sink").unwrap()),
+        4 => {
+            let mut b = dir.display().to_string().into_bytes();
+            b.extend_from_slice(b"/\xff\xfe");
+            Some(CString::new(b).unwrap())
+        }
+        _ => Some(
+            CString::new(
+                dir.join(format!("sink{}", rng.below(4)))
+                    .display()
+                    .to_string(),
+            )
+            .unwrap(),
+        ),
+    }
+}
+
+/// What `memprobe_gpu_configure` is given as a library path: the fake NVML
+/// (a GPU that answers), a missing file, a directory, NULL or garbage.
+fn gpu_lib_path(rng: &mut Rng, fake_nvml: &std::path::Path) -> Option<CString> {
+    match rng.below(6) {
+        0 | 1 => Some(CString::new(fake_nvml.display().to_string()).unwrap()),
+        2 => None,
+        3 => Some(CString::new("/nonexistent/libnvidia-ml.so.1").unwrap()),
+        4 => Some(CString::new("/").unwrap()),
+        _ => text(rng),
+    }
+}
+
+/// The receiving end of the run channel (`MEMPROBE_RUN_CHANNEL`), bound once
+/// per test process before any tracker exists, so every tracker boundary
+/// the fuzzer makes also goes through the channel: sometimes drained,
+/// sometimes left full, sometimes gone.
+fn run_channel() -> &'static std::sync::Mutex<Option<std::os::unix::net::UnixDatagram>> {
+    static RX: std::sync::OnceLock<std::sync::Mutex<Option<std::os::unix::net::UnixDatagram>>> =
+        std::sync::OnceLock::new();
+    RX.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("memprobe-fuzz-run-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let rx = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the run channel");
+        rx.set_nonblocking(true).unwrap();
+        std::env::set_var(memprobe_core::run_channel::ENV, &path);
+        std::sync::Mutex::new(Some(rx))
+    })
+}
+
 #[derive(Default)]
 struct Pool {
     sources: Vec<usize>,
     windows: Vec<usize>,
     traces: Vec<usize>,
     trackers: Vec<usize>,
+    marks: Vec<usize>,
+    exporters: Vec<usize>,
+    devices: Vec<usize>,
 }
 
 fn pick(rng: &mut Rng, live: &[usize], others: &Pool) -> usize {
@@ -91,6 +190,9 @@ fn pick(rng: &mut Rng, live: &[usize], others: &Pool) -> usize {
                 .chain(&others.windows)
                 .chain(&others.traces)
                 .chain(&others.trackers)
+                .chain(&others.marks)
+                .chain(&others.exporters)
+                .chain(&others.devices)
                 .copied()
                 .collect();
             if all.is_empty() {
@@ -121,7 +223,18 @@ fn cptr(s: &Option<CString>) -> *const c_char {
 /// The highest status value this version knows.
 const KNOWN: u32 = memprobe_status::OutOfMemory as u32;
 
+/// Calls that succeeded, by entry point: the fuzzer must reach the states
+/// behind them (a mark group to make sources from, a GPU that answers).
+static SUCCEEDED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 fn check(seed: u64, step: usize, what: &str, st: memprobe_status) {
+    if st == memprobe_status::Ok {
+        SUCCEEDED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(what.to_owned());
+    }
     let v = st as u32;
     assert!(
         v <= KNOWN,
@@ -149,7 +262,7 @@ fn last_error() -> String {
 }
 
 /// Runs one sequence; returns the number of calls made.
-fn run_seed(seed: u64, steps: usize) -> usize {
+fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
     use memprobe::*;
     let mut rng = Rng(seed | 1);
     let mut p = Pool::default();
@@ -165,7 +278,7 @@ fn run_seed(seed: u64, steps: usize) -> usize {
         .unwrap();
     let null_fd = std::os::fd::AsRawFd::as_raw_fd(&null_file);
     for step in 0..steps {
-        let op = rng.below(36);
+        let op = rng.below(44);
         macro_rules! call {
             ($name:expr, $e:expr) => {{
                 let st = $e;
@@ -750,6 +863,420 @@ fn run_seed(seed: u64, steps: usize) -> usize {
                         }
                     }
                 }
+                36 => {
+                    // Mark groups: a caller's resettable marks, one or many
+                    // values per read, callbacks that fail now and then.
+                    let mut g = std::ptr::null_mut::<mark::memprobe_mark_group>();
+                    let out = if rng.chance(95) {
+                        &mut g as *mut _
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    let cb = |rng: &mut Rng| rng.chance(90);
+                    let st = if rng.chance(50) {
+                        let (c, k, r) = (cb(&mut rng), cb(&mut rng), cb(&mut rng));
+                        call!(
+                            "mark_group_new",
+                            mark::memprobe_mark_group_new(
+                                if c { Some(mark_read_cb as _) } else { None },
+                                if k { Some(mark_read_cb as _) } else { None },
+                                if r { Some(mark_reset_cb as _) } else { None },
+                                counter_ptr,
+                                out
+                            )
+                        )
+                    } else {
+                        let (m, r) = (cb(&mut rng), cb(&mut rng));
+                        call!(
+                            "mark_group_new_many",
+                            mark::memprobe_mark_group_new_many(
+                                if m {
+                                    Some(mark_read_many_cb as _)
+                                } else {
+                                    None
+                                },
+                                if r { Some(mark_reset_cb as _) } else { None },
+                                counter_ptr,
+                                out
+                            )
+                        )
+                    };
+                    if st == memprobe_status::Ok && !out.is_null() {
+                        p.marks.push(g as usize);
+                    }
+                }
+                37 => {
+                    let g = pick(&mut rng, &p.marks, &p);
+                    if rng.chance(70) {
+                        let name = text(&mut rng);
+                        let index = if rng.chance(80) {
+                            rng.below(4) as usize
+                        } else {
+                            rng.next() as usize
+                        };
+                        let mut h = std::ptr::null_mut::<memprobe_source>();
+                        if call!(
+                            "source_new_mark",
+                            mark::memprobe_source_new_mark(
+                                g as *const mark::memprobe_mark_group,
+                                index,
+                                cptr(&name),
+                                &mut h
+                            )
+                        ) == memprobe_status::Ok
+                        {
+                            p.sources.push(h as usize);
+                        }
+                    } else if call!(
+                        "mark_group_free",
+                        mark::memprobe_mark_group_free(g as *mut mark::memprobe_mark_group)
+                    ) == memprobe_status::Ok
+                    {
+                        // Sources made from it keep working (they hold it).
+                        p.marks.retain(|&x| x != g);
+                    }
+                }
+                38 => {
+                    // Other host sources and the GPU sources (exact ones
+                    // need the interposer, which this process lacks).
+                    let mut h = std::ptr::null_mut::<memprobe_source>();
+                    let id = if rng.chance(80) {
+                        rng.below(3) as u32
+                    } else {
+                        rng.next() as u32
+                    };
+                    let st = match rng.below(6) {
+                        0 => call!(
+                            "source_new_cgroup",
+                            source::memprobe_source_new_cgroup(&mut h)
+                        ),
+                        1 => call!(
+                            "source_new_process_tree",
+                            source::memprobe_source_new_process_tree(&mut h)
+                        ),
+                        2 => call!(
+                            "source_new_smaps",
+                            source::memprobe_source_new_smaps(
+                                if rng.chance(80) {
+                                    rng.below(2) as u32
+                                } else {
+                                    rng.next() as u32
+                                },
+                                &mut h
+                            )
+                        ),
+                        3 => call!(
+                            "source_new_gpu_device",
+                            gpu::memprobe_source_new_gpu_device(id, &mut h)
+                        ),
+                        4 => call!(
+                            "source_new_gpu_process",
+                            gpu::memprobe_source_new_gpu_process(id, &mut h)
+                        ),
+                        _ => call!(
+                            "source_new_gpu_exact",
+                            gpu_exact::memprobe_source_new_gpu_exact(id, &mut h)
+                        ),
+                    };
+                    if st == memprobe_status::Ok {
+                        p.sources.push(h as usize);
+                    }
+                }
+                39 => {
+                    // The GPU module: configured to the fake NVML, a bad
+                    // path or none; every query, the device handles.
+                    let id = if rng.chance(80) {
+                        rng.below(3) as u32
+                    } else {
+                        rng.next() as u32
+                    };
+                    let mut v = 0u64;
+                    let mut u = 0u32;
+                    let mut mem = std::mem::zeroed::<gpu::memprobe_gpu_memory>();
+                    match rng.below(12) {
+                        0 => {
+                            let backend = if rng.chance(80) {
+                                rng.below(4) as u32
+                            } else {
+                                rng.next() as u32
+                            };
+                            let nvml = gpu_lib_path(&mut rng, fake_nvml);
+                            let cudart = gpu_lib_path(&mut rng, fake_nvml);
+                            call!(
+                                "gpu_configure",
+                                gpu::memprobe_gpu_configure(backend, cptr(&nvml), cptr(&cudart))
+                            );
+                        }
+                        1 => {
+                            call!("gpu_preload", gpu::memprobe_gpu_preload());
+                            call!("gpu_count", gpu::memprobe_gpu_count(&mut u));
+                            call!("gpu_get_backend", gpu::memprobe_gpu_get_backend(&mut u));
+                        }
+                        2 => {
+                            call!(
+                                "gpu_set_current_device",
+                                gpu::memprobe_gpu_set_current_device(id)
+                            );
+                            call!(
+                                "gpu_get_current_device",
+                                gpu::memprobe_gpu_get_current_device(&mut u)
+                            );
+                        }
+                        3 => {
+                            let mut info = std::mem::zeroed::<gpu::memprobe_gpu_info>();
+                            call!("gpu_get_info", gpu::memprobe_gpu_get_info(id, &mut info));
+                        }
+                        4 => {
+                            let id = if rng.chance(80) {
+                                rng.below(4) as i64 - 1
+                            } else {
+                                rng.next() as i64
+                            };
+                            call!("gpu_mem_get", gpu::memprobe_gpu_mem_get(id, &mut mem));
+                        }
+                        5 => {
+                            let mut all = vec![std::mem::zeroed::<gpu::memprobe_gpu_memory>(); 4];
+                            let cap = rng.below(5) as usize;
+                            let ptr = if rng.chance(90) {
+                                all.as_mut_ptr()
+                            } else {
+                                std::ptr::null_mut()
+                            };
+                            let mut n = 0usize;
+                            call!(
+                                "gpu_mem_get_all",
+                                gpu::memprobe_gpu_mem_get_all(ptr, cap, &mut n)
+                            );
+                        }
+                        6 => {
+                            call!("gpu_mem_get_free", gpu::memprobe_gpu_mem_get_free(&mut v));
+                            call!("gpu_mem_get_used", gpu::memprobe_gpu_mem_get_used(&mut v));
+                            call!(
+                                "gpu_mem_get_free_no_cache",
+                                gpu::memprobe_gpu_mem_get_free_no_cache(&mut v)
+                            );
+                            call!(
+                                "gpu_mem_get_used_no_cache",
+                                gpu::memprobe_gpu_mem_get_used_no_cache(&mut v)
+                            );
+                        }
+                        7 => {
+                            let mut best = 0i64;
+                            call!(
+                                "gpu_with_max_free_mem",
+                                gpu::memprobe_gpu_with_max_free_mem(&mut best, &mut v)
+                            );
+                        }
+                        8 => {
+                            let cb = if rng.chance(70) {
+                                Some(release_cb as _)
+                            } else {
+                                None
+                            };
+                            call!(
+                                "gpu_set_cache_release",
+                                gpu::memprobe_gpu_set_cache_release(cb, std::ptr::null_mut())
+                            );
+                        }
+                        9 => {
+                            let mut d = std::ptr::null_mut::<gpu::memprobe_gpu_device>();
+                            if call!("gpu_device_open", gpu::memprobe_gpu_device_open(id, &mut d))
+                                == memprobe_status::Ok
+                            {
+                                p.devices.push(d as usize);
+                            }
+                        }
+                        10 => {
+                            let d =
+                                pick(&mut rng, &p.devices, &p) as *const gpu::memprobe_gpu_device;
+                            call!(
+                                "gpu_device_mem_get",
+                                gpu::memprobe_gpu_device_mem_get(d, &mut mem)
+                            );
+                            call!(
+                                "gpu_device_process_used",
+                                gpu::memprobe_gpu_device_process_used(d, &mut v)
+                            );
+                            call!(
+                                "gpu_mem_get_used_fast",
+                                gpu::memprobe_gpu_mem_get_used_fast(d, &mut v)
+                            );
+                            call!(
+                                "gpu_debug_live_devices",
+                                gpu::memprobe_gpu_debug_live_devices(&mut v)
+                            );
+                        }
+                        _ => {
+                            let d = pick(&mut rng, &p.devices, &p);
+                            if call!(
+                                "gpu_device_free",
+                                gpu::memprobe_gpu_device_free(d as *mut gpu::memprobe_gpu_device)
+                            ) == memprobe_status::Ok
+                            {
+                                p.devices.retain(|&x| x != d);
+                            }
+                        }
+                    }
+                }
+                40 => {
+                    // The Prometheus exporter, on an ephemeral local port.
+                    match rng.below(4) {
+                        0 => {
+                            let addr = if rng.chance(80) {
+                                Some(CString::new("127.0.0.1:0").unwrap())
+                            } else {
+                                text(&mut rng)
+                            };
+                            let mut e = std::ptr::null_mut::<metrics::memprobe_exporter>();
+                            if call!(
+                                "exporter_start",
+                                metrics::memprobe_exporter_start(cptr(&addr), &mut e)
+                            ) == memprobe_status::Ok
+                            {
+                                p.exporters.push(e as usize);
+                            }
+                        }
+                        1 => {
+                            let e =
+                                pick(&mut rng, &p.exporters, &p) as *mut metrics::memprobe_exporter;
+                            let mut port = 0u16;
+                            call!(
+                                "exporter_port",
+                                metrics::memprobe_exporter_port(e, &mut port)
+                            );
+                            let s = pick(&mut rng, &p.sources, &p) as *const memprobe_source;
+                            call!(
+                                "exporter_add_source",
+                                metrics::memprobe_exporter_add_source(e, s)
+                            );
+                            let t = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                            call!(
+                                "exporter_watch_tracker",
+                                metrics::memprobe_exporter_watch_tracker(e, t)
+                            );
+                        }
+                        2 => {
+                            let e =
+                                pick(&mut rng, &p.exporters, &p) as *mut metrics::memprobe_exporter;
+                            let r = |rng: &mut Rng| {
+                                if rng.chance(80) {
+                                    rng.below(4) as i64 - 1
+                                } else {
+                                    rng.next() as i64
+                                }
+                            };
+                            let (a, b, c) = (r(&mut rng), r(&mut rng), r(&mut rng));
+                            call!(
+                                "exporter_set_rank",
+                                metrics::memprobe_exporter_set_rank(e, a, b, c)
+                            );
+                            call!(
+                                "exporter_add_gpus",
+                                metrics::memprobe_exporter_add_gpus(e, rng.below(3) as i32 - 1)
+                            );
+                        }
+                        _ => {
+                            let e = pick(&mut rng, &p.exporters, &p);
+                            if rng.chance(50) {
+                                call!(
+                                    "exporter_stop",
+                                    metrics::memprobe_exporter_stop(
+                                        e as *mut metrics::memprobe_exporter
+                                    )
+                                );
+                            }
+                            if call!(
+                                "exporter_free",
+                                metrics::memprobe_exporter_free(
+                                    e as *mut metrics::memprobe_exporter
+                                )
+                            ) == memprobe_status::Ok
+                            {
+                                p.exporters.retain(|&x| x != e);
+                            }
+                        }
+                    }
+                }
+                41 => {
+                    // Tracker sinks into files, a descriptor, and their end.
+                    let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
+                    let path = sink_path(&mut rng, &oom_dir);
+                    match rng.below(5) {
+                        0 => call!(
+                            "tracker_add_csv_sink",
+                            tracker::memprobe_tracker_add_csv_sink(h, cptr(&path))
+                        ),
+                        1 => call!(
+                            "tracker_add_jsonl_sink",
+                            tracker::memprobe_tracker_add_jsonl_sink(h, cptr(&path))
+                        ),
+                        2 => {
+                            let kind = if rng.chance(90) {
+                                rng.below(5) as u32
+                            } else {
+                                rng.next() as u32
+                            };
+                            let fd = fd(&mut rng, null_fd);
+                            call!(
+                                "tracker_add_table_sink",
+                                tracker::memprobe_tracker_add_table_sink(h, kind, fd)
+                            )
+                        }
+                        3 => call!(
+                            "tracker_finish_sinks",
+                            tracker::memprobe_tracker_finish_sinks(h)
+                        ),
+                        _ => {
+                            let mut n = 0u64;
+                            call!(
+                                "tracker_releases_fired",
+                                tracker::memprobe_tracker_releases_fired(h, &mut n)
+                            )
+                        }
+                    };
+                }
+                42 => {
+                    // Trace and window queries not covered above.
+                    let t = pick(&mut rng, &p.traces, &p) as *mut memprobe_trace;
+                    let mut running = false;
+                    call!(
+                        "trace_is_running",
+                        trace::memprobe_trace_is_running(t, &mut running)
+                    );
+                    let mut d = memprobe_delta::default();
+                    call!(
+                        "trace_measure",
+                        trace::memprobe_trace_measure(t, rng.below(4) as usize, &mut d)
+                    );
+                    let fd = fd(&mut rng, null_fd);
+                    call!(
+                        "trace_set_output_fd",
+                        trace::memprobe_trace_set_output_fd(t, fd)
+                    );
+                    let w = pick(&mut rng, &p.windows, &p) as *const memprobe_window;
+                    let mut n = 0usize;
+                    call!(
+                        "window_source_count",
+                        window::memprobe_window_source_count(w, &mut n)
+                    );
+                }
+                43 => {
+                    // The run channel's receiver: drained, left full, or gone
+                    // (trackers then count their messages as dropped).
+                    let mut rx = run_channel().lock().unwrap_or_else(|e| e.into_inner());
+                    match rng.below(10) {
+                        0 => *rx = None,
+                        1..=6 => {
+                            if let Some(r) = rx.as_ref() {
+                                let mut buf = [0u8; 65536];
+                                while r.recv(&mut buf).is_ok() {}
+                            }
+                        }
+                        _ => {}
+                    }
+                    assert!(!memprobe_version().is_null() && !memprobe_soname().is_null());
+                    let _ = memprobe_b2mb_signed(rng.next() as i64);
+                }
                 32 => {
                     let name = status::memprobe_status_name(rng.next() as u32);
                     assert!(!name.is_null());
@@ -807,6 +1334,30 @@ fn run_seed(seed: u64, steps: usize) -> usize {
                 source::memprobe_source_free(h as *mut memprobe_source),
             );
         }
+        for h in p.marks.drain(..) {
+            check(
+                seed,
+                steps,
+                "final mark_group_free",
+                mark::memprobe_mark_group_free(h as *mut mark::memprobe_mark_group),
+            );
+        }
+        for h in p.exporters.drain(..) {
+            check(
+                seed,
+                steps,
+                "final exporter_free",
+                metrics::memprobe_exporter_free(h as *mut metrics::memprobe_exporter),
+            );
+        }
+        for h in p.devices.drain(..) {
+            check(
+                seed,
+                steps,
+                "final gpu_device_free",
+                gpu::memprobe_gpu_device_free(h as *mut gpu::memprobe_gpu_device),
+            );
+        }
     }
     drop(counter);
     drop(step_counter);
@@ -832,6 +1383,24 @@ fn fuzz_c_abi_call_sequences() {
         .filter_map(|l| l.split('#').next()?.trim().parse().ok())
         .collect();
     assert!(!seeds.is_empty(), "the corpus has seeds");
+    // Before any tracker: every phase boundary also goes to the run channel.
+    let _ = run_channel();
+    let fake_nvml = memprobe_tests::stage_fake_gpu(
+        memprobe_tests::FakeGpu::Nvml,
+        &[],
+        "devices 2\ndevice 0 procs self:1000\n",
+        &memprobe_tests::scratch("fuzz-abi-nvml"),
+    );
+    // Configuring is once per process, before any other GPU call (later
+    // calls, which the sequences also make, answer WRONG_ORDER): a GPU
+    // that answers, so the GPU entry points get past "no GPU".
+    let nvml = CString::new(fake_nvml.display().to_string()).unwrap();
+    check(
+        0,
+        0,
+        "gpu_configure",
+        memprobe::gpu::memprobe_gpu_configure(1, nvml.as_ptr(), std::ptr::null()),
+    );
     let budget = Duration::from_secs(
         std::env::var("MEMPROBE_FUZZ_SECONDS")
             .ok()
@@ -841,7 +1410,7 @@ fn fuzz_c_abi_call_sequences() {
     let start = Instant::now();
     let mut calls = 0;
     for &seed in &seeds {
-        calls += run_seed(seed, 300);
+        calls += run_seed(seed, 300, &fake_nvml);
     }
     let mut seed =
         0x9E37_79B9_7F4A_7C15u64 ^ std::process::id() as u64 ^ start.elapsed().as_nanos() as u64;
@@ -850,14 +1419,53 @@ fn fuzz_c_abi_call_sequences() {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        calls += run_seed(seed, 300);
+        calls += run_seed(seed, 300, &fake_nvml);
         extra += 1;
     }
     memprobe::monitor::memprobe_monitor_stop();
     assert_eq!(live_handles(), (0, 0, 0, 0), "handles leaked");
+    let mut devices = u64::MAX;
+    assert_eq!(
+        memprobe::gpu::memprobe_gpu_debug_live_devices(&mut devices),
+        memprobe_status::Ok
+    );
+    assert_eq!(devices, 0, "GPU device handles leaked");
+    let succeeded = SUCCEEDED.lock().unwrap_or_else(|e| e.into_inner());
+    for deep in [
+        "mark_group_new",
+        "mark_group_new_many",
+        "source_new_mark",
+        "gpu_configure",
+        "gpu_device_open",
+        "gpu_mem_get_all",
+        "source_new_gpu_device",
+        "exporter_start",
+        "exporter_add_source",
+        "tracker_add_csv_sink",
+        "tracker_next",
+    ] {
+        assert!(succeeded.contains(deep), "no call of {deep} ever succeeded");
+    }
     eprintln!(
         "fuzz: {} corpus seeds + {extra} random seeds, {calls} calls, {:?}, 0 crashes",
         seeds.len(),
         start.elapsed()
+    );
+}
+
+/// The fuzzer calls every function include/memprobe.h declares, so the ABI
+/// cannot grow an entry point that no sequence ever reaches.
+#[test]
+fn every_exported_function_is_fuzzed() {
+    use memprobe_tests::c_header::{calls, declared_functions};
+    let header =
+        std::fs::read_to_string(memprobe_tests::root().join("include/memprobe.h")).unwrap();
+    let declared = declared_functions(&header);
+    assert!(declared.len() > 90, "the header parses: {declared:?}");
+    let fuzzer = include_str!("fuzz_abi.rs");
+    let missing: Vec<&String> = declared.iter().filter(|f| !calls(fuzzer, f)).collect();
+    assert!(
+        missing.is_empty(),
+        "exported but never called by tests/tests/fuzz_abi.rs: {missing:?}"
     );
 }

@@ -66,13 +66,11 @@ fn check(args: &[&str], env: &[(&str, &str)]) {
     env_asan.push(("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0"));
     assert_ok(&format!("{what} under ASan"), &run(asan, args, &env_asan));
 
-    if have_valgrind() {
+    if have_valgrind(&format!("the valgrind run of {what}")) {
         assert_ok(
             &format!("{what} under valgrind"),
             &run_valgrind(plain, args, env),
         );
-    } else {
-        eprintln!("valgrind not installed: skipped the valgrind run of {what}");
     }
 }
 

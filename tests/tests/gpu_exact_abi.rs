@@ -116,11 +116,9 @@ fn check(mode: &str, interposed: bool) {
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(out.contains(" 0 failed"), "{out}");
     }
-    if have_valgrind() {
+    if have_valgrind(&format!("the valgrind run of {mode}")) {
         let o = run_mode(mode, interposed, How::Valgrind);
         assert_ok(&format!("test_gpu_exact {mode} under valgrind"), &o);
-    } else {
-        eprintln!("valgrind not installed: skipped the valgrind run of {mode}");
     }
 }
 

@@ -114,10 +114,8 @@ fn run_mode(mode: &str, interposed: bool, how: How, out: &Path) -> Output {
 fn check(mode: &str, interposed: bool) -> PathBuf {
     let base = staged().dir.join(format!("out-{mode}"));
     let mut ways = vec![How::Plain, How::Asan];
-    if have_valgrind() {
+    if have_valgrind(&format!("the valgrind run of {mode}")) {
         ways.push(How::Valgrind);
-    } else {
-        eprintln!("valgrind not installed: skipped the valgrind run of {mode}");
     }
     for how in ways {
         let label = match how {

@@ -5,6 +5,7 @@
 //! outside the repository run; versions come from Cargo.toml. The README's
 //! C build line works, verbatim, after `make lib`.
 
+use memprobe_tests::required_tool::require;
 use memprobe_tests::{assert_ok, root, scratch, soname};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -50,13 +51,6 @@ fn prefix() -> &'static Path {
         make(&["install", &format!("PREFIX={}", p.display())]);
         p
     })
-}
-
-fn have(tool: &str) -> bool {
-    command(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 fn link_target(p: &Path) -> String {
@@ -153,8 +147,11 @@ fn default_prefix_is_usr_local() {
 
 #[test]
 fn pkg_config_consumer_builds_and_runs() {
-    if !have("pkg-config") {
-        eprintln!("SKIP pkg_config_consumer_builds_and_runs: pkg-config is not installed");
+    if !require(
+        "pkg_config_consumer_builds_and_runs",
+        &["pkg-config"],
+        "apt-get install pkg-config",
+    ) {
         return;
     }
     let p = prefix();
@@ -210,8 +207,11 @@ fn cmake_configure(src: &Path, build: &Path, prefix: &Path, want: &str) -> Outpu
 
 #[test]
 fn cmake_consumer_builds_and_runs_shared_and_static() {
-    if !have("cmake") {
-        eprintln!("SKIP cmake_consumer_builds_and_runs_shared_and_static: cmake is not installed");
+    if !require(
+        "cmake_consumer_builds_and_runs_shared_and_static",
+        &["cmake"],
+        "apt-get install cmake",
+    ) {
         return;
     }
     let p = prefix();
@@ -253,8 +253,11 @@ fn cmake_consumer_builds_and_runs_shared_and_static() {
 
 #[test]
 fn cmake_version_check_follows_the_abi() {
-    if !have("cmake") {
-        eprintln!("SKIP cmake_version_check_follows_the_abi: cmake is not installed");
+    if !require(
+        "cmake_version_check_follows_the_abi",
+        &["cmake"],
+        "apt-get install cmake",
+    ) {
         return;
     }
     let p = prefix();
@@ -283,8 +286,11 @@ fn cmake_version_check_follows_the_abi() {
 
 #[test]
 fn installed_prefix_can_be_moved() {
-    if !have("cmake") || !have("pkg-config") {
-        eprintln!("SKIP installed_prefix_can_be_moved: needs cmake and pkg-config");
+    if !require(
+        "installed_prefix_can_be_moved",
+        &["cmake", "pkg-config"],
+        "apt-get install cmake pkg-config",
+    ) {
         return;
     }
     let moved = scratch("packaging-moved").join("elsewhere");

@@ -1,6 +1,9 @@
 //! Helpers shared by the exporter's tests.
 #![allow(dead_code, unreachable_pub)]
 
+#[path = "../../../tests/src/required_tool.rs"]
+pub mod required_tool;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
