@@ -406,7 +406,7 @@ fn tick(v: f64) -> String {
 
 /// Whether the container gets a panel of its own: when its line would
 /// squeeze the program's into the bottom of a shared scale.
-const OWN_PANEL_RATIO: f64 = 3.0;
+const OWN_PANEL_RATIO: f64 = 1.5;
 /// The container's panel's height, when it has one.
 const PANEL_HEIGHT: u32 = 190;
 
@@ -532,6 +532,44 @@ fn limit_line(
                 .map_err(|e| e.to_string())?;
         }
     }
+    Ok(())
+}
+
+/// A label on a white backdrop (lines under it stay visible, the text
+/// stays readable), anchored at `at` with `anchor`, offset by `(dx, dy)`.
+fn label<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    at: (f64, f64),
+    text: String,
+    style: TextStyle<'_>,
+    (dx, dy): (i32, i32),
+) -> Result<(), String> {
+    let (w, h) = chart
+        .plotting_area()
+        .estimate_text_size(&text, &style)
+        .map_err(|e| e.to_string())?;
+    // The estimate runs about 12% wide of what SVG viewers draw.
+    let (w, h) = ((f64::from(w) * 0.88) as i32, h as i32);
+    let x0 = match style.pos.h_pos {
+        HPos::Left => dx,
+        HPos::Right => dx - w,
+        HPos::Center => dx - w / 2,
+    };
+    let y0 = match style.pos.v_pos {
+        VPos::Top => dy,
+        VPos::Bottom => dy - h,
+        VPos::Center => dy - h / 2,
+    };
+    chart
+        .draw_series(std::iter::once(
+            EmptyElement::at(at)
+                + Rectangle::new(
+                    [(x0 - 2, y0 - 1), (x0 + w + 2, y0 + h + 1)],
+                    WHITE.mix(0.8).filled(),
+                )
+                + Text::new(text, (dx, dy), style),
+        ))
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -706,18 +744,18 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
             let style = TextStyle::from((FONT, 13).into_font())
                 .color(&PEAK_STEP_COLOR)
                 .pos(Pos::new(anchor, VPos::Top));
+            label(&mut chart, (x, y), text, style, (dx, 6))?;
             chart
                 .draw_series(std::iter::once(
                     EmptyElement::at((x, y))
-                        + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled())
-                        + Text::new(text, (dx, 6), style),
+                        + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
                 ))
                 .map_err(|e| e.to_string())?;
         }
         let (marks, _) = oom_marks(r);
-        for (i, (t, label)) in marks.iter().enumerate() {
+        for (i, (t, text)) in marks.iter().enumerate() {
             let x = t / time.divisor;
-            let color = if label.starts_with("GPU") {
+            let color = if text.starts_with("GPU") {
                 GPU_OOM_COLOR
             } else {
                 OOM_COLOR
@@ -737,11 +775,11 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
             let row = 4 + 16 * (i % 4) as i32;
             chart
                 .draw_series(std::iter::once(
-                    EmptyElement::at((x, y_max))
-                        + Cross::new((0, 0), 5, color.stroke_width(2))
-                        + Text::new(label.clone(), (dx, row), style),
+                    EmptyElement::at((x, y_max * 0.93))
+                        + Cross::new((0, 0), 5, color.stroke_width(2)),
                 ))
                 .map_err(|e| e.to_string())?;
+            self::label(&mut chart, (x, y_max), text.clone(), style, (dx, row))?;
         }
         legend(&mut chart)?;
 

@@ -229,8 +229,10 @@ enum Sent {
     Yes,
     /// The receiver's queue is full: keep it, try later.
     Full,
-    /// The receiver is gone (or the message cannot be sent): drop it.
+    /// The receiver is gone: drop it, and what was kept.
     Gone,
+    /// This message cannot be sent (any other error): drop it alone.
+    Refused,
 }
 
 /// A datagram socket aimed at a receiver (`memprobe run`), with the counts
@@ -402,7 +404,7 @@ impl RunChannel {
                 let _gate = GateGuard::enter();
                 let mut q = self.lock();
                 match self.send_kept(&mut q) {
-                    Sent::Yes => return true,
+                    Sent::Yes | Sent::Refused => return true,
                     Sent::Gone => return q.kept.is_empty(),
                     Sent::Full if Instant::now() >= deadline => return false,
                     Sent::Full => {}
@@ -487,7 +489,7 @@ impl RunChannel {
                     .fetch_max(seq.saturating_add(GONE_SKIP), Ordering::Relaxed);
                 Sent::Gone
             }
-            _ => Sent::Gone,
+            _ => Sent::Refused,
         }
     }
 
@@ -497,6 +499,10 @@ impl RunChannel {
             match self.send_raw(&k.text) {
                 Sent::Yes => {
                     q.kept.pop_front();
+                }
+                Sent::Refused => {
+                    let k = q.kept.pop_front().expect("front");
+                    self.drop_counted(k.steps);
                 }
                 Sent::Full => return Sent::Full,
                 Sent::Gone => {
@@ -520,7 +526,7 @@ impl RunChannel {
         };
         match sent {
             Sent::Yes => {}
-            Sent::Gone => self.drop_counted(steps),
+            Sent::Gone | Sent::Refused => self.drop_counted(steps),
             Sent::Full => {
                 if q.kept.len() >= MAX_PENDING {
                     // Over the bound: a batch of steps goes first (this one,
