@@ -359,9 +359,10 @@ fn oom_marks(r: &RunReport) -> (Vec<(f64, String)>, Vec<String>) {
     let mut marks = Vec::new();
     let mut untimed = Vec::new();
     if let Some(o) = &r.oom_kill {
-        let verdict = serde_json::to_value(&o.verdict)
+        // As the JSON says it.
+        let verdict = serde_json::to_value(o)
             .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
+            .and_then(|v| v.get("verdict")?.as_str().map(str::to_owned))
             .unwrap_or_default();
         if verdict != "none" && verdict != "unknown" {
             for v in &o.victims {

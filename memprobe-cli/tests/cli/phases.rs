@@ -112,11 +112,13 @@ pub(crate) fn child(words: &[&str]) {
             }
             let ch = RunChannel::from_env().unwrap();
             let (kept, batched) = ch.pending();
+            // Written whole before it appears: the test reads it at once.
             std::fs::write(
-                dir.join("flooded"),
+                dir.join("flooded.tmp"),
                 format!("{} {} {kept} {batched}", ch.sent(), ch.dropped()),
             )
             .unwrap();
+            std::fs::rename(dir.join("flooded.tmp"), dir.join("flooded")).unwrap();
             wait_for(&dir.join("resume"));
             t.end(PhaseKind::Step, None).unwrap();
             t.end(PhaseKind::Epoch, None).unwrap();
