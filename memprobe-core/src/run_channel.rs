@@ -39,8 +39,9 @@
 //! - nothing is printed, nothing panics.
 //!
 //! A forked child keeps the socket (datagrams need no connection) and sends
-//! with its own pid, taken at each send; its counters start again at 0 and
-//! what the parent had kept is not sent twice.
+//! with its own pid (taken again after each fork, which the fork handlers
+//! count: no `getpid` per message); its counters start again at 0 and what
+//! the parent had kept is not sent twice.
 //! The times are `CLOCK_MONOTONIC` nanoseconds, which the receiver shares.
 //!
 //! # Messages (version [`VERSION`])
@@ -250,6 +251,9 @@ pub struct RunChannel {
     connected: AtomicBool,
     /// The process the counters below belong to (a forked child resets them).
     pid: AtomicU32,
+    /// The fork generation `pid` was taken in: while it holds, `pid` is
+    /// this process's (no `getpid` system call per step).
+    generation: AtomicU64,
     seq: AtomicU64,
     dropped: AtomicU64,
     dropped_steps: AtomicU64,
@@ -308,6 +312,9 @@ impl RunChannel {
                 &std::io::Error::last_os_error(),
             ));
         }
+        // The fork handlers, which tell a child it is one, are in place
+        // before the pid is cached.
+        drop(GateGuard::enter());
         // Connected once, a datagram socket skips the path lookup at every
         // send; without a receiver yet, each send names the address.
         // SAFETY: fd is our socket; addr is initialised for addr_len bytes.
@@ -319,6 +326,7 @@ impl RunChannel {
             addr_len,
             connected: AtomicBool::new(connected),
             pid: AtomicU32::new(current_pid()),
+            generation: AtomicU64::new(crate::fork::generation()),
             seq: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             dropped_steps: AtomicU64::new(0),
@@ -351,26 +359,26 @@ impl RunChannel {
 
     /// Messages this process has sent through the channel.
     pub fn sent(&self) -> u64 {
-        self.counting_for(current_pid());
+        self.pid_now();
         self.sent.load(Ordering::Relaxed)
     }
 
     /// Messages this process has dropped (the receiver gone, or slow for
     /// longer than [`MAX_PENDING`] messages).
     pub fn dropped(&self) -> u64 {
-        self.counting_for(current_pid());
+        self.pid_now();
         self.dropped.load(Ordering::Relaxed)
     }
 
     /// Steps in the batches this process has dropped.
     pub fn dropped_steps(&self) -> u64 {
-        self.counting_for(current_pid());
+        self.pid_now();
         self.dropped_steps.load(Ordering::Relaxed)
     }
 
     /// Messages kept until the receiver has room, and steps not sent yet.
     pub fn pending(&self) -> (usize, u64) {
-        self.counting_for(current_pid());
+        self.pid_now();
         let q = self.lock();
         (q.kept.len(), q.batches.iter().map(|b| b.count).sum())
     }
@@ -383,7 +391,7 @@ impl RunChannel {
     }
 
     fn flush_where(&self, wait: Duration, which: impl Fn(u64) -> bool) -> bool {
-        self.counting_for(current_pid());
+        self.pid_now();
         let deadline = Instant::now() + wait;
         {
             let _gate = GateGuard::enter();
@@ -416,6 +424,19 @@ impl RunChannel {
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This process's pid: the cached one unless a fork happened since
+    /// (then `getpid`, and the counters restart: [`RunChannel::counting_for`]).
+    fn pid_now(&self) -> u32 {
+        let generation = crate::fork::generation();
+        if self.generation.load(Ordering::Acquire) == generation {
+            return self.pid.load(Ordering::Relaxed);
+        }
+        let pid = current_pid();
+        self.counting_for(pid);
+        self.generation.store(generation, Ordering::Release);
+        pid
     }
 
     /// Resets the counters when `pid` is not the process they counted for
@@ -555,9 +576,9 @@ impl RunChannel {
 
     /// Numbers the next message; `None` when it is to be dropped unsent
     /// (the receiver was found gone a moment ago).
-    /// The caller has called [`RunChannel::counting_for`] before locking.
+    /// The caller has called [`RunChannel::pid_now`] before locking.
     fn number(&self, steps: u64) -> Option<(u32, u64)> {
-        let pid = current_pid();
+        let pid = self.pid.load(Ordering::Relaxed);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         if seq < self.skip_until.load(Ordering::Relaxed) {
             self.drop_counted(steps);
@@ -588,7 +609,7 @@ impl RunChannel {
     /// after the tracker's steps.
     fn emit(&self, tracker: u64, event: &Event<'_>) {
         let _gate = GateGuard::enter();
-        self.counting_for(current_pid());
+        self.pid_now();
         let mut q = self.lock();
         self.emit_locked(&mut q, tracker, event);
     }
@@ -605,7 +626,7 @@ impl RunChannel {
     /// batch) or a step's begin (sent at once when nothing is batched).
     fn step(&self, tracker: u64, event: &Event<'_>) {
         let _gate = GateGuard::enter();
-        self.counting_for(current_pid());
+        self.pid_now();
         let mut q = self.lock();
         let i = match q.batches.iter().position(|b| b.tracker == tracker) {
             Some(i) => i,
@@ -1196,6 +1217,45 @@ mod tests {
         assert!(
             text.contains(&format!(r#""dropped":{},"#, GONE_SKIP + 1)),
             "{text}"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn a_forked_child_sends_with_its_own_pid_and_counts_from_zero() {
+        let (path, sock) = bound("fork");
+        let ch = RunChannel::connect(&path).unwrap();
+        let ev = begin_event();
+        ch.emit(1, &ev);
+        ch.emit(1, &ev);
+        // SAFETY: the child only sends and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            ch.emit(1, &ev);
+            let ok = ch.sent() == 1 && ch.flush(Duration::from_secs(5));
+            // SAFETY: ends the child without running the parent's handlers.
+            unsafe { libc::_exit(i32::from(!ok)) };
+        }
+        let mut status = 0;
+        // SAFETY: our child; a valid status pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(status, 0);
+        let got = read_all(&sock);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            got[2].contains(&format!(r#""pid":{pid},"tracker":1,"seq":0,"#)),
+            "{}",
+            got[2]
+        );
+        ch.emit(1, &ev);
+        let mine = read_all(&sock);
+        assert!(
+            mine[0].contains(&format!(
+                r#""pid":{},"tracker":1,"seq":2,"#,
+                std::process::id()
+            )),
+            "{}",
+            mine[0]
         );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
