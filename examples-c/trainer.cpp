@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
             std::fflush(stdout);
             memprobe::Tracker::Record r = epoch.end();
             std::printf("epoch %llu: peak %.1f MiB, releases %u, leak flag %s\n",
-                        static_cast<unsigned long long>(r.phase.index + 1), r.deltas[0].peak / double(MIB),
+                        static_cast<unsigned long long>(r.phase.index), r.deltas[0].peak / double(MIB),
                         r.phase.n_releases, (r.phase.leak_flags & 1) ? "ON" : "off");
         }
         std::printf("releases fired: %llu; process flagged as leaking: %s\n",

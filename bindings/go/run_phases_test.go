@@ -191,7 +191,7 @@ func TestRunPhases(t *testing.T) {
 	}
 	svg, err := os.ReadFile(svgPath)
 	ok(t, err)
-	for _, needle := range []string{"epochs (shaded)", "evaluations: streams (shaded)", "rss peak ", "in epoch 1, step 13"} {
+	for _, needle := range []string{"epochs (shaded)", "evaluations (shaded): stream", "rss peak ", "in epoch 1, step 13"} {
 		if !strings.Contains(string(svg), needle) {
 			t.Fatalf("no %q in the chart", needle)
 		}

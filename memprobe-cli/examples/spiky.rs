@@ -1,9 +1,14 @@
 //! A small stand-in for a training job, for `memprobe run` to watch.
 //!
 //! It forks worker processes that each hold some memory (like DataLoader
-//! workers), then runs a few "epochs": each keeps a little more memory than
-//! the last (a slow leak), and the middle epoch has a short 256 MiB spike
-//! (a large temporary buffer). Then it stops the workers and exits.
+//! workers), then runs a few "epochs" of 8 steps and a short validation
+//! each: every epoch keeps a little more memory than the last (a slow
+//! leak), and one step of the middle epoch has a short 256 MiB spike (a
+//! large temporary buffer). Then it stops the workers and exits.
+//!
+//! Its phases go through a memprobe tracker, as a training loop's would:
+//! under `memprobe run` (which names the run channel to it) the chart
+//! shades the epochs and validations and marks the step of the spike.
 //!
 //! ```text
 //! cargo build --release -p memprobe-cli --example spiky
@@ -14,7 +19,11 @@
 //! `--workers N` (2), `--worker-mib MIB` (96), `--base-mib MIB` (128),
 //! `--growth-mib MIB` (32), `--spike-mib MIB` (256), `--spike-ms MS` (50).
 
+use memprobe_core::{PhaseKind, Source, Tracker};
 use std::time::Duration;
+
+/// Steps per epoch; the spike is in the middle one of the middle epoch.
+const STEPS: u64 = 8;
 
 struct Options {
     epochs: u32,
@@ -135,25 +144,56 @@ fn main() {
         o.worker_mib
     );
 
+    // The program's own memory, exactly: what its phases are measured on.
+    let rss = Source::process().unwrap_or_else(|e| {
+        eprintln!("spiky: {e}");
+        std::process::exit(1);
+    });
+    let mut tracker = Tracker::new(std::slice::from_ref(&rss)).unwrap_or_else(|e| {
+        eprintln!("spiky: {e}");
+        std::process::exit(1);
+    });
+    let phase = |r: memprobe_core::Result<_>| {
+        if let Err(e) = r {
+            eprintln!("spiky: {e}");
+        }
+    };
+
     let _base = Block::touched(o.base_mib);
     let mut kept = Vec::new();
     let spike_epoch = o.epochs / 2;
+    // 8 steps and a validation of about one step.
+    let step = Duration::from_millis(o.epoch_ms / (STEPS + 1));
     for epoch in 0..o.epochs {
-        kept.push(Block::touched(o.growth_mib));
-        let step = Duration::from_millis(o.epoch_ms / 2);
-        std::thread::sleep(step);
-        if epoch == spike_epoch {
-            let spike = Block::touched(o.spike_mib);
-            std::thread::sleep(Duration::from_millis(o.spike_ms));
-            drop(spike);
+        phase(tracker.begin(PhaseKind::Epoch, None));
+        phase(tracker.begin(PhaseKind::Step, None));
+        for s in 0..STEPS {
+            if s == 0 {
+                kept.push(Block::touched(o.growth_mib));
+            }
+            std::thread::sleep(step / 2);
+            if epoch == spike_epoch && s == STEPS / 2 {
+                let spike = Block::touched(o.spike_mib);
+                std::thread::sleep(Duration::from_millis(o.spike_ms));
+                drop(spike);
+            }
+            std::thread::sleep(step / 2);
+            if s + 1 < STEPS {
+                phase(tracker.next(PhaseKind::Step, None).map(drop));
+            }
         }
+        phase(tracker.end(PhaseKind::Step, None).map(drop));
+        phase(tracker.end(PhaseKind::Epoch, None).map(drop));
+        phase(tracker.begin(PhaseKind::Custom, Some("validation")));
         std::thread::sleep(step);
+        phase(tracker.end(PhaseKind::Custom, Some("validation")).map(drop));
         println!(
-            "spiky: epoch {} done, holding {} MiB",
-            epoch + 1,
+            "spiky: epoch {epoch} done, holding {} MiB",
             o.base_mib + o.growth_mib * kept.len()
         );
     }
+    // Dropping the tracker sends what its channel still holds.
+    drop(tracker);
     for pid in workers {
         let mut status = 0;
         // SAFETY: valid status pointer; `pid` is our child.

@@ -245,6 +245,11 @@ pub(crate) struct ExactProcess {
     pub(crate) oom_failures: u64,
     /// The last of them.
     pub(crate) last_oom: Option<LastOom>,
+    /// When the last of them failed (`CLOCK_MONOTONIC` ns), if recorded.
+    pub(crate) last_oom_mono_ns: Option<u64>,
+    /// The same, in nanoseconds since the timeline's zero (set when the
+    /// recording ends: [`ExactRecord::place_in_run`]).
+    pub(crate) last_oom_run_ns: Option<u64>,
     /// Allocations that passed through uncounted, and their bytes.
     pub(crate) not_counted_calls: u64,
     pub(crate) not_counted_bytes: u64,
@@ -269,6 +274,16 @@ impl ExactProcess {
         self.nvml_used[d] = Some(used);
         // NVML reads a moment apart and rounds to pages: never below 0.
         self.context[d] = Some(used.saturating_sub(counted));
+    }
+}
+
+impl ExactRecord {
+    /// Places the processes' out-of-memory times on the timeline, whose
+    /// zero is `t0_mono_ns` on `CLOCK_MONOTONIC`.
+    pub(crate) fn place_in_run(&mut self, t0_mono_ns: u64) {
+        for p in &mut self.processes {
+            p.last_oom_run_ns = p.last_oom_mono_ns.map(|t| t.saturating_sub(t0_mono_ns));
+        }
     }
 }
 
@@ -424,6 +439,7 @@ fn read_figures(region: &Region, f: &mut ExactProcess) {
         size_bytes: o.size,
         api: o.api,
     });
+    f.last_oom_mono_ns = oom.and_then(|o| o.at_ns);
     let nc = region.not_counted();
     f.not_counted_calls = nc.calls;
     f.not_counted_bytes = nc.bytes;
@@ -463,6 +479,9 @@ pub(crate) struct ExactProcessReport {
     pub(crate) oom_failures: u64,
     /// The last allocation that failed with out-of-memory; null for none.
     pub(crate) last_oom: Option<LastOom>,
+    /// When the last out-of-memory failure happened, seconds since the
+    /// start (null: none, or its time unknown).
+    pub(crate) last_oom_at_s: Option<f64>,
     pub(crate) not_counted_calls: u64,
     pub(crate) not_counted_bytes: u64,
     /// Per device ordinal: NVML's figure for the process (null: not listed).
@@ -526,6 +545,10 @@ impl GpuExactReport {
                     host_pinned_peak_bytes: p.host_pinned_peak,
                     oom_failures: p.oom_failures,
                     last_oom: p.last_oom.clone(),
+                    last_oom_at_s: p
+                        .last_oom_run_ns
+                        .filter(|_| p.oom_failures > 0)
+                        .map(|t| t as f64 / 1e9),
                     not_counted_calls: p.not_counted_calls,
                     not_counted_bytes: p.not_counted_bytes,
                     nvml_used_bytes: pad_opt(&p.nvml_used),

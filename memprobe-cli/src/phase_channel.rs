@@ -15,7 +15,7 @@
 //! The socket and its directory are removed when the receiver is finished
 //! or dropped, on every path out of `run`.
 
-use crate::phase_log::{Event, Message, PhaseLog, SourceRecord};
+use crate::phase_log::{BatchPeak, Event, Message, PhaseLog, SourceRecord};
 use memprobe_core::run_channel::{ENV, MAX_DATAGRAM, VERSION};
 use memprobe_core::PhaseKind;
 use serde::Deserialize;
@@ -301,11 +301,15 @@ struct Wire {
     seq: u64,
     #[serde(default)]
     dropped: u64,
+    #[serde(default)]
+    dropped_steps: u64,
     kind: String,
     name: String,
     index: u64,
     depth: u32,
     t_ns: Option<u64>,
+    last: Option<u64>,
+    count: Option<u64>,
     started_ns: Option<u64>,
     ended_ns: Option<u64>,
     #[serde(default)]
@@ -328,6 +332,10 @@ struct WireSource {
     peak: u64,
     delta_used: i64,
     delta_peaked: u64,
+    /// In a `steps` message: the step that held the peak.
+    index: Option<u64>,
+    started_ns: Option<u64>,
+    ended_ns: Option<u64>,
 }
 
 fn kind_of(s: &str) -> Option<PhaseKind> {
@@ -362,33 +370,71 @@ pub(crate) fn decode(bytes: &[u8], pid: Option<u32>) -> Result<Message, Unreadab
     if !name_ok(&w.name) || w.sources.len() > MAX_SOURCES {
         return Err(Unreadable::Garbled);
     }
+    let mut sources = Vec::with_capacity(w.sources.len());
+    let mut steps = Vec::new();
+    for s in w.sources {
+        if !name_ok(&s.name) {
+            return Err(Unreadable::Garbled);
+        }
+        short(&s.kind)?;
+        short(&s.fidelity)?;
+        let at = match (s.index, s.started_ns, s.ended_ns) {
+            (Some(i), Some(a), Some(b)) if a <= b => Some((i, a, b)),
+            (None, None, None) => None,
+            _ => return Err(Unreadable::Garbled),
+        };
+        let record = SourceRecord {
+            name: s.name,
+            kind: s.kind,
+            fidelity: s.fidelity,
+            used_start: s.used_start,
+            used_end: s.used_end,
+            peak: s.peak,
+            delta_used: s.delta_used,
+            delta_peaked: s.delta_peaked,
+        };
+        match at {
+            Some((index, start, end)) => steps.push(BatchPeak {
+                index,
+                start_ns: start,
+                end_ns: end,
+                source: record,
+            }),
+            None => sources.push(record),
+        }
+    }
     let event = match (w.ev.as_str(), w.t_ns, w.started_ns, w.ended_ns) {
         ("begin", Some(t_ns), _, _) => Event::Begin { t_ns },
-        ("end", _, Some(started_ns), Some(ended_ns)) if ended_ns >= started_ns => {
-            let mut sources = Vec::with_capacity(w.sources.len());
-            for s in w.sources {
-                if !name_ok(&s.name) {
-                    return Err(Unreadable::Garbled);
-                }
-                short(&s.kind)?;
-                short(&s.fidelity)?;
-                sources.push(SourceRecord {
-                    name: s.name,
-                    kind: s.kind,
-                    fidelity: s.fidelity,
-                    used_start: s.used_start,
-                    used_end: s.used_end,
-                    peak: s.peak,
-                    delta_used: s.delta_used,
-                    delta_peaked: s.delta_peaked,
-                });
-            }
+        ("end", _, Some(started_ns), Some(ended_ns))
+            if ended_ns >= started_ns && steps.is_empty() =>
+        {
             Event::End {
                 started_ns,
                 ended_ns,
                 next: w.next,
                 releases: w.releases,
                 sources,
+                truncated: w.truncated,
+            }
+        }
+        ("steps", _, Some(started_ns), Some(ended_ns))
+            if ended_ns >= started_ns
+                && kind == PhaseKind::Step
+                && sources.is_empty()
+                && w.count.is_some_and(|c| c > 0)
+                && w.last.is_some_and(|l| l >= w.index)
+                && steps
+                    .iter()
+                    .all(|p| (w.index..=w.last.unwrap_or(0)).contains(&p.index)) =>
+        {
+            Event::Steps {
+                last: w.last.unwrap_or(w.index),
+                count: w.count.unwrap_or(1),
+                started_ns,
+                ended_ns,
+                next: w.next,
+                releases: w.releases,
+                peaks: steps,
                 truncated: w.truncated,
             }
         }
@@ -399,6 +445,7 @@ pub(crate) fn decode(bytes: &[u8], pid: Option<u32>) -> Result<Message, Unreadab
         tracker: w.tracker,
         seq: w.seq,
         dropped: w.dropped,
+        dropped_steps: w.dropped_steps,
         kind,
         name: w.name,
         index: w.index,
@@ -437,6 +484,40 @@ mod tests {
         // Fields added within a version are ignored.
         let more = END.replace(r#""v":1,"#, r#""v":1,"later":[1,2],"#);
         assert!(decode(more.as_bytes(), None).is_ok());
+    }
+
+    const STEPS: &str = r#"{"v":1,"ev":"steps","pid":4242,"tracker":1,"seq":8,"dropped":3,"dropped_steps":40,"kind":"step","name":"step","index":4,"depth":1,"last":9,"count":6,"started_ns":81250000000,"ended_ns":81262000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":109051904,"delta_used":0,"delta_peaked":4194304,"index":7,"started_ns":81256000000,"ended_ns":81258000000}],"truncated":false}"#;
+
+    #[test]
+    fn batches_of_steps_decode_and_bad_ones_are_counted() {
+        let m = decode(STEPS.as_bytes(), None).unwrap();
+        assert_eq!((m.dropped, m.dropped_steps, m.index), (3, 40, 4));
+        let Event::Steps {
+            last, count, peaks, ..
+        } = m.event
+        else {
+            panic!()
+        };
+        assert_eq!((last, count, peaks.len()), (9, 6, 1));
+        assert_eq!((peaks[0].index, peaks[0].source.peak), (7, 109_051_904));
+        for bad in [
+            STEPS.replace(r#""last":9"#, r#""last":3"#),
+            STEPS.replace(r#""count":6"#, r#""count":0"#),
+            STEPS.replace(r#""index":7"#, r#""index":12"#),
+            STEPS.replace(r#","started_ns":81256000000"#, ""),
+            STEPS.replace(r#""kind":"step","name""#, r#""kind":"epoch","name""#),
+            // A step's peak in an end message.
+            END.replace(
+                r#""delta_peaked":268435456}"#,
+                r#""delta_peaked":1,"index":3,"started_ns":1,"ended_ns":2}"#,
+            ),
+        ] {
+            assert_eq!(
+                decode(bad.as_bytes(), None).err(),
+                Some(Unreadable::Garbled),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

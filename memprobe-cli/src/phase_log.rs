@@ -50,6 +50,8 @@ pub(crate) struct Message {
     pub(crate) tracker: u64,
     pub(crate) seq: u64,
     pub(crate) dropped: u64,
+    /// Steps in the dropped messages that were batches of steps.
+    pub(crate) dropped_steps: u64,
     pub(crate) kind: PhaseKind,
     pub(crate) name: String,
     pub(crate) index: u64,
@@ -71,6 +73,28 @@ pub(crate) enum Event {
         sources: Vec<SourceRecord>,
         truncated: bool,
     },
+    /// Steps `index..=last` ended (`count` of them), the first starting at
+    /// `started_ns`, the last ending at `ended_ns`; per source, the step
+    /// with the largest peak.
+    Steps {
+        last: u64,
+        count: u64,
+        started_ns: u64,
+        ended_ns: u64,
+        next: bool,
+        releases: u64,
+        peaks: Vec<BatchPeak>,
+        truncated: bool,
+    },
+}
+
+/// In a batch of steps: the step with the largest peak of one source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BatchPeak {
+    pub(crate) index: u64,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    pub(crate) source: SourceRecord,
 }
 
 /// The step with the largest peak of one source, within some scope.
@@ -95,28 +119,15 @@ pub(crate) struct StepAggregate {
 }
 
 impl StepAggregate {
-    fn add(&mut self, index: u64, start_ns: u64, end_ns: u64, sources: &[SourceRecord]) {
-        self.count += 1;
-        self.first_index = Some(self.first_index.map_or(index, |f| f.min(index)));
-        for s in sources {
-            match self.peaks.iter_mut().find(|p| p.source == s.name) {
-                Some(p) if s.peak > p.peak => {
-                    *p = StepPeak {
-                        source: s.name.clone(),
-                        peak: s.peak,
-                        index,
-                        start_ns,
-                        end_ns,
-                    }
-                }
+    /// `count` steps from number `first`, whose peaks per source are `peaks`.
+    fn add(&mut self, count: u64, first: u64, peaks: &[StepPeak]) {
+        self.count += count;
+        self.first_index = Some(self.first_index.map_or(first, |f| f.min(first)));
+        for s in peaks {
+            match self.peaks.iter_mut().find(|p| p.source == s.source) {
+                Some(p) if s.peak > p.peak => *p = s.clone(),
                 Some(_) => {}
-                None => self.peaks.push(StepPeak {
-                    source: s.name.clone(),
-                    peak: s.peak,
-                    index,
-                    start_ns,
-                    end_ns,
-                }),
+                None => self.peaks.push(s.clone()),
             }
         }
     }
@@ -184,6 +195,8 @@ struct Open {
 struct Span {
     name: String,
     index: u64,
+    /// The last step of a batch (`index` when one phase).
+    last: u64,
     depth: u32,
     start_ns: u64,
     end_ns: u64,
@@ -205,6 +218,8 @@ pub(crate) struct Sender {
     pub(crate) numbered: u64,
     /// The most it said it had dropped.
     pub(crate) dropped: u64,
+    /// The most steps it said it had dropped (in batches of steps).
+    pub(crate) dropped_steps: u64,
 }
 
 impl Sender {
@@ -260,6 +275,12 @@ impl PhaseLog {
         self.senders.values().map(Sender::lost).sum()
     }
 
+    /// Steps the command's processes said they dropped (batches of steps
+    /// among the lost messages).
+    pub(crate) fn dropped_steps(&self) -> u64 {
+        self.senders.values().map(|s| s.dropped_steps).sum()
+    }
+
     /// Per (pid, source), the step with the largest peak of the run.
     pub(crate) fn peak_steps(&self) -> impl Iterator<Item = &PeakStep> {
         self.peak_steps.values()
@@ -284,6 +305,7 @@ impl PhaseLog {
         s.received += 1;
         s.numbered = s.numbered.max(m.seq.saturating_add(1));
         s.dropped = s.dropped.max(m.dropped);
+        s.dropped_steps = s.dropped_steps.max(m.dropped_steps);
         if self.trackers.len() >= MAX_TRACKERS && !self.trackers.contains_key(&(m.pid, m.tracker)) {
             if matches!(m.event, Event::Begin { .. }) && m.kind != PhaseKind::Step {
                 self.not_kept += 1;
@@ -330,12 +352,53 @@ impl PhaseLog {
                         p.releases = releases;
                     }
                     None => {
+                        let peaks: Vec<StepPeak> = sources
+                            .iter()
+                            .map(|s| StepPeak {
+                                source: s.name.clone(),
+                                peak: s.peak,
+                                index: m.index,
+                                start_ns: start,
+                                end_ns: end,
+                            })
+                            .collect();
                         let what = (m.kind, m.name.as_str(), m.index, m.depth);
-                        self.step_level_ended(key, what, start, end, &sources);
+                        self.step_level_ended(key, what, (m.index, 1), (start, end), &peaks);
                     }
                 }
                 if next {
                     self.open(key, m.kind, m.name, m.index + 1, m.depth, end);
+                }
+            }
+            Event::Steps {
+                last,
+                count,
+                started_ns,
+                ended_ns,
+                next,
+                peaks,
+                ..
+            } => {
+                let (start, end) = (self.run_ns(started_ns), self.run_ns(ended_ns));
+                let key = (m.pid, m.tracker);
+                // The first step was opened by a begin or the step before;
+                // if that message was lost, nothing is open.
+                let _ = self.take_open(key, m.kind, &m.name, m.depth, end);
+                self.trackers.entry(key).or_default();
+                let peaks: Vec<StepPeak> = peaks
+                    .iter()
+                    .map(|p| StepPeak {
+                        source: p.source.name.clone(),
+                        peak: p.source.peak,
+                        index: p.index,
+                        start_ns: self.run_ns(p.start_ns),
+                        end_ns: self.run_ns(p.end_ns),
+                    })
+                    .collect();
+                let what = (m.kind, m.name.as_str(), m.index, m.depth);
+                self.step_level_ended(key, what, (last, count), (start, end), &peaks);
+                if next {
+                    self.open(key, m.kind, m.name, last + 1, m.depth, end);
                 }
             }
         }
@@ -428,13 +491,15 @@ impl PhaseLog {
         state.stack.pop()
     }
 
+    /// A step-level phase ended (or, for steps, `count` of them, numbered
+    /// `index..=last`, from `start` to `end`, with their peaks per source).
     fn step_level_ended(
         &mut self,
         key: (u32, u64),
         (kind, name, index, depth): (PhaseKind, &str, u64, u32),
-        start: u64,
-        end: u64,
-        sources: &[SourceRecord],
+        (last, count): (u64, u64),
+        (start, end): (u64, u64),
+        peaks: &[StepPeak],
     ) {
         let Some(state) = self.trackers.get_mut(&key) else {
             return;
@@ -445,6 +510,7 @@ impl PhaseLog {
         state.recent.push_back(Span {
             name: name.to_owned(),
             index,
+            last,
             depth,
             start_ns: start,
             end_ns: end,
@@ -452,33 +518,25 @@ impl PhaseLog {
         if kind != PhaseKind::Step {
             return;
         }
-        self.steps += 1;
+        self.steps += count;
         let within = state.stack.iter().rev().find_map(|o| o.kept);
         match within {
-            Some(i) => self.phases[i].steps.add(index, start, end, sources),
-            None => state.loose.add(index, start, end, sources),
+            Some(i) => self.phases[i].steps.add(count, index, peaks),
+            None => state.loose.add(count, index, peaks),
         }
-        for s in sources {
-            let entry = self.peak_steps.entry((key.0, s.name.clone()));
-            let better = |p: &PeakStep| s.peak > p.step.peak;
+        for s in peaks {
             let new = PeakStep {
                 pid: key.0,
                 tracker: key.1,
-                step: StepPeak {
-                    source: s.name.clone(),
-                    peak: s.peak,
-                    index,
-                    start_ns: start,
-                    end_ns: end,
-                },
+                step: s.clone(),
                 within,
             };
-            match entry {
+            match self.peak_steps.entry((key.0, s.source.clone())) {
                 std::collections::btree_map::Entry::Vacant(v) => {
                     v.insert(new);
                 }
                 std::collections::btree_map::Entry::Occupied(mut o) => {
-                    if better(o.get()) {
+                    if s.peak > o.get().step.peak {
                         o.insert(new);
                     }
                 }
@@ -540,7 +598,12 @@ impl PhaseLog {
                 .iter()
                 .filter(|s| s.start_ns <= t_ns && t_ns <= s.end_ns)
             {
-                cover(s.depth, s.start_ns, label(&s.name, s.index));
+                let l = if s.last > s.index {
+                    format!("{} {}–{}", s.name, s.index, s.last)
+                } else {
+                    label(&s.name, s.index)
+                };
+                cover(s.depth, s.start_ns, l);
             }
             let chain: Vec<(u32, String)> = at.into_iter().map(|(d, (_, l))| (d, l)).collect();
             if best.as_ref().map_or(true, |b| chain.len() > b.len()) {
@@ -568,6 +631,7 @@ mod tests {
             tracker: 1,
             seq,
             dropped: 0,
+            dropped_steps: 0,
             kind,
             name: kind.as_str().into(),
             index,
@@ -738,6 +802,74 @@ mod tests {
             end(50 * MS, 95 * MS, false, 1),
         ));
         assert_eq!(log.dropped(), 21 - 5);
+    }
+
+    #[test]
+    fn batches_of_steps_count_every_step_and_keep_each_peak() {
+        let mut log = PhaseLog::new(0);
+        log.add(msg(5, 0, PhaseKind::Epoch, 0, 0, Event::Begin { t_ns: 0 }));
+        log.add(msg(5, 1, PhaseKind::Step, 0, 1, Event::Begin { t_ns: 0 }));
+        let batch =
+            |first: u64, last: u64, start: u64, end: u64, peak_at: u64, peak: u64| Event::Steps {
+                last,
+                count: last - first + 1,
+                started_ns: start,
+                ended_ns: end,
+                next: true,
+                releases: 0,
+                peaks: vec![BatchPeak {
+                    index: peak_at,
+                    start_ns: start + 1000,
+                    end_ns: start + 2000,
+                    source: rss(peak).remove(0),
+                }],
+                truncated: false,
+            };
+        log.add(msg(
+            5,
+            2,
+            PhaseKind::Step,
+            0,
+            1,
+            batch(0, 99, 0, 20 * MS, 42, 700),
+        ));
+        // Step 100 is open from the batch's end.
+        assert_eq!(
+            log.phase_at(Some(5), 20 * MS + 1).as_deref(),
+            Some("epoch 0 / step 100")
+        );
+        assert_eq!(
+            log.phase_at(Some(5), 10 * MS).as_deref(),
+            Some("epoch 0 / step 0–99")
+        );
+        let mut m = msg(
+            5,
+            3,
+            PhaseKind::Step,
+            100,
+            1,
+            batch(100, 149, 20 * MS, 30 * MS, 120, 300),
+        );
+        m.dropped = 2;
+        m.dropped_steps = 64;
+        log.add(m);
+        log.add(msg(
+            5,
+            6,
+            PhaseKind::Epoch,
+            0,
+            0,
+            end(0, 31 * MS, false, 700),
+        ));
+        assert_eq!(log.steps, 150);
+        assert_eq!((log.dropped(), log.dropped_steps()), (2, 64));
+        let e = &log.phases[0];
+        assert_eq!((e.steps.count, e.steps.first_index), (150, Some(0)));
+        assert_eq!((e.steps.peaks[0].index, e.steps.peaks[0].peak), (42, 700));
+        let p: Vec<&PeakStep> = log.peak_steps().collect();
+        assert_eq!((p[0].step.index, p[0].step.start_ns), (42, 1000));
+        // The epoch's end closed the open step: nothing is left open.
+        assert_eq!(log.phase_at(Some(5), 40 * MS), None);
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub(crate) struct StepPeakReport {
 pub(crate) struct PhaseChannelReport {
     pub(crate) received: u64,
     pub(crate) dropped: u64,
+    /// Steps in the lost messages that were batches of steps (the rest of
+    /// the lost messages were boundaries).
+    pub(crate) dropped_steps: u64,
     pub(crate) garbled: u64,
     pub(crate) oversized: u64,
     pub(crate) unknown_version: u64,
@@ -338,6 +341,7 @@ pub(crate) fn build(
     let channel = PhaseChannelReport {
         received: log.received,
         dropped: log.dropped(),
+        dropped_steps: log.dropped_steps(),
         garbled: log.garbled,
         oversized: log.oversized,
         unknown_version: log.unknown_version,
@@ -520,8 +524,13 @@ pub(crate) fn summary(r: &RunReport) -> String {
     if c.dropped > 0 || unreadable > 0 || c.phases_not_kept > 0 {
         let mut what = Vec::new();
         if c.dropped > 0 {
+            let steps = if c.dropped_steps > 0 {
+                format!(", {} among them", plural(c.dropped_steps, "step", "steps"))
+            } else {
+                String::new()
+            };
             what.push(format!(
-                "{} lost (the program sent faster than memprobe read, and did not wait)",
+                "{} lost{steps} (memprobe read too slowly, or a process was killed before it sent what it kept)",
                 plural(c.dropped, "message", "messages")
             ));
         }
@@ -700,6 +709,7 @@ pub(crate) mod tests {
                     tracker: 1,
                     seq,
                     dropped: 0,
+                    dropped_steps: 0,
                     kind,
                     name: kind.as_str().into(),
                     index,

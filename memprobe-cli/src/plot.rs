@@ -4,9 +4,15 @@
 //! in MiB or GiB and seconds (or minutes, hours), a legend, and a footer with
 //! the exact single-process peak. When the tree had more than one process,
 //! each of the largest is a thin line of its own; when the command sent its
-//! phases, epochs and evaluations (streams) are shaded and the step that
-//! held each of its sources' peaks is marked.
+//! phases, epochs and evaluations (streams, and phases named `validation`,
+//! `eval`, `test`, ...) are shaded and named, and the step that held each of
+//! its sources' peaks is marked at the sample where it peaked. A kernel OOM
+//! kill and a GPU allocation that failed out of memory (counted by the
+//! interposer) are marked at their time. When the container's line would
+//! squeeze the program's to the bottom of the scale, the container gets a
+//! panel of its own above, with its own scale.
 
+use crate::phase_report::{PeakReport, PhaseReport};
 use crate::report::{command_line, PointReport, RunReport};
 use crate::units;
 use plotters::prelude::*;
@@ -47,6 +53,9 @@ const OTHER_PROCESS_COLOR: RGBColor = RGBColor(190, 190, 190);
 const EPOCH_SHADES: [RGBColor; 2] = [RGBColor(222, 234, 248), RGBColor(236, 243, 251)];
 const EVAL_SHADE: RGBColor = RGBColor(253, 233, 204);
 const PEAK_STEP_COLOR: RGBColor = RGBColor(150, 20, 60);
+/// A kernel OOM kill, and a GPU allocation that failed out of memory.
+const OOM_COLOR: RGBColor = RGBColor(200, 0, 0);
+const GPU_OOM_COLOR: RGBColor = RGBColor(120, 40, 160);
 /// At most this many phases are shaded (more are narrower than a pixel).
 const MAX_BANDS: usize = 4000;
 /// Epochs are labelled when there are at most this many.
@@ -245,25 +254,144 @@ fn is_process(s: &Series) -> bool {
     s.label.is_empty() || s.label.starts_with("pid ") || s.label.contains(" more processes")
 }
 
-/// The epochs and evaluations to shade: (start, end, colour, label).
-fn bands(r: &RunReport) -> Vec<(f64, f64, RGBColor, Option<String>)> {
+/// Phase names that mean an evaluation pass (compared without case).
+const EVAL_NAMES: [&str; 8] = [
+    "evaluation",
+    "evaluate",
+    "eval",
+    "validation",
+    "validate",
+    "val",
+    "test",
+    "testing",
+];
+
+/// Whether a phase is an evaluation pass: a stream (Avalanche's), or a
+/// phase named like one (`validation`, `eval`, `test`, ...).
+pub(crate) fn is_evaluation(p: &PhaseReport) -> bool {
+    p.kind == "stream" || EVAL_NAMES.iter().any(|n| p.name.eq_ignore_ascii_case(n))
+}
+
+/// One shaded phase: (start, end, colour, label).
+type Band = (f64, f64, RGBColor, Option<String>);
+
+/// The epochs and evaluations to shade, epochs first (evaluations are
+/// drawn over them: a validation often runs inside its epoch).
+fn bands(r: &RunReport) -> Vec<Band> {
     let epochs = r.phases.iter().filter(|p| p.kind == "epoch").count();
+    let evals = r.phases.iter().filter(|p| is_evaluation(p)).count();
     let mut n_epoch = 0;
-    r.phases
+    let mut out: Vec<Band> = r
+        .phases
         .iter()
-        .filter(|p| p.kind == "epoch" || p.kind == "stream")
+        .filter(|p| p.kind == "epoch")
         .take(MAX_BANDS)
         .map(|p| {
-            let end = p.end_s.unwrap_or(r.duration_s);
-            if p.kind == "epoch" {
-                n_epoch += 1;
-                let label = (epochs <= MAX_LABELLED_EPOCHS).then(|| p.label.clone());
-                (p.start_s, end, EPOCH_SHADES[n_epoch % 2], label)
-            } else {
-                (p.start_s, end, EVAL_SHADE, None)
-            }
+            n_epoch += 1;
+            let label = (epochs <= MAX_LABELLED_EPOCHS).then(|| p.label.clone());
+            (
+                p.start_s,
+                p.end_s.unwrap_or(r.duration_s),
+                EPOCH_SHADES[n_epoch % 2],
+                label,
+            )
         })
-        .collect()
+        .collect();
+    out.extend(
+        r.phases
+            .iter()
+            .filter(|p| is_evaluation(p))
+            .take(MAX_BANDS)
+            .map(|p| {
+                let label = (evals <= MAX_LABELLED_EPOCHS).then(|| p.label.clone());
+                (
+                    p.start_s,
+                    p.end_s.unwrap_or(r.duration_s),
+                    EVAL_SHADE,
+                    label,
+                )
+            }),
+    );
+    out
+}
+
+/// The evaluations' legend entry: `evaluations (shaded): validation, stream`.
+fn evaluations_legend(r: &RunReport) -> Option<String> {
+    let mut names: Vec<&str> = Vec::new();
+    for p in r.phases.iter().filter(|p| is_evaluation(p)) {
+        if !names.contains(&p.name.as_str()) {
+            names.push(&p.name);
+        }
+    }
+    if names.is_empty() {
+        return None;
+    }
+    let more = names.len().saturating_sub(3);
+    names.truncate(3);
+    let mut text = format!("evaluations (shaded): {}", names.join(", "));
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    Some(text)
+}
+
+/// When the step of `p` held its peak, as far as the samples tell: the
+/// time of the largest sample inside the step of the process's own line
+/// (the tree's when it has none). `None` when no sample fell inside it.
+fn peak_time(r: &RunReport, p: &PeakReport) -> Option<f64> {
+    let inside = |t: f64| t >= p.start_s && t <= p.end_s;
+    let own = r.process_lines.lines.iter().find(|l| l.pid == p.pid);
+    let points: Vec<(f64, u64)> = match own {
+        Some(l) => l.points.iter().copied().filter(|q| inside(q.0)).collect(),
+        None => r
+            .timeline
+            .iter()
+            .map(|q| (q.t_s, q.tree_rss_bytes))
+            .filter(|q| inside(q.0))
+            .collect(),
+    };
+    // The first sample at the largest value.
+    points.iter().rev().max_by_key(|q| q.1).map(|q| q.0)
+}
+
+/// An out-of-memory event to mark: (time, label).
+fn oom_marks(r: &RunReport) -> (Vec<(f64, String)>, Vec<String>) {
+    let mut marks = Vec::new();
+    let mut untimed = Vec::new();
+    if let Some(o) = &r.oom_kill {
+        // As the JSON says it.
+        let verdict = serde_json::to_value(o)
+            .ok()
+            .and_then(|v| v.get("verdict")?.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if verdict != "none" && verdict != "unknown" {
+            for v in &o.victims {
+                marks.push((
+                    v.at_s,
+                    format!("OOM kill ({verdict}): pid {} {}", v.pid, v.name),
+                ));
+            }
+        }
+    }
+    if let Some(x) = &r.gpu_exact {
+        for p in x.processes.iter().filter(|p| p.oom_failures > 0) {
+            let what = format!(
+                "GPU out of memory: {} (pid {})",
+                plural(p.oom_failures, "failed allocation", "failed allocations"),
+                p.pid
+            );
+            match p.last_oom_at_s {
+                Some(t) => marks.push((t, format!("{what}, the last here"))),
+                None => untimed.push(format!("{what}, time unknown")),
+            }
+        }
+    }
+    marks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (marks, untimed)
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// An axis tick without float noise: `0.6`, not `0.6000000000000001`.
@@ -277,48 +405,244 @@ fn tick(v: f64) -> String {
     }
 }
 
-/// Renders the chart of `r` as SVG text.
-pub(crate) fn render(r: &RunReport) -> Result<String, String> {
-    let series = series_of(r);
-    let max_bytes = series
-        .iter()
+/// Whether the container gets a panel of its own: when its line would
+/// squeeze the program's into the bottom of a shared scale.
+const OWN_PANEL_RATIO: f64 = 1.5;
+/// The container's panel's height, when it has one.
+const PANEL_HEIGHT: u32 = 190;
+
+fn max_of<'a>(series: impl Iterator<Item = &'a Series>) -> u64 {
+    series
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .max()
         .unwrap_or(0)
-        .max(1 << 20);
+}
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Draws the axes of `area` for times up to `x_max` (in `time`) and memory
+/// up to `y_max` (in `mem`).
+fn axes<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: Option<String>,
+    (x_max, time): (f64, AxisUnit),
+    (y_max, mem): (f64, AxisUnit),
+    x_desc: bool,
+) -> Result<Chart<'a, 'b>, String> {
+    let mut builder = ChartBuilder::on(area);
+    if let Some(c) = caption {
+        builder.caption(c, (FONT, 20));
+    }
+    let mut chart = builder
+        .margin(14)
+        .x_label_area_size(if x_desc { 48 } else { 24 })
+        .y_label_area_size(78)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(|e| e.to_string())?;
+    let y_decimals = if y_max < 10.0 { 1 } else { 0 };
+    let mut mesh = chart.configure_mesh();
+    if x_desc {
+        mesh.x_desc(format!("time since start ({})", time.name));
+    }
+    mesh.y_desc(format!("memory ({})", mem.name))
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| format!("{v:.y_decimals$}"))
+        .axis_desc_style((FONT, 16))
+        .label_style((FONT, 13))
+        .light_line_style(RGBColor(235, 235, 235))
+        .bold_line_style(RGBColor(210, 210, 210))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    Ok(chart)
+}
+
+/// Draws `series` on `chart` (process lines first, thin), each run series'
+/// peak marked with its value and time.
+fn lines(
+    chart: &mut Chart<'_, '_>,
+    series: &[&Series],
+    (x_max, time): (f64, AxisUnit),
+    mem: AxisUnit,
+) -> Result<(), String> {
+    let to_xy = |(t, v): (f64, u64)| (t / time.divisor, v as f64 / mem.divisor);
+    for s in series
+        .iter()
+        .filter(|s| is_process(s))
+        .chain(series.iter().filter(|s| !is_process(s)))
+    {
+        let color = s.color;
+        let width = if is_process(s) { 1 } else { 2 };
+        let drawn = decimate(&s.points, MAX_DRAWN);
+        let line = chart
+            .draw_series(LineSeries::new(
+                drawn.into_iter().map(to_xy),
+                color.stroke_width(width),
+            ))
+            .map_err(|e| e.to_string())?;
+        if !s.label.is_empty() {
+            line.label(s.label.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(width + 1))
+            });
+        }
+    }
+    for s in series.iter().filter(|s| !is_process(s)) {
+        // The first sample at the maximum, as in the JSON.
+        let Some(&peak) = s.points.iter().rev().max_by_key(|p| p.1) else {
+            continue;
+        };
+        let (x, y) = to_xy(peak);
+        let right_half = x > x_max * 0.6;
+        let anchor = if right_half { HPos::Right } else { HPos::Left };
+        let dx = if right_half { -8 } else { 8 };
+        let label = format!("peak {} at {}", units::bytes(peak.1), units::secs(peak.0));
+        let style = TextStyle::from((FONT, 13).into_font())
+            .color(&s.color)
+            .pos(Pos::new(anchor, VPos::Bottom));
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y))
+                    + Circle::new((0, 0), 5, s.color.filled())
+                    + Text::new(label, (dx, -6), style),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The container's limit, dashed, where it fits the scale.
+fn limit_line(
+    chart: &mut Chart<'_, '_>,
+    r: &RunReport,
+    x_max: f64,
+    (y_max, mem): (f64, AxisUnit),
+) -> Result<(), String> {
+    if let Some(limit) = r.cgroup.as_ref().and_then(|c| c.limit_bytes) {
+        let y = limit as f64 / mem.divisor;
+        if y <= y_max {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(0.0, y), (x_max, y)],
+                    6,
+                    4,
+                    CGROUP_COLOR.stroke_width(1),
+                ))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// A label on a white backdrop (lines under it stay visible, the text
+/// stays readable), anchored at `at` with `anchor`, offset by `(dx, dy)`.
+fn label<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    at: (f64, f64),
+    text: String,
+    style: TextStyle<'_>,
+    (dx, dy): (i32, i32),
+) -> Result<(), String> {
+    let (w, h) = chart
+        .plotting_area()
+        .estimate_text_size(&text, &style)
+        .map_err(|e| e.to_string())?;
+    // The estimate runs about 12% wide of what SVG viewers draw.
+    let (w, h) = ((f64::from(w) * 0.88) as i32, h as i32);
+    let x0 = match style.pos.h_pos {
+        HPos::Left => dx,
+        HPos::Right => dx - w,
+        HPos::Center => dx - w / 2,
+    };
+    let y0 = match style.pos.v_pos {
+        VPos::Top => dy,
+        VPos::Bottom => dy - h,
+        VPos::Center => dy - h / 2,
+    };
+    chart
+        .draw_series(std::iter::once(
+            EmptyElement::at(at)
+                + Rectangle::new(
+                    [(x0 - 2, y0 - 1), (x0 + w + 2, y0 + h + 1)],
+                    WHITE.mix(0.8).filled(),
+                )
+                + Text::new(text, (dx, dy), style),
+        ))
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(160, 160, 160))
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
+/// Renders the chart of `r` as SVG text.
+pub(crate) fn render(r: &RunReport) -> Result<String, String> {
+    let series = series_of(r);
+    let (container, program): (Vec<&Series>, Vec<&Series>) =
+        series.iter().partition(|s| s.color == CGROUP_COLOR);
+    let program_max = max_of(program.iter().copied());
+    let container_max = max_of(container.iter().copied());
+    // The container (the whole machine's cgroup, often) would set the scale
+    // and squeeze the program's own lines to the bottom: it gets a panel.
+    let own_panel = !container.is_empty()
+        && program_max > 0
+        && container_max as f64 > OWN_PANEL_RATIO * program_max as f64;
+    let main_series: Vec<&Series> = if own_panel {
+        program
+    } else {
+        series.iter().collect()
+    };
+    let max_bytes = max_of(main_series.iter().copied()).max(1 << 20);
     let mem = memory_unit(max_bytes);
     let time = time_unit(r.duration_s);
     let x_max = (r.duration_s / time.divisor).max(1e-3) * 1.02;
-    let y_max = max_bytes as f64 / mem.divisor * 1.15;
+    let y_max = max_bytes as f64 / mem.divisor * 1.2;
+    let height = if own_panel {
+        HEIGHT + PANEL_HEIGHT
+    } else {
+        HEIGHT
+    };
 
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let (chart_area, footer) = root.split_vertically(HEIGHT - 48);
+        let (chart_area, footer) = root.split_vertically(height - 48);
         let title = format!("memprobe run: {}", command_line(&r.command, 96));
-        let mut chart = ChartBuilder::on(&chart_area)
-            .caption(title, (FONT, 20))
-            .margin(14)
-            .x_label_area_size(48)
-            .y_label_area_size(78)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-            .map_err(|e| e.to_string())?;
-        let y_decimals = if y_max < 10.0 { 1 } else { 0 };
-        chart
-            .configure_mesh()
-            .x_desc(format!("time since start ({})", time.name))
-            .y_desc(format!("memory ({})", mem.name))
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| format!("{v:.y_decimals$}"))
-            .axis_desc_style((FONT, 16))
-            .label_style((FONT, 13))
-            .light_line_style(RGBColor(235, 235, 235))
-            .bold_line_style(RGBColor(210, 210, 210))
-            .draw()
-            .map_err(|e| e.to_string())?;
+        let (top, main_area) = if own_panel {
+            let (a, b) = chart_area.split_vertically(PANEL_HEIGHT + 30);
+            (Some(a), b)
+        } else {
+            (None, chart_area)
+        };
+        if let Some(top) = &top {
+            let cmax = container_max.max(1 << 20);
+            let cmem = memory_unit(cmax);
+            let cy_max = cmax as f64 / cmem.divisor * 1.35;
+            let mut chart = axes(
+                top,
+                Some(title.clone()),
+                (x_max, time),
+                (cy_max, cmem),
+                false,
+            )?;
+            limit_line(&mut chart, r, x_max, (cy_max, cmem))?;
+            lines(&mut chart, &container, (x_max, time), cmem)?;
+            legend(&mut chart)?;
+        }
+        let caption = top.is_none().then_some(title);
+        let mut chart = axes(&main_area, caption, (x_max, time), (y_max, mem), true)?;
 
-        let to_xy = |(t, v): (f64, u64)| (t / time.divisor, v as f64 / mem.divisor);
         let shaded = bands(r);
         for &(a, b, color, _) in &shaded {
             let rect = [(a / time.divisor, 0.0), (b / time.divisor, y_max)];
@@ -327,34 +651,37 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
                 .map_err(|e| e.to_string())?;
         }
         let px_per_x = f64::from(WIDTH - 120) / x_max;
-        for (a, b, _, label) in &shaded {
+        for (a, b, color, label) in &shaded {
             let Some(label) = label else { continue };
-            if (b - a) / time.divisor * px_per_x < 8.0 * label.len() as f64 {
+            if (b - a) / time.divisor * px_per_x < 7.0 * label.len() as f64 {
                 continue;
             }
-            // At the foot of its band: the legend covers the top left.
+            // At the foot of its band (the legend covers the top left);
+            // evaluations one line up, clear of the epoch they sit in.
+            let dy = if *color == EVAL_SHADE { -18 } else { -3 };
+            let ink = if *color == EVAL_SHADE {
+                RGBColor(150, 90, 20)
+            } else {
+                RGBColor(70, 95, 130)
+            };
             let style = TextStyle::from((FONT, 12).into_font())
-                .color(&RGBColor(70, 95, 130))
+                .color(&ink)
                 .pos(Pos::new(HPos::Left, VPos::Bottom));
             chart
                 .draw_series(std::iter::once(
                     EmptyElement::at((a / time.divisor, 0.0))
-                        + Text::new(label.clone(), (3, -3), style),
+                        + Text::new(label.clone(), (3, dy), style),
                 ))
                 .map_err(|e| e.to_string())?;
         }
-        for (color, label) in [
-            (EPOCH_SHADES[0], "epochs (shaded)"),
-            (EVAL_SHADE, "evaluations: streams (shaded)"),
-        ] {
-            let kind = if color == EVAL_SHADE {
-                "stream"
-            } else {
-                "epoch"
-            };
-            if !r.phases.iter().any(|p| p.kind == kind) {
-                continue;
-            }
+        let mut swatches = Vec::new();
+        if r.phases.iter().any(|p| p.kind == "epoch") {
+            swatches.push((EPOCH_SHADES[0], "epochs (shaded)".to_string()));
+        }
+        if let Some(text) = evaluations_legend(r) {
+            swatches.push((EVAL_SHADE, text));
+        }
+        for (color, label) in swatches {
             chart
                 .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
                 .map_err(|e| e.to_string())?
@@ -363,39 +690,50 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
                     Rectangle::new([(x, y - 6), (x + 22, y + 6)], color.filled())
                 });
         }
-        // Process lines first, under the run's series.
-        for s in series
-            .iter()
-            .filter(|s| is_process(s))
-            .chain(series.iter().filter(|s| !is_process(s)))
-        {
-            let color = s.color;
-            let width = if is_process(s) { 1 } else { 2 };
-            let drawn = decimate(&s.points, MAX_DRAWN);
-            let line = chart
-                .draw_series(LineSeries::new(
-                    drawn.into_iter().map(to_xy),
-                    color.stroke_width(width),
-                ))
-                .map_err(|e| e.to_string())?;
-            if !s.label.is_empty() {
-                line.label(s.label.clone()).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(width + 1))
-                });
-            }
+        if !own_panel {
+            limit_line(&mut chart, r, x_max, (y_max, mem))?;
         }
-        for (i, p) in r
-            .phase_channel
-            .peaks
-            .iter()
-            .take(MAX_PEAK_MARKS)
-            .enumerate()
-        {
-            let x = (p.start_s + p.end_s) / 2.0 / time.divisor;
-            let y = p.peak_bytes as f64 / mem.divisor;
+        lines(&mut chart, &main_series, (x_max, time), mem)?;
+        for p in r.phase_channel.peaks.iter().take(MAX_PEAK_MARKS) {
+            let y = (p.peak_bytes as f64 / mem.divisor).min(y_max);
+            let at = peak_time(r, p);
+            let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
+                format!(" (pid {})", p.pid)
+            } else {
+                String::new()
+            };
+            let mut text = format!(
+                "{} peak {} in {}{pid}",
+                p.source,
+                units::bytes(p.peak_bytes),
+                p.label.replace(" / ", ", ")
+            );
+            let x = match at {
+                Some(t) => {
+                    text.push_str(&format!(", at {}", units::secs(t)));
+                    t / time.divisor
+                }
+                None => {
+                    // No sample inside the step: its span, and say so.
+                    text.push_str(&format!(
+                        " ({}–{}; no sample inside the step)",
+                        units::secs(p.start_s),
+                        units::secs(p.end_s)
+                    ));
+                    chart
+                        .draw_series(std::iter::once(PathElement::new(
+                            vec![(p.start_s / time.divisor, y), (p.end_s / time.divisor, y)],
+                            PEAK_STEP_COLOR.stroke_width(3),
+                        )))
+                        .map_err(|e| e.to_string())?;
+                    p.start_s / time.divisor
+                }
+            };
+            // The line stops at the marker; the label sits below it, beside
+            // the line, never across it.
             chart
                 .draw_series(DashedLineSeries::new(
-                    vec![(x, 0.0), (x, y_max)],
+                    vec![(x, 0.0), (x, y)],
                     4,
                     4,
                     PEAK_STEP_COLOR.stroke_width(1),
@@ -403,79 +741,48 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
                 .map_err(|e| e.to_string())?;
             let right_half = x > x_max * 0.6;
             let anchor = if right_half { HPos::Right } else { HPos::Left };
-            let dx = if right_half { -6 } else { 6 };
-            let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
-                format!(" (pid {})", p.pid)
-            } else {
-                String::new()
-            };
-            let text = format!(
-                "{} peak {} in {}{pid}",
-                p.source,
-                units::bytes(p.peak_bytes),
-                p.label.replace(" / ", ", ")
-            );
+            let dx = if right_half { -9 } else { 9 };
             let style = TextStyle::from((FONT, 13).into_font())
                 .color(&PEAK_STEP_COLOR)
                 .pos(Pos::new(anchor, VPos::Top));
-            let row = 18 + 16 * i as i32;
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y_max)) + Text::new(text, (dx, row), style),
-                ))
-                .map_err(|e| e.to_string())?;
-            // The program's own (exact) peak, where the step held it.
-            if y <= y_max {
-                chart
-                    .draw_series(std::iter::once(
-                        EmptyElement::at((x, y))
-                            + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
-                    ))
-                    .map_err(|e| e.to_string())?;
-            }
-        }
-        if let Some(limit) = r.cgroup.as_ref().and_then(|c| c.limit_bytes) {
-            let y = limit as f64 / mem.divisor;
-            if y <= y_max {
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        vec![(0.0, y), (x_max, y)],
-                        6,
-                        4,
-                        CGROUP_COLOR.stroke_width(1),
-                    ))
-                    .map_err(|e| e.to_string())?;
-            }
-        }
-        for s in series.iter().filter(|s| !is_process(s)) {
-            // The first sample at the maximum, as in the JSON.
-            let Some(&peak) = s.points.iter().rev().max_by_key(|p| p.1) else {
-                continue;
-            };
-            let (x, y) = to_xy(peak);
-            let right_half = x > x_max * 0.6;
-            let anchor = if right_half { HPos::Right } else { HPos::Left };
-            let dx = if right_half { -8 } else { 8 };
-            let label = format!("peak {} at {}", units::bytes(peak.1), units::secs(peak.0));
-            let style = TextStyle::from((FONT, 13).into_font())
-                .color(&s.color)
-                .pos(Pos::new(anchor, VPos::Bottom));
+            label(&mut chart, (x, y), text, style, (dx, 6))?;
             chart
                 .draw_series(std::iter::once(
                     EmptyElement::at((x, y))
-                        + Circle::new((0, 0), 5, s.color.filled())
-                        + Text::new(label, (dx, -6), style),
+                        + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
                 ))
                 .map_err(|e| e.to_string())?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font((FONT, 14))
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(160, 160, 160))
-            .draw()
-            .map_err(|e| e.to_string())?;
+        let (marks, _) = oom_marks(r);
+        for (i, (t, text)) in marks.iter().enumerate() {
+            let x = t / time.divisor;
+            let color = if text.starts_with("GPU") {
+                GPU_OOM_COLOR
+            } else {
+                OOM_COLOR
+            };
+            chart
+                .draw_series(LineSeries::new(
+                    vec![(x, 0.0), (x, y_max * 0.93)],
+                    color.stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?;
+            let right_half = x > x_max * 0.5;
+            let anchor = if right_half { HPos::Right } else { HPos::Left };
+            let dx = if right_half { -5 } else { 5 };
+            let style = TextStyle::from((FONT, 13).into_font().style(FontStyle::Bold))
+                .color(&color)
+                .pos(Pos::new(anchor, VPos::Top));
+            let row = 4 + 16 * (i % 4) as i32;
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at((x, y_max * 0.93))
+                        + Cross::new((0, 0), 5, color.stroke_width(2)),
+                ))
+                .map_err(|e| e.to_string())?;
+            self::label(&mut chart, (x, y_max), text.clone(), style, (dx, row))?;
+        }
+        legend(&mut chart)?;
 
         footer
             .draw(&Text::new(footer_text(r), (24, 12), (FONT, 14)))
@@ -515,6 +822,9 @@ fn footer_text(r: &RunReport) -> String {
                 units::bytes(d.tree_peak_bytes)
             ));
         }
+    }
+    for what in oom_marks(r).1 {
+        parts.push(what);
     }
     parts.push(format!("exit status {}", r.exit.status));
     parts.push(format!("{} samples", r.samples));
@@ -567,8 +877,8 @@ mod tests {
         let svg = render(&r).unwrap();
         for needle in [
             "epochs (shaded)",
-            "evaluations: streams (shaded)",
-            "rss peak 900 MiB in epoch 1, step 13",
+            "evaluations (shaded): stream",
+            "rss peak 900 MiB in epoch 1, step 13, at 0.02 s",
             "pid 600 worker (peak 20.0 MiB)",
             "10 more processes, grey (the 16 largest of 40 drawn)",
             "epoch 2",
@@ -586,6 +896,205 @@ mod tests {
         let plain = crate::phase_report::tests::run_with_phases(0, 0);
         let svg = render(&plain).unwrap();
         assert!(!svg.contains("shaded") && !svg.contains("pid 6"));
+    }
+
+    /// The `<text>` elements of an SVG, as (x, y, text).
+    fn texts(svg: &str) -> Vec<(f64, f64, String)> {
+        svg.split("<text ")
+            .skip(1)
+            .map(|t| format!(" {t}"))
+            .filter_map(|t| {
+                let attr = |name: &str| -> Option<f64> {
+                    let at = t.find(&format!(" {name}=\""))? + name.len() + 3;
+                    t[at..].split('"').next()?.parse().ok()
+                };
+                let body = t.split('>').nth(1)?.split('<').next()?;
+                Some((attr("x")?, attr("y")?, body.trim().to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_validation_phase_is_shaded_and_named_like_a_stream() {
+        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
+        for p in r.phases.iter_mut().filter(|p| p.kind == "stream") {
+            p.kind = "custom";
+            p.name = "validation".into();
+            p.label = p.label.replace("stream", "validation");
+        }
+        // Wide enough to be named.
+        r.duration_s = 0.036;
+        let svg = render(&r).unwrap();
+        assert!(
+            svg.contains("evaluations (shaded): validation"),
+            "no legend"
+        );
+        let shade = format!(
+            "fill=\"#{:02X}{:02X}{:02X}\"",
+            EVAL_SHADE.0, EVAL_SHADE.1, EVAL_SHADE.2
+        );
+        assert_eq!(svg.matches(&shade).count(), 3 + 1);
+        for name in ["test", "EVAL", "evaluation"] {
+            let mut p = r.phases[0].clone();
+            p.kind = "custom";
+            p.name = name.into();
+            assert!(is_evaluation(&p), "{name}");
+        }
+        let mut p = r.phases[0].clone();
+        p.kind = "custom";
+        p.name = "checkpoint".into();
+        assert!(!is_evaluation(&p));
+    }
+
+    #[test]
+    fn the_peak_step_is_marked_at_its_peak_and_its_label_is_clear_of_the_line() {
+        let r = crate::phase_report::tests::run_with_phases(3, 13);
+        let svg = render(&r).unwrap();
+        // The sample at the spike (16 ms) is inside step 13 (15-16 ms... the
+        // step's span) and its time is the label's.
+        let (x, y, text) = texts(&svg)
+            .into_iter()
+            .find(|t| t.2.starts_with("rss peak 900 MiB"))
+            .expect("the peak step's label");
+        assert!(text.ends_with("at 0.02 s"), "{text}");
+        // The dashed line (drawn as short segments) ends at the marker, and
+        // the label sits beside it: no line passes through the label.
+        let dashes: Vec<(f64, f64)> = svg
+            .split("<polyline")
+            .skip(1)
+            .filter(|p| p.contains("stroke=\"#96143C\""))
+            .filter_map(|p| p.split("points=\"").nth(1)?.split('"').next())
+            .flat_map(|pts| {
+                pts.split_whitespace()
+                    .filter_map(|xy| {
+                        let (a, b) = xy.split_once(',')?;
+                        Some((a.parse().ok()?, b.parse().ok()?))
+                    })
+                    .collect::<Vec<(f64, f64)>>()
+            })
+            .collect();
+        assert!(dashes.len() > 10, "no dashed line: {dashes:?}");
+        let line_x = dashes[0].0;
+        assert!(
+            dashes.iter().all(|d| d.0 == line_x),
+            "not one vertical line"
+        );
+        let top = dashes.iter().map(|d| d.1).fold(f64::MAX, f64::min);
+        assert!(
+            y >= top,
+            "the label starts above the line's top: {y} < {top}"
+        );
+        assert!((x - line_x).abs() >= 8.0, "label at {x}, line at {line_x}");
+        // Without a sample inside the step, the label says so.
+        let mut sparse = crate::phase_report::tests::run_with_phases(3, 13);
+        sparse.timeline.retain(|p| p.t_s < 0.010 || p.t_s > 0.020);
+        let svg = render(&sparse).unwrap();
+        assert!(svg.contains("no sample inside the step"), "not said");
+    }
+
+    #[test]
+    fn a_machine_sized_container_gets_its_own_panel() {
+        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
+        for p in &mut r.timeline {
+            p.cgroup_bytes = Some(9 << 30);
+        }
+        r.cgroup = Some(crate::report::CgroupReport {
+            version: "v2",
+            path: "/".into(),
+            limit_bytes: None,
+            start_bytes: Some(9 << 30),
+            end_bytes: Some(9 << 30),
+            peak_bytes: Some(9 << 30),
+            peak_fidelity: "sampled",
+            sampled_peak_bytes: Some(9 << 30),
+            sampled_peak_at_s: Some(0.0),
+            read_errors: 0,
+        });
+        let svg = render(&r).unwrap();
+        assert!(svg.contains(&format!("height=\"{}\"", HEIGHT + PANEL_HEIGHT)));
+        let ys: Vec<String> = texts(&svg)
+            .into_iter()
+            .filter(|t| t.2.starts_with("memory ("))
+            .map(|t| t.2)
+            .collect();
+        assert_eq!(ys, ["memory (GiB)", "memory (MiB)"], "two scales");
+        // The program's scale is its own: 900 MiB tall, not 9 GiB.
+        assert!(texts(&svg).iter().any(|t| t.2 == "1000" || t.2 == "800"));
+        // A container close to the program shares the scale.
+        let plain = render(&crate::phase_report::tests::run_with_phases(3, 13)).unwrap();
+        assert!(plain.contains(&format!("height=\"{HEIGHT}\"")));
+    }
+
+    #[test]
+    fn oom_kills_and_gpu_out_of_memory_are_marked_at_their_time() {
+        use crate::gpu_exact::{ExactProcess, ExactRecord, GpuExactReport};
+        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
+        r.oom_kill = Some(crate::oom_kill::OomKillReport {
+            verdict: crate::oom_kill::Level::Confirmed,
+            counters: Some("memory.events"),
+            oom_kill_rise: Some(1),
+            oom_rise: Some(1),
+            oom_group_kill_rise: None,
+            kills_outside_tree: Some(0),
+            kernel_log: true,
+            kernel_log_unavailable: None,
+            other_kills: Vec::new(),
+            tracking: "process_events",
+            tracking_unavailable: None,
+            victims: vec![crate::oom_kill::VictimReport {
+                pid: 777,
+                name: "grow".into(),
+                at_s: 0.02,
+                phase: None,
+                phase_pid: None,
+                direct_child: true,
+                sigkill_seen: true,
+                evidence: crate::oom_kill::Evidence::KernelLog,
+                peak_bytes: Some(250 << 20),
+                peak_source: "rusage",
+            }],
+            container_peak_bytes: None,
+            container_limit_bytes: None,
+            explanation: None,
+        });
+        let exact = |at: Option<u64>| {
+            let mut x = ExactRecord {
+                library: "libmemprobe_interpose.so".into(),
+                processes: vec![ExactProcess {
+                    pid: 901,
+                    oom_failures: 2,
+                    last_oom_mono_ns: at,
+                    ..ExactProcess::default()
+                }],
+                ..ExactRecord::default()
+            };
+            x.place_in_run(1_000_000_000);
+            x
+        };
+        r.gpu_exact = Some(GpuExactReport::new(&exact(Some(1_030_000_000))));
+        assert_eq!(
+            r.gpu_exact.as_ref().unwrap().processes[0].last_oom_at_s,
+            Some(0.03)
+        );
+        let svg = render(&r).unwrap();
+        let t = texts(&svg);
+        let kill = t
+            .iter()
+            .find(|t| t.2 == "OOM kill (confirmed): pid 777 grow")
+            .expect("the kill's label");
+        let gpu = t
+            .iter()
+            .find(|t| t.2 == "GPU out of memory: 2 failed allocations (pid 901), the last here")
+            .expect("the GPU OOM's label");
+        // Later on the time axis.
+        assert!(gpu.0 > kill.0 - 1.0 || gpu.1 != kill.1, "{kill:?} {gpu:?}");
+        // Its time unknown: the footer says so.
+        r.gpu_exact = Some(GpuExactReport::new(&exact(None)));
+        let svg = render(&r).unwrap();
+        assert!(svg.contains("GPU out of memory: 2 failed allocations (pid 901), time unknown"));
+        // No verdict, no mark.
+        r.oom_kill.as_mut().unwrap().verdict = crate::oom_kill::Level::None;
+        assert!(!render(&r).unwrap().contains("OOM kill"));
     }
 
     #[test]

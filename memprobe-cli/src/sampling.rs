@@ -167,7 +167,15 @@ impl State {
         if let (Some(s), Some(rec)) = (self.cgroup.as_mut(), self.rec.cgroup.as_mut()) {
             rec.exact_peak = s.read_peak().ok().flatten();
         }
-        self.rec.gpu_exact = self.exact.take().map(Watcher::finish);
+        // The timeline's zero on CLOCK_MONOTONIC (Instant's clock), for the
+        // interposer's times.
+        let t0_mono_ns = memprobe_core::monotonic_ns()
+            .saturating_sub(u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        self.rec.gpu_exact = self.exact.take().map(|w| {
+            let mut r = w.finish();
+            r.place_in_run(t0_mono_ns);
+            r
+        });
         self.rec.pss = self.pss.as_ref().map(PssRecord::report);
         self.rec.finish();
         self.rec

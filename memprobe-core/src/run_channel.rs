@@ -4,7 +4,8 @@
 //! JSON object per datagram, so the run's summary, JSON and chart can show
 //! the program's epochs and steps.
 //!
-//! The training thread is never blocked or slowed for it:
+//! The training thread is never blocked or slowed for it, and nothing sent
+//! is lost without being counted:
 //!
 //! - the variable is read once per process, at the first phase boundary;
 //!   unset, a boundary costs one atomic load;
@@ -12,63 +13,91 @@
 //!   SOCK_NONBLOCK`), connected to the receiver once when it exists (which
 //!   spares the kernel a path lookup per message) and otherwise given the
 //!   address at each send; each datagram goes out with one `send` (or
-//!   `sendto`) with `MSG_DONTWAIT | MSG_NOSIGNAL`; when the receiver's
-//!   queue is full or it is gone (`EAGAIN`, `ENOBUFS`, `ECONNREFUSED`,
-//!   `ENOENT`, `ENOTCONN`) the message is dropped and counted, and the next
-//!   one that gets through carries the count (`dropped`), so the receiver
-//!   knows what it lost;
+//!   `sendto`) with `MSG_DONTWAIT | MSG_NOSIGNAL`;
+//! - steps are batched: the ends of consecutive steps of a tracker are
+//!   folded into one `steps` message (how many, the first and last step's
+//!   numbers and times, and per source the step with the largest peak),
+//!   sent once the batch spans [`BATCH_NS`] or holds [`BATCH_STEPS`] steps,
+//!   and before any other message of its tracker (so a step never arrives
+//!   after the epoch that held it). A step that lasts longer than
+//!   [`BATCH_NS`] goes out alone, at its end;
+//! - when the receiver's queue is full (`EAGAIN`, `ENOBUFS`) a message is
+//!   kept, in order, and sent before the next one (by any tracker of the
+//!   process), when a tracker is dropped and at the process's exit (an
+//!   `atexit` handler; a program that leaves through `_exit`, or Go's
+//!   `os.Exit`, must drop its trackers first). Those two wait for the
+//!   receiver up to [`FLUSH_WAIT`]. At most [`MAX_PENDING`] messages are
+//!   kept: beyond it a batch of steps is dropped first, a boundary only
+//!   when no batch is left to drop;
+//! - a message dropped (the queue over its bound, the receiver gone, the
+//!   process killed before its exit) is counted, and every later message
+//!   carries the counts (`dropped`, and `dropped_steps`: the steps in the
+//!   batches among them), so the receiver knows what it lost;
 //! - once the receiver is gone (`ENOENT`, `ECONNREFUSED`, `ENOTCONN`), the
 //!   next [`GONE_SKIP`] messages are counted as dropped without a system
 //!   call; a receiver bound at the path later is reached by address;
 //! - nothing is printed, nothing panics.
 //!
 //! A forked child keeps the socket (datagrams need no connection) and sends
-//! with its own pid, taken at each send; its counters start again at 0.
+//! with its own pid (taken again after each fork, which the fork handlers
+//! count: no `getpid` per message); its counters start again at 0 and what
+//! the parent had kept is not sent twice.
 //! The times are `CLOCK_MONOTONIC` nanoseconds, which the receiver shares.
 //!
 //! # Messages (version [`VERSION`])
 //!
-//! Every message has `"v"` (the version), `"ev"` (`"begin"` or `"end"`),
-//! `"pid"`, `"tracker"` (the tracker's number in its process, from 1),
-//! `"seq"` (the message's number in its process, from 0, dropped ones
-//! included), `"dropped"` (messages of this process dropped before this
-//! one), `"kind"` (`step`, `epoch`, `experience`, `stream`, `custom`),
-//! `"name"` (the kind's name, or a custom phase's), `"index"` (the phase's
-//! number among its kind and name, from 0) and `"depth"` (phases enclosing
-//! it). Then:
+//! Every message has `"v"` (the version), `"ev"` (`"begin"`, `"end"` or
+//! `"steps"`), `"pid"`, `"tracker"` (the tracker's number in its process,
+//! from 1), `"seq"` (the message's number in its process, from 0, dropped
+//! ones included), `"dropped"` (messages of this process dropped before
+//! this one was sent), `"dropped_steps"` (the steps in those of them that
+//! were batches), `"kind"` (`step`, `epoch`, `experience`, `stream`,
+//! `custom`), `"name"` (the kind's name, or a custom phase's), `"index"`
+//! (the phase's number among its kind and name, from 0) and `"depth"`
+//! (phases enclosing it). Then:
 //!
 //! - `begin`: `"t_ns"`, when the phase began;
 //! - `end`: `"started_ns"`, `"ended_ns"`, `"next"` (true when a phase of
 //!   the same kind and name, numbered `index + 1`, began at `ended_ns`:
-//!   [`Tracker::next`](crate::Tracker::next) sends one message per step
-//!   boundary), `"releases"` (cache releases fired at its end), `"sources"`
+//!   [`Tracker::next`](crate::Tracker::next) ends one phase and begins the
+//!   next), `"releases"` (cache releases fired at its end), `"sources"`
 //!   (per source: `name`, `kind`, `fidelity`, `used_start`, `used_end`,
 //!   `peak`, `delta_used`, `delta_peaked`, in bytes) and `"truncated"` (true
 //!   when sources were left out to keep the datagram under
-//!   [`MAX_DATAGRAM`] bytes; at least 90 sources always fit, about 300 usually).
+//!   [`MAX_DATAGRAM`] bytes; at least 90 sources always fit, about 300 usually);
+//! - `steps` (kind `step`): `"index"` is the first step's number,
+//!   `"last"` the last's, `"count"` how many ended; `"started_ns"` the
+//!   first's start, `"ended_ns"` the last's end; `"next"` as for `end`
+//!   (after the last); `"releases"` their sum; `"sources"`: per source the
+//!   step with the largest peak, its record as in `end` plus the step's
+//!   `"index"`, `"started_ns"` and `"ended_ns"`.
 //!
 //! ```text
-//! {"v":1,"ev":"begin","pid":4242,"tracker":1,"seq":0,"dropped":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}
-//! {"v":1,"ev":"end","pid":4242,"tracker":1,"seq":7,"dropped":0,"kind":"step","name":"step","index":3,"depth":1,"started_ns":81240000000,"ended_ns":81250000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":373293056,"delta_used":0,"delta_peaked":268435456}],"truncated":false}
+//! {"v":1,"ev":"begin","pid":4242,"tracker":1,"seq":0,"dropped":0,"dropped_steps":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}
+//! {"v":1,"ev":"end","pid":4242,"tracker":1,"seq":7,"dropped":0,"dropped_steps":0,"kind":"step","name":"step","index":3,"depth":1,"started_ns":81240000000,"ended_ns":81250000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":373293056,"delta_used":0,"delta_peaked":268435456}],"truncated":false}
+//! {"v":1,"ev":"steps","pid":4242,"tracker":1,"seq":8,"dropped":0,"dropped_steps":0,"kind":"step","name":"step","index":4,"depth":1,"last":9,"count":6,"started_ns":81250000000,"ended_ns":81262000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":109051904,"delta_used":0,"delta_peaked":4194304,"index":7,"started_ns":81256000000,"ended_ns":81258000000}],"truncated":false}
 //! ```
 
+use crate::delta::SourceDelta;
 use crate::error::{Error, Result};
 use crate::fork::GateGuard;
 use crate::phase::PhaseKind;
 use crate::sink::Record;
 use crate::sinks::json;
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The environment variable naming the socket: set by `memprobe run` for
 /// the command it runs (and so for that command's children).
 pub const ENV: &str = "MEMPROBE_RUN_CHANNEL";
 
 /// The version of the messages (`"v"`); bumped on incompatible changes
-/// (fields may be added within a version).
+/// (fields and events may be added within a version).
 pub const VERSION: u32 = 1;
 
 /// No datagram is longer than this many bytes (sources beyond it are left
@@ -79,10 +108,133 @@ pub const MAX_DATAGRAM: usize = 60 * 1024;
 /// was found gone: a dead parent costs a training loop almost nothing.
 pub const GONE_SKIP: u64 = 256;
 
+/// A batch of steps is sent once it spans this long (first step's start to
+/// last step's end), in nanoseconds.
+pub const BATCH_NS: u64 = 20_000_000;
+
+/// ... or once it holds this many steps.
+pub const BATCH_STEPS: u64 = 4096;
+
+/// At most this many messages are kept while the receiver's queue is full.
+pub const MAX_PENDING: usize = 1024;
+
+/// How long a dropped tracker, or the process's exit, waits for the
+/// receiver to take what was kept.
+pub const FLUSH_WAIT: Duration = Duration::from_secs(1);
+
 /// One encoded source entry is at most this long (a 64-byte name with each
-/// byte escaped as `\u00XX`, and eight numbers); the encoder stops adding
-/// sources before it could pass [`MAX_DATAGRAM`].
-const MAX_SOURCE_ENTRY: usize = 640;
+/// byte escaped as `\u00XX`, and eight numbers, and a step's three); the
+/// encoder stops adding sources before it could pass [`MAX_DATAGRAM`].
+const MAX_SOURCE_ENTRY: usize = 720;
+
+/// A message kept until the receiver's queue has room.
+#[derive(Debug)]
+struct Kept {
+    text: String,
+    /// The steps it carries (a batch), else 0: a boundary.
+    steps: u64,
+}
+
+/// The steps of one tracker not sent yet.
+#[derive(Debug)]
+struct Batch {
+    tracker: u64,
+    name: String,
+    depth: u32,
+    count: u64,
+    first: u64,
+    last: u64,
+    started_ns: u64,
+    ended_ns: u64,
+    /// Whether a step began when (or after) the last one ended.
+    next: bool,
+    releases: u64,
+    truncated: bool,
+    /// Per source, the step with the largest peak: its record, number and
+    /// times.
+    peaks: Vec<(SourceDelta, u64, u64, u64)>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Whether a step of `name` at `depth` belongs in this batch.
+    fn fits(&self, name: &str, depth: u32) -> bool {
+        self.is_empty() || (self.name == name && self.depth == depth)
+    }
+
+    fn add(&mut self, record: &Record, name: &str, index: u64, depth: u32, next: bool) {
+        if self.is_empty() {
+            self.name.clear();
+            self.name.push_str(name);
+            self.depth = depth;
+            self.first = index;
+            self.started_ns = record.started_at_ns;
+            self.releases = 0;
+            self.truncated = false;
+            self.peaks.clear();
+        }
+        self.count += 1;
+        self.last = index;
+        self.ended_ns = record.ended_at_ns;
+        self.next = next;
+        self.releases += record.releases.len() as u64;
+        for (i, d) in record.sources.iter().enumerate() {
+            // The same sources in the same order at every step: found at
+            // its place without a search, its name copied only once.
+            let at = match self.peaks.get(i) {
+                Some(p) if p.0.name == d.name => Some(i),
+                _ => self.peaks.iter().position(|p| p.0.name == d.name),
+            };
+            match at {
+                Some(j) => {
+                    let p = &mut self.peaks[j];
+                    if d.peak > p.0.peak {
+                        p.0.clone_from(d);
+                        (p.1, p.2, p.3) = (index, record.started_at_ns, record.ended_at_ns);
+                    }
+                }
+                None => {
+                    self.peaks
+                        .push((d.clone(), index, record.started_at_ns, record.ended_at_ns))
+                }
+            }
+        }
+    }
+
+    /// Whether it should go out now.
+    fn due(&self) -> bool {
+        self.count >= BATCH_STEPS || self.ended_ns.saturating_sub(self.started_ns) >= BATCH_NS
+    }
+
+    fn clear(&mut self) {
+        self.count = 0;
+        self.next = false;
+    }
+}
+
+/// What a channel keeps between sends: messages waiting for room, and each
+/// tracker's steps not sent yet.
+#[derive(Debug, Default)]
+struct Queue {
+    kept: VecDeque<Kept>,
+    batches: Vec<Batch>,
+    /// The buffer messages are encoded in (reused).
+    buf: String,
+}
+
+/// How one send went.
+enum Sent {
+    Yes,
+    /// The receiver's queue is full: keep it, try later.
+    Full,
+    /// The receiver is gone: drop it, and what was kept.
+    Gone,
+    /// This message cannot be sent (any other error): drop it alone.
+    Refused,
+}
 
 /// A datagram socket aimed at a receiver (`memprobe run`), with the counts
 /// of what this process sent and dropped.
@@ -99,11 +251,29 @@ pub struct RunChannel {
     connected: AtomicBool,
     /// The process the counters below belong to (a forked child resets them).
     pid: AtomicU32,
+    /// The fork generation `pid` was taken in: while it holds, `pid` is
+    /// this process's (no `getpid` system call per step).
+    generation: AtomicU64,
     seq: AtomicU64,
     dropped: AtomicU64,
+    dropped_steps: AtomicU64,
     sent: AtomicU64,
     /// Messages numbered below this are dropped without a system call.
     skip_until: AtomicU64,
+    queue: Mutex<Queue>,
+}
+
+static CHANNEL: OnceLock<Option<RunChannel>> = OnceLock::new();
+
+/// At the process's exit: what the channel named by the environment kept
+/// goes out (see [`RunChannel::flush`]).
+extern "C" fn flush_at_exit() {
+    // Never unwinds into libc's exit.
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Some(c)) = CHANNEL.get() {
+            c.flush(FLUSH_WAIT);
+        }
+    });
 }
 
 impl RunChannel {
@@ -142,6 +312,9 @@ impl RunChannel {
                 &std::io::Error::last_os_error(),
             ));
         }
+        // The fork handlers, which tell a child it is one, are in place
+        // before the pid is cached.
+        drop(GateGuard::enter());
         // Connected once, a datagram socket skips the path lookup at every
         // send; without a receiver yet, each send names the address.
         // SAFETY: fd is our socket; addr is initialised for addr_len bytes.
@@ -152,18 +325,21 @@ impl RunChannel {
             addr,
             addr_len,
             connected: AtomicBool::new(connected),
-            pid: AtomicU32::new(0),
+            pid: AtomicU32::new(current_pid()),
+            generation: AtomicU64::new(crate::fork::generation()),
             seq: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            dropped_steps: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             skip_until: AtomicU64::new(0),
+            queue: Mutex::new(Queue::default()),
         })
     }
 
     /// The channel named by [`ENV`], opened at the first call in this
-    /// process; `None` when the variable is unset, empty or unusable.
+    /// process; `None` when the variable is unset, empty or unusable. What
+    /// it keeps is sent at the process's exit.
     pub fn from_env() -> Option<&'static RunChannel> {
-        static CHANNEL: OnceLock<Option<RunChannel>> = OnceLock::new();
         if let Some(c) = CHANNEL.get() {
             return c.as_ref();
         }
@@ -173,64 +349,142 @@ impl RunChannel {
         CHANNEL
             .get_or_init(|| {
                 let path = std::env::var_os(ENV).filter(|p| !p.is_empty())?;
-                RunChannel::connect(Path::new(&path)).ok()
+                let c = RunChannel::connect(Path::new(&path)).ok()?;
+                // SAFETY: a plain extern "C" function with 'static lifetime.
+                unsafe { libc::atexit(flush_at_exit) };
+                Some(c)
             })
             .as_ref()
     }
 
     /// Messages this process has sent through the channel.
     pub fn sent(&self) -> u64 {
-        self.counting_for(current_pid());
+        self.pid_now();
         self.sent.load(Ordering::Relaxed)
     }
 
-    /// Messages this process has dropped (receiver slow, full or gone).
+    /// Messages this process has dropped (the receiver gone, or slow for
+    /// longer than [`MAX_PENDING`] messages).
     pub fn dropped(&self) -> u64 {
-        self.counting_for(current_pid());
+        self.pid_now();
         self.dropped.load(Ordering::Relaxed)
     }
 
+    /// Steps in the batches this process has dropped.
+    pub fn dropped_steps(&self) -> u64 {
+        self.pid_now();
+        self.dropped_steps.load(Ordering::Relaxed)
+    }
+
+    /// Messages kept until the receiver has room, and steps not sent yet.
+    pub fn pending(&self) -> (usize, u64) {
+        self.pid_now();
+        let q = self.lock();
+        (q.kept.len(), q.batches.iter().map(|b| b.count).sum())
+    }
+
+    /// Sends every tracker's steps and everything kept, waiting up to `wait`
+    /// for the receiver to make room. Returns whether nothing is left (what
+    /// is left is sent before the next message, or dropped and counted).
+    pub fn flush(&self, wait: Duration) -> bool {
+        self.flush_where(wait, |_| true)
+    }
+
+    fn flush_where(&self, wait: Duration, which: impl Fn(u64) -> bool) -> bool {
+        self.pid_now();
+        let deadline = Instant::now() + wait;
+        {
+            let _gate = GateGuard::enter();
+            let mut q = self.lock();
+            let trackers: Vec<u64> = q
+                .batches
+                .iter()
+                .filter(|b| !b.is_empty() && which(b.tracker))
+                .map(|b| b.tracker)
+                .collect();
+            for t in trackers {
+                self.send_batch(&mut q, t);
+            }
+        }
+        loop {
+            {
+                // The fork gate is not held while sleeping.
+                let _gate = GateGuard::enter();
+                let mut q = self.lock();
+                match self.send_kept(&mut q) {
+                    Sent::Yes | Sent::Refused => return true,
+                    Sent::Gone => return q.kept.is_empty(),
+                    Sent::Full if Instant::now() >= deadline => return false,
+                    Sent::Full => {}
+                }
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This process's pid: the cached one unless a fork happened since
+    /// (then `getpid`, and the counters restart: [`RunChannel::counting_for`]).
+    fn pid_now(&self) -> u32 {
+        let generation = crate::fork::generation();
+        if self.generation.load(Ordering::Acquire) == generation {
+            return self.pid.load(Ordering::Relaxed);
+        }
+        let pid = current_pid();
+        self.counting_for(pid);
+        self.generation.store(generation, Ordering::Release);
+        pid
+    }
+
     /// Resets the counters when `pid` is not the process they counted for
-    /// (the first use after a fork).
+    /// (the first use after a fork): the parent's kept messages are its own.
     fn counting_for(&self, pid: u32) {
         if self.pid.load(Ordering::Relaxed) != pid && self.pid.swap(pid, Ordering::AcqRel) != pid {
             self.seq.store(0, Ordering::Relaxed);
             self.dropped.store(0, Ordering::Relaxed);
+            self.dropped_steps.store(0, Ordering::Relaxed);
             self.sent.store(0, Ordering::Relaxed);
             self.skip_until.store(0, Ordering::Relaxed);
+            let mut q = self.lock();
+            q.kept.clear();
+            q.batches.clear();
         }
     }
 
-    /// Numbers, encodes and sends one event of `tracker` (never blocks).
-    fn emit(&self, tracker: u64, buf: &mut String, event: &Event<'_>) {
-        let pid = current_pid();
-        self.counting_for(pid);
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        if seq < self.skip_until.load(Ordering::Relaxed) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let head = Head {
+    fn head(&self, pid: u32, tracker: u64, seq: u64) -> Head {
+        Head {
             pid,
             tracker,
             seq,
             dropped: self.dropped.load(Ordering::Relaxed),
-        };
-        encode(buf, &head, event);
+            dropped_steps: self.dropped_steps.load(Ordering::Relaxed),
+        }
+    }
+
+    fn drop_counted(&self, steps: u64) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.dropped_steps.fetch_add(steps, Ordering::Relaxed);
+    }
+
+    /// One `send`, never blocking.
+    fn send_raw(&self, text: &str) -> Sent {
         let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
         let connected = self.connected.load(Ordering::Relaxed);
         let rc = if connected {
-            // SAFETY: buf is valid for its length; the flags make the call
+            // SAFETY: text is valid for its length; the flags make the call
             // non-blocking.
-            unsafe { libc::send(self.fd, buf.as_ptr().cast(), buf.len(), flags) }
+            unsafe { libc::send(self.fd, text.as_ptr().cast(), text.len(), flags) }
         } else {
             // SAFETY: as above; addr is an initialised sockaddr_un of
             // addr_len bytes.
             unsafe {
                 libc::sendto(
                     self.fd,
-                    buf.as_ptr().cast(),
-                    buf.len(),
+                    text.as_ptr().cast(),
+                    text.len(),
                     flags,
                     (&self.addr as *const libc::sockaddr_un).cast(),
                     self.addr_len,
@@ -239,27 +493,199 @@ impl RunChannel {
         };
         if rc >= 0 {
             self.sent.fetch_add(1, Ordering::Relaxed);
+            return Sent::Yes;
+        }
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        match errno {
+            Some(libc::EAGAIN | libc::ENOBUFS | libc::EINTR) => Sent::Full,
+            Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTCONN) => {
+                if connected {
+                    // The receiver closed: the kernel dropped the
+                    // connection. A receiver bound at the path later is
+                    // reached by address.
+                    self.connected.store(false, Ordering::Relaxed);
+                }
+                let seq = self.seq.load(Ordering::Relaxed);
+                self.skip_until
+                    .fetch_max(seq.saturating_add(GONE_SKIP), Ordering::Relaxed);
+                Sent::Gone
+            }
+            _ => Sent::Refused,
+        }
+    }
+
+    /// Sends what was kept, oldest first, until the receiver is full.
+    fn send_kept(&self, q: &mut Queue) -> Sent {
+        while let Some(k) = q.kept.front() {
+            match self.send_raw(&k.text) {
+                Sent::Yes => {
+                    q.kept.pop_front();
+                }
+                Sent::Refused => {
+                    let k = q.kept.pop_front().expect("front");
+                    self.drop_counted(k.steps);
+                }
+                Sent::Full => return Sent::Full,
+                Sent::Gone => {
+                    // Nobody will read them: counted, not kept.
+                    for k in q.kept.drain(..) {
+                        self.drop_counted(k.steps);
+                    }
+                    return Sent::Gone;
+                }
+            }
+        }
+        Sent::Yes
+    }
+
+    /// Sends `q.buf` (a message carrying `steps` steps, 0 for a boundary)
+    /// after what was kept, or keeps it.
+    fn deliver(&self, q: &mut Queue, steps: u64) {
+        let sent = match self.send_kept(q) {
+            Sent::Yes => self.send_raw(&q.buf),
+            other => other,
+        };
+        match sent {
+            Sent::Yes => {}
+            Sent::Gone | Sent::Refused => self.drop_counted(steps),
+            Sent::Full => {
+                if q.kept.len() >= MAX_PENDING {
+                    // Over the bound: a batch of steps goes first (this one,
+                    // or the oldest kept); a boundary only when none is left.
+                    let victim = if steps > 0 {
+                        None
+                    } else {
+                        q.kept.iter().position(|k| k.steps > 0)
+                    };
+                    match victim {
+                        Some(i) => {
+                            let k = q.kept.remove(i).expect("found");
+                            self.drop_counted(k.steps);
+                        }
+                        None => {
+                            self.drop_counted(steps);
+                            return;
+                        }
+                    }
+                }
+                let text = q.buf.clone();
+                q.kept.push_back(Kept { text, steps });
+            }
+        }
+    }
+
+    /// Numbers the next message; `None` when it is to be dropped unsent
+    /// (the receiver was found gone a moment ago).
+    /// The caller has called [`RunChannel::pid_now`] before locking.
+    fn number(&self, steps: u64) -> Option<(u32, u64)> {
+        let pid = self.pid.load(Ordering::Relaxed);
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        if seq < self.skip_until.load(Ordering::Relaxed) {
+            self.drop_counted(steps);
+            return None;
+        }
+        Some((pid, seq))
+    }
+
+    /// Sends the batch of `tracker`, if it holds anything.
+    fn send_batch(&self, q: &mut Queue, tracker: u64) {
+        let Some(i) = q.batches.iter().position(|b| b.tracker == tracker) else {
+            return;
+        };
+        if q.batches[i].is_empty() {
             return;
         }
-        self.dropped.fetch_add(1, Ordering::Relaxed);
-        let errno = std::io::Error::last_os_error().raw_os_error();
-        if connected && matches!(errno, Some(libc::ECONNREFUSED | libc::ENOTCONN)) {
-            // The receiver closed: the kernel dropped the connection. A
-            // receiver bound at the path later is reached by address.
-            self.connected.store(false, Ordering::Relaxed);
+        let steps = q.batches[i].count;
+        if let Some((pid, seq)) = self.number(steps) {
+            let head = self.head(pid, tracker, seq);
+            let Queue { batches, buf, .. } = &mut *q;
+            encode_batch(buf, &head, &batches[i]);
+            self.deliver(q, steps);
         }
-        if matches!(
-            errno,
-            Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTCONN)
-        ) {
-            self.skip_until
-                .fetch_max(seq.saturating_add(1 + GONE_SKIP), Ordering::Relaxed);
+        q.batches[i].clear();
+    }
+
+    /// Numbers, encodes and sends one event of `tracker` (never blocks),
+    /// after the tracker's steps.
+    fn emit(&self, tracker: u64, event: &Event<'_>) {
+        let _gate = GateGuard::enter();
+        self.pid_now();
+        let mut q = self.lock();
+        self.emit_locked(&mut q, tracker, event);
+    }
+
+    fn emit_locked(&self, q: &mut Queue, tracker: u64, event: &Event<'_>) {
+        self.send_batch(q, tracker);
+        if let Some((pid, seq)) = self.number(0) {
+            encode(&mut q.buf, &self.head(pid, tracker, seq), event);
+            self.deliver(q, 0);
         }
+    }
+
+    /// A step-level event of `tracker`: a step's end (folded into its
+    /// batch) or a step's begin (sent at once when nothing is batched).
+    fn step(&self, tracker: u64, event: &Event<'_>) {
+        let _gate = GateGuard::enter();
+        self.pid_now();
+        let mut q = self.lock();
+        let i = match q.batches.iter().position(|b| b.tracker == tracker) {
+            Some(i) => i,
+            None => {
+                q.batches.push(Batch {
+                    tracker,
+                    name: String::new(),
+                    depth: 0,
+                    count: 0,
+                    first: 0,
+                    last: 0,
+                    started_ns: 0,
+                    ended_ns: 0,
+                    next: false,
+                    releases: 0,
+                    truncated: false,
+                    peaks: Vec::new(),
+                });
+                q.batches.len() - 1
+            }
+        };
+        match *event {
+            Event::Begin { name, depth, .. } => {
+                if q.batches[i].count > 0 && q.batches[i].fits(name, depth) {
+                    // The step after the last one batched: the receiver
+                    // opens it at the batch's end.
+                    q.batches[i].next = true;
+                } else {
+                    self.emit_locked(&mut q, tracker, event);
+                }
+            }
+            Event::End { record, next } => {
+                let (name, index, depth) = match &record.phase {
+                    Some(p) => (p.name.as_str(), p.index, p.depth),
+                    None => (record.label.as_str(), 0, 0),
+                };
+                if !q.batches[i].fits(name, depth) {
+                    self.send_batch(&mut q, tracker);
+                }
+                q.batches[i].add(record, name, index, depth, next);
+                if q.batches[i].due() {
+                    self.send_batch(&mut q, tracker);
+                }
+            }
+        }
+    }
+
+    /// A tracker is gone: its steps and what was kept go out now, waiting
+    /// up to [`FLUSH_WAIT`] for room.
+    fn close(&self, tracker: u64) {
+        self.flush_where(FLUSH_WAIT, |t| t == tracker);
+        let _gate = GateGuard::enter();
+        self.lock().batches.retain(|b| b.tracker != tracker);
     }
 }
 
 impl Drop for RunChannel {
     fn drop(&mut self) {
+        self.flush(FLUSH_WAIT);
         // SAFETY: fd is the socket this value owns.
         unsafe { libc::close(self.fd) };
     }
@@ -278,6 +704,7 @@ pub(crate) struct Head {
     pub(crate) tracker: u64,
     pub(crate) seq: u64,
     pub(crate) dropped: u64,
+    pub(crate) dropped_steps: u64,
 }
 
 /// What a message says.
@@ -295,18 +722,20 @@ pub(crate) enum Event<'a> {
     End { record: &'a Record, next: bool },
 }
 
-/// Encodes `event` as one JSON object into `buf` (cleared first).
-pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
+fn encode_head(buf: &mut String, head: &Head, ev: &str, kind: PhaseKind, name: &str) {
     buf.clear();
-    let ev = match event {
-        Event::Begin { .. } => "begin",
-        Event::End { .. } => "end",
-    };
     let _ = write!(
         buf,
-        r#"{{"v":{VERSION},"ev":"{ev}","pid":{},"tracker":{},"seq":{},"dropped":{},"kind":"#,
-        head.pid, head.tracker, head.seq, head.dropped
+        r#"{{"v":{VERSION},"ev":"{ev}","pid":{},"tracker":{},"seq":{},"dropped":{},"dropped_steps":{},"kind":"#,
+        head.pid, head.tracker, head.seq, head.dropped, head.dropped_steps
     );
+    json::string(buf, kind.as_str());
+    buf.push_str(",\"name\":");
+    json::string(buf, name);
+}
+
+/// Encodes `event` as one JSON object into `buf` (cleared first).
+pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
     match *event {
         Event::Begin {
             kind,
@@ -315,9 +744,7 @@ pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
             depth,
             t_ns,
         } => {
-            json::string(buf, kind.as_str());
-            buf.push_str(",\"name\":");
-            json::string(buf, name);
+            encode_head(buf, head, "begin", kind, name);
             let _ = write!(buf, r#","index":{index},"depth":{depth},"t_ns":{t_ns}}}"#);
         }
         Event::End { record, next } => {
@@ -325,9 +752,7 @@ pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
                 Some(p) => (p.kind, p.name.as_str(), p.index, p.depth),
                 None => (PhaseKind::Custom, record.label.as_str(), 0, 0),
             };
-            json::string(buf, kind.as_str());
-            buf.push_str(",\"name\":");
-            json::string(buf, name);
+            encode_head(buf, head, "end", kind, name);
             let _ = write!(
                 buf,
                 r#","index":{index},"depth":{depth},"started_ns":{},"ended_ns":{},"next":{next},"releases":{},"sources":["#,
@@ -351,6 +776,33 @@ pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
     }
 }
 
+/// Encodes a batch of steps as one `steps` message into `buf`.
+fn encode_batch(buf: &mut String, head: &Head, b: &Batch) {
+    encode_head(buf, head, "steps", PhaseKind::Step, &b.name);
+    let _ = write!(
+        buf,
+        r#","index":{},"depth":{},"last":{},"count":{},"started_ns":{},"ended_ns":{},"next":{},"releases":{},"sources":["#,
+        b.first, b.depth, b.last, b.count, b.started_ns, b.ended_ns, b.next, b.releases
+    );
+    let mut truncated = b.truncated;
+    for (i, (d, index, started, ended)) in b.peaks.iter().enumerate() {
+        if buf.len() + MAX_SOURCE_ENTRY + 32 > MAX_DATAGRAM {
+            truncated = true;
+            break;
+        }
+        if i > 0 {
+            buf.push(',');
+        }
+        json::source(buf, d);
+        buf.pop();
+        let _ = write!(
+            buf,
+            r#","index":{index},"started_ns":{started},"ended_ns":{ended}}}"#
+        );
+    }
+    let _ = write!(buf, r#"],"truncated":{truncated}}}"#);
+}
+
 /// Where a tracker sends: the channel named by the environment, or one the
 /// caller chose (or none).
 #[derive(Debug)]
@@ -359,13 +811,13 @@ enum Target {
     Chosen(Option<Arc<RunChannel>>),
 }
 
-/// A tracker's end of the channel: its number, where it sends, and the
-/// buffer its messages are encoded in (reused: no allocation per message).
+/// A tracker's end of the channel: its number and where it sends.
 #[derive(Debug)]
 pub(crate) struct Hook {
     tracker: u64,
     target: Target,
-    buf: String,
+    /// Whether anything was handed to a channel (its steps go out at drop).
+    used: bool,
 }
 
 impl Hook {
@@ -375,12 +827,14 @@ impl Hook {
         Hook {
             tracker: NEXT.fetch_add(1, Ordering::Relaxed),
             target: Target::Env,
-            buf: String::new(),
+            used: false,
         }
     }
 
-    /// Sends to `channel` from now on (`None`: nowhere).
+    /// Sends to `channel` from now on (`None`: nowhere); what went to the
+    /// previous one is sent there first.
     pub(crate) fn set(&mut self, channel: Option<Arc<RunChannel>>) {
+        self.close();
         self.target = Target::Chosen(channel);
     }
 
@@ -396,6 +850,7 @@ impl Hook {
         let Some(c) = channel(&self.target) else {
             return;
         };
+        self.used = true;
         let event = Event::Begin {
             kind,
             name,
@@ -403,14 +858,44 @@ impl Hook {
             depth: u32::try_from(depth).unwrap_or(u32::MAX),
             t_ns,
         };
-        c.emit(self.tracker, &mut self.buf, &event);
+        if kind == PhaseKind::Step {
+            c.step(self.tracker, &event);
+        } else {
+            c.emit(self.tracker, &event);
+        }
     }
 
     /// A phase ended with `record`; with `next`, the next one began.
     pub(crate) fn end(&mut self, record: &Record, next: bool) {
-        if let Some(c) = channel(&self.target) {
-            c.emit(self.tracker, &mut self.buf, &Event::End { record, next });
+        let Some(c) = channel(&self.target) else {
+            return;
+        };
+        self.used = true;
+        let event = Event::End { record, next };
+        if record
+            .phase
+            .as_ref()
+            .is_some_and(|p| p.kind == PhaseKind::Step)
+        {
+            c.step(self.tracker, &event);
+        } else {
+            c.emit(self.tracker, &event);
         }
+    }
+
+    /// Sends this tracker's steps and what its channel kept.
+    fn close(&mut self) {
+        if std::mem::take(&mut self.used) {
+            if let Some(c) = channel(&self.target) {
+                c.close(self.tracker);
+            }
+        }
+    }
+}
+
+impl Drop for Hook {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -435,6 +920,7 @@ mod tests {
     use crate::phase::PhaseInfo;
     use crate::sample::{PeakFidelity, SourceKind};
     use std::os::unix::net::UnixDatagram;
+    use std::time::{Duration, Instant};
 
     fn record(sources: usize, name: &str) -> Record {
         let deltas = (0..sources)
@@ -464,6 +950,7 @@ mod tests {
         tracker: 3,
         seq: 9,
         dropped: 2,
+        dropped_steps: 1,
     };
 
     #[test]
@@ -482,7 +969,7 @@ mod tests {
         );
         assert_eq!(
             buf,
-            r#"{"v":1,"ev":"begin","pid":4242,"tracker":3,"seq":9,"dropped":2,"kind":"custom","name":"a \"quoted\"\\name\u0001é","index":4,"depth":2,"t_ns":123}"#
+            r#"{"v":1,"ev":"begin","pid":4242,"tracker":3,"seq":9,"dropped":2,"dropped_steps":1,"kind":"custom","name":"a \"quoted\"\\name\u0001é","index":4,"depth":2,"t_ns":123}"#
         );
         encode(
             &mut buf,
@@ -494,7 +981,7 @@ mod tests {
         );
         assert_eq!(
             buf,
-            r#"{"v":1,"ev":"end","pid":4242,"tracker":3,"seq":9,"dropped":2,"kind":"step","name":"step","index":17,"depth":1,"started_ns":1000,"ended_ns":2000,"next":true,"releases":0,"sources":[{"name":"rss0","kind":"process","fidelity":"exact","used_start":100,"used_end":120,"peak":300,"delta_used":20,"delta_peaked":180}],"truncated":false}"#
+            r#"{"v":1,"ev":"end","pid":4242,"tracker":3,"seq":9,"dropped":2,"dropped_steps":1,"kind":"step","name":"step","index":17,"depth":1,"started_ns":1000,"ended_ns":2000,"next":true,"releases":0,"sources":[{"name":"rss0","kind":"process","fidelity":"exact","used_start":100,"used_end":120,"peak":300,"delta_used":20,"delta_peaked":180}],"truncated":false}"#
         );
     }
 
@@ -543,40 +1030,147 @@ mod tests {
         (path, sock)
     }
 
-    #[test]
-    fn messages_arrive_numbered_and_drops_are_counted_then_reported() {
-        let (path, sock) = bound("count");
-        let ch = RunChannel::connect(&path).unwrap();
-        let mut buf = String::new();
-        let ev = Event::Begin {
+    fn begin_event() -> Event<'static> {
+        Event::Begin {
             kind: PhaseKind::Epoch,
             name: "epoch",
             index: 0,
             depth: 0,
             t_ns: 1,
-        };
-        // Never read: the queue fills, later messages are dropped, no call blocks.
-        for _ in 0..200 {
-            ch.emit(1, &mut buf, &ev);
         }
-        let (sent, dropped) = (ch.sent(), ch.dropped());
-        assert_eq!(sent + dropped, 200);
-        assert!(sent >= 1 && dropped > 0, "sent {sent}, dropped {dropped}");
+    }
+
+    fn read_all(sock: &UnixDatagram) -> Vec<String> {
+        sock.set_nonblocking(true).unwrap();
         let mut got = vec![0u8; MAX_DATAGRAM];
-        let n = sock.recv(&mut got).unwrap();
-        let first = std::str::from_utf8(&got[..n]).unwrap();
-        assert!(first.contains(r#""seq":0,"dropped":0,"#), "{first}");
-        while sock.recv(&mut got).is_ok_and(|n| n > 0) {
-            sock.set_nonblocking(true).unwrap();
+        let mut out = Vec::new();
+        while let Ok(n) = sock.recv(&mut got) {
+            out.push(String::from_utf8(got[..n].to_vec()).unwrap());
         }
-        // Read out: the next message gets through and carries the count.
-        ch.emit(1, &mut buf, &ev);
-        let n = sock.recv(&mut got).unwrap();
-        let text = std::str::from_utf8(&got[..n]).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_full_receiver_loses_no_boundary_they_are_kept_and_sent_in_order() {
+        let (path, sock) = bound("count");
+        let ch = RunChannel::connect(&path).unwrap();
+        let ev = begin_event();
+        // Never read: the queue fills, later messages are kept, no call blocks.
+        for _ in 0..200 {
+            ch.emit(1, &ev);
+        }
+        let (kept, _) = ch.pending();
+        assert_eq!(ch.dropped(), 0);
+        assert_eq!(ch.sent() + kept as u64, 200);
+        assert!(kept > 0, "the queue never filled");
+        // Read while flushing: everything arrives, in order.
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while all.len() < 200 && Instant::now() < deadline {
+                all.extend(read_all(&sock));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (all, sock)
+        });
+        assert!(ch.flush(Duration::from_secs(10)));
+        let (all, sock) = reader.join().unwrap();
+        assert_eq!(all.len(), 200);
+        for (i, m) in all.iter().enumerate() {
+            assert!(m.contains(&format!(r#""seq":{i},"dropped":0,"#)), "{m}");
+        }
+        // Over the bound with nothing to read: the excess (less what the
+        // kernel queues) is dropped and counted, and the next message that
+        // gets through carries the count.
+        for _ in 0..MAX_PENDING + 100 {
+            ch.emit(1, &ev);
+        }
+        let dropped = ch.dropped();
+        assert!(dropped > 50 && dropped <= 100, "{dropped}");
+        assert_eq!(ch.dropped_steps(), 0);
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let got = read_all(&sock);
+                if got.iter().any(|m| m.contains(r#""tracker":2,"#)) {
+                    all.extend(got);
+                    break;
+                }
+                all.extend(got);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            all
+        });
+        assert!(ch.flush(Duration::from_secs(10)));
+        ch.emit(2, &ev);
+        assert!(ch.flush(Duration::from_secs(10)));
+        let all = reader.join().unwrap();
+        let last = all.last().unwrap();
         assert!(
-            text.contains(&format!(r#""seq":200,"dropped":{dropped},"#)),
-            "{text}"
+            last.contains(&format!(r#""dropped":{dropped},"dropped_steps":0,"#)),
+            "{last}"
         );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    fn step_record(index: u64, start: u64, end: u64, peak: u64) -> Record {
+        let mut r = record(1, "rss");
+        r.started_at_ns = start;
+        r.ended_at_ns = end;
+        r.sources[0].peak = peak;
+        r.phase.as_mut().unwrap().index = index;
+        r
+    }
+
+    #[test]
+    fn steps_go_out_in_batches_before_their_epochs_end() {
+        let (path, sock) = bound("batch");
+        let ch = Arc::new(RunChannel::connect(&path).unwrap());
+        let mut hook = Hook::new();
+        hook.set(Some(Arc::clone(&ch)));
+        hook.begin(PhaseKind::Epoch, "epoch", || 0, 0, 10);
+        hook.begin(PhaseKind::Step, "step", || 0, 1, 10);
+        // 1000 steps of 1 µs, the 700th peaking: one batch.
+        for i in 0..1000u64 {
+            let t = 10 + i * 1000;
+            let peak = if i == 700 { 9000 } else { 400 };
+            hook.end(&step_record(i, t, t + 1000, peak), true);
+        }
+        assert_eq!(ch.sent(), 2, "the steps wait for their batch");
+        assert_eq!(ch.pending(), (0, 1000));
+        let mut epoch = record(1, "rss");
+        epoch.phase = Some(PhaseInfo {
+            kind: PhaseKind::Epoch,
+            name: "epoch".into(),
+            index: 0,
+            depth: 0,
+        });
+        hook.end(&epoch, false);
+        let got = read_all(&sock);
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got[1].contains(r#""ev":"begin","#) && got[1].contains(r#""kind":"step""#));
+        let batch = &got[2];
+        assert!(
+            batch.contains(r#""ev":"steps","#)
+                && batch.contains(r#""index":0,"depth":1,"last":999,"count":1000,"started_ns":10,"ended_ns":1000010,"next":true,"#),
+            "{batch}"
+        );
+        assert!(
+            batch.contains(r#""peak":9000,"delta_used":20,"delta_peaked":180,"index":700,"started_ns":700010,"ended_ns":701010}"#),
+            "{batch}"
+        );
+        assert!(got[3].contains(r#""ev":"end","#) && got[3].contains(r#""kind":"epoch""#));
+        // A step longer than a batch's span goes out alone, at its end.
+        hook.end(&step_record(1000, 0, BATCH_NS, 1), false);
+        let got = read_all(&sock);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].contains(r#""count":1,"#), "{}", got[0]);
+        // Dropping the tracker sends what it batched.
+        hook.end(&step_record(1001, BATCH_NS, BATCH_NS + 5, 1), false);
+        assert_eq!(read_all(&sock).len(), 0);
+        drop(hook);
+        assert_eq!(read_all(&sock).len(), 1);
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
@@ -586,16 +1180,9 @@ mod tests {
         let ch = RunChannel::connect(&path).unwrap();
         drop(sock);
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
-        let mut buf = String::new();
-        let ev = Event::Begin {
-            kind: PhaseKind::Step,
-            name: "step",
-            index: 0,
-            depth: 0,
-            t_ns: 1,
-        };
+        let ev = begin_event();
         for _ in 0..1000 {
-            ch.emit(1, &mut buf, &ev);
+            ch.emit(1, &ev);
         }
         assert_eq!((ch.sent(), ch.dropped()), (0, 1000));
         // The first failure, and one try after each skip of GONE_SKIP.
@@ -611,15 +1198,8 @@ mod tests {
         let (path, sock) = bound("again");
         let ch = RunChannel::connect(&path).unwrap();
         assert!(ch.connected.load(Ordering::Relaxed));
-        let mut buf = String::new();
-        let ev = Event::Begin {
-            kind: PhaseKind::Step,
-            name: "step",
-            index: 0,
-            depth: 0,
-            t_ns: 1,
-        };
-        ch.emit(1, &mut buf, &ev);
+        let ev = begin_event();
+        ch.emit(1, &ev);
         drop(sock);
         std::fs::remove_file(&path).unwrap();
         let again = UnixDatagram::bind(&path).unwrap();
@@ -627,7 +1207,7 @@ mod tests {
         // The first send finds the old receiver closed; the skipped ones
         // follow; then the address reaches the new one.
         for _ in 0..GONE_SKIP + 2 {
-            ch.emit(1, &mut buf, &ev);
+            ch.emit(1, &ev);
         }
         assert!(!ch.connected.load(Ordering::Relaxed));
         assert_eq!((ch.sent(), ch.dropped()), (2, GONE_SKIP + 1));
@@ -637,6 +1217,45 @@ mod tests {
         assert!(
             text.contains(&format!(r#""dropped":{},"#, GONE_SKIP + 1)),
             "{text}"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn a_forked_child_sends_with_its_own_pid_and_counts_from_zero() {
+        let (path, sock) = bound("fork");
+        let ch = RunChannel::connect(&path).unwrap();
+        let ev = begin_event();
+        ch.emit(1, &ev);
+        ch.emit(1, &ev);
+        // SAFETY: the child only sends and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            ch.emit(1, &ev);
+            let ok = ch.sent() == 1 && ch.flush(Duration::from_secs(5));
+            // SAFETY: ends the child without running the parent's handlers.
+            unsafe { libc::_exit(i32::from(!ok)) };
+        }
+        let mut status = 0;
+        // SAFETY: our child; a valid status pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(status, 0);
+        let got = read_all(&sock);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            got[2].contains(&format!(r#""pid":{pid},"tracker":1,"seq":0,"#)),
+            "{}",
+            got[2]
+        );
+        ch.emit(1, &ev);
+        let mine = read_all(&sock);
+        assert!(
+            mine[0].contains(&format!(
+                r#""pid":{},"tracker":1,"seq":2,"#,
+                std::process::id()
+            )),
+            "{}",
+            mine[0]
         );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }

@@ -96,12 +96,10 @@ fn a_tracker_sends_begins_steps_and_records() {
         [
             "begin epoch 0 i0 d0",
             "begin step 1 i0 d1",
-            "end step 2 i0 d1",
-            "end step 3 i1 d1",
-            "end step 4 i2 d1",
-            "begin custom 5 i0 d1",
-            "end custom 6 i0 d1",
-            "end epoch 7 i0 d0",
+            "steps step 2 i0 d1",
+            "begin custom 3 i0 d1",
+            "end custom 4 i0 d1",
+            "end epoch 5 i0 d0",
         ],
         "{msgs:#?}"
     );
@@ -110,15 +108,19 @@ fn a_tracker_sends_begins_steps_and_records() {
         assert_eq!(field(m, "pid"), std::process::id().to_string());
         assert_eq!(field(m, "dropped"), "0");
     }
-    // The first step: its spike, and `next` says the following one began.
-    let first = &msgs[2];
-    assert_eq!(field(first, "peak"), "500", "{first}");
-    assert_eq!(field(first, "used_start"), "100");
-    assert_eq!(field(first, "next"), "true");
-    assert_eq!(field(&msgs[4], "next"), "false");
-    assert!(msgs[5].contains(r#""name":"eval \"x\"""#), "{}", msgs[5]);
-    let started: u64 = field(first, "started_ns").parse().unwrap();
-    let ended: u64 = field(first, "ended_ns").parse().unwrap();
+    // The three steps in one batch, sent before the custom phase began:
+    // the first held the spike; no step is open after the last.
+    let batch = &msgs[2];
+    assert_eq!(field(batch, "count"), "3", "{batch}");
+    assert_eq!(field(batch, "last"), "2", "{batch}");
+    assert_eq!(field(batch, "next"), "false");
+    assert!(
+        batch.contains(r#""peak":500,"delta_used":10,"delta_peaked":390,"index":0,"#),
+        "{batch}"
+    );
+    assert!(msgs[3].contains(r#""name":"eval \"x\"""#), "{}", msgs[3]);
+    let started: u64 = field(batch, "started_ns").parse().unwrap();
+    let ended: u64 = field(batch, "ended_ns").parse().unwrap();
     assert!(started > 0 && ended >= started);
     assert_eq!(field(&msgs[1], "t_ns"), started.to_string());
     let _ = std::fs::remove_dir_all(&dir);
@@ -141,10 +143,17 @@ fn channel_child() {
     t.end(PhaseKind::Step, None).unwrap();
     t.end(PhaseKind::Epoch, None).unwrap();
     let ch = RunChannel::from_env().expect("the environment names a channel");
-    println!("CHANNEL sent {} dropped {}", ch.sent(), ch.dropped());
+    let (kept, _) = ch.pending();
+    println!(
+        "CHANNEL sent {} dropped {} kept {kept} steps_dropped {}",
+        ch.sent(),
+        ch.dropped(),
+        ch.dropped_steps()
+    );
 }
 
-fn run_child(path: &Path) -> (u64, u64) {
+/// What the child said: sent, dropped, kept, steps dropped.
+fn run_child(path: &Path) -> (u64, u64, u64, u64) {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args(["channel_child", "--exact", "--nocapture", "-q"])
@@ -177,22 +186,22 @@ fn run_child(path: &Path) -> (u64, u64) {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    (v[0], v[1])
+    (v[0], v[1], v[2], v[3])
 }
 
-/// 2 begins, STEPS `next`s, 2 ends.
-const MESSAGES: u64 = STEPS + 4;
+/// Step records: STEPS `next`s and the last step's end.
+const STEP_RECORDS: u64 = STEPS + 1;
 
 #[test]
 fn a_receiver_that_never_reads_never_stalls_the_loop() {
     let dir = socket_dir("stalled");
     let path = dir.join("s");
     let sock = UnixDatagram::bind(&path).unwrap();
-    let (sent, dropped) = run_child(&path);
-    assert_eq!(sent + dropped, MESSAGES);
-    // The queue holds a handful of datagrams; everything else was dropped
-    // and counted.
-    assert!((1..1000).contains(&sent), "sent {sent}");
+    let (sent, dropped, kept, _) = run_child(&path);
+    // The steps went out in batches; the queue holds a handful of
+    // datagrams, the rest was kept (and given up at exit), none dropped.
+    assert_eq!(dropped, 0);
+    assert!(sent >= 1 && sent + kept < 1000, "sent {sent}, kept {kept}");
     let queued = recv_all(&sock);
     assert_eq!(queued.len() as u64, sent);
     assert_eq!(field(&queued[0], "seq"), "0");
@@ -204,9 +213,14 @@ fn a_gone_receiver_never_stalls_the_loop() {
     let dir = socket_dir("gone");
     let path = dir.join("s");
     drop(UnixDatagram::bind(&path).unwrap());
-    // The socket file stays without its socket: ECONNREFUSED.
-    assert_eq!(run_child(&path), (0, MESSAGES));
+    // The socket file stays without its socket: ECONNREFUSED. Every
+    // message is dropped and counted, every step among them.
+    let (sent, dropped, kept, steps) = run_child(&path);
+    assert_eq!((sent, kept, steps), (0, 0, STEP_RECORDS));
+    assert!(dropped >= 4, "{dropped}");
     // No socket file at all: ENOENT.
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(run_child(&path), (0, MESSAGES));
+    let (sent, dropped, kept, steps) = run_child(&path);
+    assert_eq!((sent, kept, steps), (0, 0, STEP_RECORDS));
+    assert!(dropped >= 4, "{dropped}");
 }

@@ -183,7 +183,7 @@ fn table_matches_peak_mem_metric() {
     // Pushed sources are "custom": labelled by name.
     assert_eq!(
         buf.text(),
-        "epoch  cpu used  peak  gpu0 used  peak\n    1         1     2         80  6220\n    2         0     2          2   914\n"
+        "epoch  cpu used  peak  gpu0 used  peak\n    0         1     2         80  6220\n    1         0     2          2   914\n"
     );
 }
 

@@ -101,7 +101,12 @@ fn cpp_trainer_flags_the_leak_and_releases_the_cache() {
     let o = run(&exe, &["5", "8"], &[]);
     assert_ok("trainer_cpp", &o);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.starts_with("epoch  cpu used  peak  leak\n"), "{out}");
+    // The table's first row comes after nothing the program printed (it
+    // printed nothing before), its column named as the source.
+    assert!(
+        out.starts_with("epoch  rss used  peak  leak\n    0 "),
+        "{out}"
+    );
     let flags: Vec<&str> = out
         .lines()
         .filter(|l| l.starts_with("epoch ") && l.contains("leak flag"))

@@ -139,7 +139,7 @@ fn a_c_training_loop_shows_its_epochs_and_the_step_of_its_spike() {
     let chart = std::fs::read_to_string(&svg).unwrap();
     for needle in [
         "epochs (shaded)",
-        "evaluations: streams (shaded)",
+        "evaluations (shaded): stream",
         "rss peak ",
         " in epoch 1, step 13",
         &format!("pid {pid} test_run_phases"),

@@ -102,5 +102,5 @@ def test_a_python_training_loop_shows_its_epochs_and_the_step_of_its_spike(tmp_p
     assert "in epoch 1, step 13 (#5 of its epoch), exact" in summary, summary
 
     svg = out_svg.read_text()
-    for needle in ("epochs (shaded)", "evaluations: streams (shaded)", "rss peak ", "in epoch 1, step 13"):
+    for needle in ("epochs (shaded)", "evaluations (shaded): stream", "rss peak ", "in epoch 1, step 13"):
         assert needle in svg, needle

@@ -2,15 +2,21 @@
 //! phase kind) with each source's delta used and delta peaked in MiB.
 //!
 //! ```text
-//! epoch  cpu used  peak  gpu used  peak
-//!     1         0     2        80  6220
+//! epoch  rss used  peak  gpu0 used  peak
+//!     0         0     2         80  6220
 //! ```
 //!
-//! A single host source (process, tree, PSS, USS) is labelled `cpu`, a
-//! single GPU source `gpu`; when two sources would share a label, each of
-//! them takes its own name instead (`rss`, `tree`, `gpu0`, `gpu1`, ...).
-//! Others are labelled by name. With a leak policy a `leak` column names
-//! the flagged sources.
+//! Each column is labelled by its source's name and each row numbered as
+//! the phase is everywhere else (from 0), so a row reads against the
+//! summary, the JSON and `memprobe run`'s report. With a leak policy a
+//! `leak` column names the flagged sources.
+//!
+//! A row is written after what the program's C stdio had buffered for
+//! `stdout` and `stderr` (both are flushed first): a table on fd 1 or 2
+//! lands where the program printed it, not ahead of the lines printed
+//! before it. (Only those two streams: `fflush(NULL)` would also wait on a
+//! stream another thread holds, e.g. one blocked reading.) Python's own
+//! `sys.stdout` buffer is flushed by the Python binding.
 //!
 //! Writes that fail are not lost: the first error is kept and returned by
 //! [`Sink::flush`] / [`Sink::finish`] (the tracker's `finish_sinks`), as the
@@ -20,9 +26,26 @@ use crate::delta::{b2mb, b2mb_signed};
 use crate::error::{Error, Result};
 use crate::phase::PhaseKind;
 use crate::sink::{Record, Sink};
-use crate::SourceKind;
 use std::io::Write;
 use std::sync::Mutex;
+
+extern "C" {
+    // C's standard streams (glibc and musl export them by these names).
+    static mut stdout: *mut libc::FILE;
+    static mut stderr: *mut libc::FILE;
+}
+
+/// Flushes what the program's C stdio holds for `stdout` and `stderr`, so
+/// a row written to fd 1 or 2 comes after it.
+fn flush_stdio() {
+    // SAFETY: the streams are initialised before main and never freed;
+    // fflush is thread-safe. Reading the pointers copies them.
+    unsafe {
+        let (out, err) = (stdout, stderr);
+        libc::fflush(out);
+        libc::fflush(err);
+    }
+}
 
 struct State {
     out: Box<dyn Write + Send>,
@@ -50,35 +73,9 @@ impl TableSink {
         }
     }
 
-    /// The column labels for a record's sources: fastai's `cpu` / `gpu`
-    /// where one source has it alone, the source's name otherwise.
+    /// The column labels for a record's sources: their names.
     pub fn labels(record: &Record) -> Vec<String> {
-        let short = |kind: SourceKind| match kind {
-            SourceKind::Process
-            | SourceKind::ProcessTree
-            | SourceKind::ProcessPss
-            | SourceKind::ProcessUss
-            | SourceKind::ProcessTreePss
-            | SourceKind::ProcessTreeUss => Some("cpu"),
-            SourceKind::GpuDevice | SourceKind::GpuProcess => Some("gpu"),
-            _ => None,
-        };
-        let shared = |label: &str| {
-            record
-                .sources
-                .iter()
-                .filter(|d| short(d.kind).unwrap_or(&d.name) == label)
-                .count()
-                > 1
-        };
-        record
-            .sources
-            .iter()
-            .map(|d| match short(d.kind) {
-                Some(label) if !shared(label) => label.to_owned(),
-                _ => d.name.clone(),
-            })
-            .collect()
+        record.sources.iter().map(|d| d.name.clone()).collect()
     }
 
     /// The header and row lines for a record (without newlines).
@@ -86,7 +83,7 @@ impl TableSink {
         let labels = Self::labels(record);
         let first = self.kind.as_str();
         let mut header = format!("{first:>5}");
-        let index = record.phase.as_ref().map_or(0, |p| p.index + 1);
+        let index = record.phase.as_ref().map_or(0, |p| p.index);
         let mut row = format!("{index:>width$}", width = first.len().max(5));
         for (label, d) in labels.iter().zip(&record.sources) {
             let used_w = label.len() + 5;
@@ -133,6 +130,7 @@ impl Sink for TableSink {
         }
         text.push_str(&row);
         text.push('\n');
+        flush_stdio();
         let written = st
             .out
             .write_all(text.as_bytes())
@@ -161,6 +159,7 @@ mod tests {
     use crate::phase::PhaseInfo;
     use crate::ErrorKind;
     use crate::PeakFidelity;
+    use crate::SourceKind;
 
     fn delta(name: &str, kind: SourceKind) -> SourceDelta {
         SourceDelta {
@@ -187,25 +186,17 @@ mod tests {
     }
 
     #[test]
-    fn labels_use_names_when_they_would_collide() {
+    fn columns_are_the_sources_names_and_rows_count_from_zero() {
         let r = record(vec![
             delta("rss", SourceKind::Process),
             delta("tree", SourceKind::ProcessTree),
             delta("gpu0", SourceKind::GpuDevice),
         ]);
-        assert_eq!(TableSink::labels(&r), ["rss", "tree", "gpu"]);
-        let r = record(vec![
-            delta("rss", SourceKind::Process),
-            delta("gpu0", SourceKind::GpuDevice),
-            delta("gpu1", SourceKind::GpuDevice),
-        ]);
-        assert_eq!(TableSink::labels(&r), ["cpu", "gpu0", "gpu1"]);
-        // A custom source named "cpu" collides with the host source's label.
-        let r = record(vec![
-            delta("rss", SourceKind::Process),
-            delta("cpu", SourceKind::Custom),
-        ]);
-        assert_eq!(TableSink::labels(&r), ["rss", "cpu"]);
+        assert_eq!(TableSink::labels(&r), ["rss", "tree", "gpu0"]);
+        let r = record(vec![delta("rss", SourceKind::Process)]);
+        let (header, row) = TableSink::new(PhaseKind::Epoch, Box::new(Vec::new())).format(&r);
+        assert_eq!(header, "epoch  rss used  peak");
+        assert_eq!(row, "    0         0     0");
     }
 
     struct Broken;
