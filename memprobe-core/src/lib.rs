@@ -47,6 +47,7 @@ pub mod trace;
 pub mod tracker;
 pub mod tree;
 pub mod tree_smaps;
+pub mod units;
 mod window;
 
 pub use delta::{b2mb, deltas, SourceDelta};

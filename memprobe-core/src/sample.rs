@@ -145,7 +145,9 @@ pub(crate) fn check_name(what: &str, name: &str) -> crate::error::Result<()> {
     Ok(())
 }
 
-/// Nanoseconds on `CLOCK_MONOTONIC`.
+/// Nanoseconds on `CLOCK_MONOTONIC`: the clock of every timestamp memprobe
+/// takes, the interposer's included (which uses this one).
+#[inline]
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -238,7 +238,7 @@ int main(void) {
     CHECK(has(last_json, "\"reports_before\":0"));
     CHECK(has(slurp(in_dir("report.fd.json")), "\"format\":\"memprobe-oom-report\""));
     CHECK(has(last_summary, "memprobe: out-of-memory report"));
-    CHECK(has(last_summary, "caller asked 20.00 GiB on GPU 0 (caller trigger)"));
+    CHECK(has(last_summary, "caller asked 20.0 GiB on GPU 0 (caller trigger)"));
     CHECK(has(last_summary, "step #5"));
     CHECK(has(slurp(in_dir("summary.txt")), "open phases (outermost first)"));
 

@@ -99,7 +99,7 @@ int main() {
     CHECK(doc.find("\"requested_bytes\":12884901888") != std::string::npos);
     CHECK(doc.find("\"kind\":\"step\",\"name\":\"step\",\"index\":3,\"depth\":1") != std::string::npos);
     CHECK(doc.find("\"used_start\":1073741824,\"used_now\":32212254720,\"peak\":32212254720") != std::string::npos);
-    CHECK(summary.find("caller asked 12.00 GiB on GPU 0") != std::string::npos);
+    CHECK(summary.find("caller asked 12.0 GiB on GPU 0") != std::string::npos);
 
     t.rearm_oom_report();
     CHECK(slurp(path).find("\"later_triggers\":{\"count\":1,") != std::string::npos);

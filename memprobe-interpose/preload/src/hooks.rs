@@ -203,7 +203,7 @@ fn failed(l: &Layout, rc: CUresult, counter: Option<usize>, bytes: u64, api: H) 
         return;
     }
     let name = NAMES[api as usize];
-    let at = oom_hook::monotonic_ns();
+    let at = memprobe_core::monotonic_ns();
     if let Some(c) = counter {
         let code = std::str::from_utf8(&name[..name.len() - 1]).map_or(0, layout::oom_api_code);
         l.record_oom(c, bytes, code, at);

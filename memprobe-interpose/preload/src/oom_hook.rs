@@ -62,19 +62,6 @@ fn registered() -> Option<(OomHook, *mut c_void)> {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds.
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 /// Calls the registered hook, if any, for a failure of `api` (a
 /// NUL-terminated name) asking `requested` bytes on `counter`.
 pub(crate) fn fire(

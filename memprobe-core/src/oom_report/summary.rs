@@ -1,0 +1,202 @@
+//! The report for people: a few lines; sizes, durations and dates in the
+//! workspace's one text for each ([`crate::units`]).
+
+use super::{OomLocation, OutOfMemoryReport};
+use crate::delta::SourceDelta;
+use crate::units::{bytes, secs_ns, utc};
+use std::fmt::Write as _;
+
+/// The summary of `r`.
+pub(super) fn text(r: &OutOfMemoryReport) -> String {
+    let mut s = String::with_capacity(2048);
+    let f = &r.failed;
+    let _ = writeln!(
+        s,
+        "memprobe: out-of-memory report (pid {}, {} UTC)",
+        r.pid,
+        utc(f.at_unix_ns)
+    );
+    let place = match f.location {
+        OomLocation::Device(d) => format!("GPU {d}"),
+        OomLocation::HostPinned => "pinned host memory".to_owned(),
+        OomLocation::Unknown => "an unknown device".to_owned(),
+    };
+    let asked = f
+        .requested_bytes
+        .map_or_else(|| "an unknown size".to_owned(), bytes);
+    let _ = write!(
+        s,
+        "  failed: {} asked {asked} on {place} ({} trigger)",
+        f.reported_by,
+        f.trigger.as_str()
+    );
+    if let Some(free) = f.device_free_bytes {
+        let _ = write!(s, "; {} free", bytes(free));
+        if let Some(t) = f.device_total_bytes {
+            let _ = write!(s, " of {}", bytes(t));
+        }
+    }
+    s.push('\n');
+    if let Some(d) = &f.detail {
+        let _ = writeln!(s, "  detail: {}", one_line(d, 200));
+    }
+    match &r.open_phases {
+        Ok(ps) if ps.is_empty() => s.push_str("  open phases: none\n"),
+        Ok(ps) => {
+            s.push_str("  open phases (outermost first):\n");
+            for p in ps {
+                let _ = write!(
+                    s,
+                    "    {:<12} for {:>8}:",
+                    format!("{} #{}", p.name, p.index),
+                    secs_ns(r.written_at_ns.saturating_sub(p.started_at_ns))
+                );
+                for (i, src) in p.sources.iter().enumerate() {
+                    let sep = if i == 0 { " " } else { "; " };
+                    match (src.peak, src.used_now) {
+                        (Some(peak), Some(now)) => {
+                            let _ = write!(
+                                s,
+                                "{sep}{} peak {} (start {}, now {})",
+                                src.name,
+                                bytes(peak),
+                                bytes(src.used_start),
+                                bytes(now)
+                            );
+                        }
+                        _ => {
+                            let _ = write!(
+                                s,
+                                "{sep}{} unknown ({})",
+                                src.name,
+                                src.error.as_deref().unwrap_or("not read")
+                            );
+                        }
+                    }
+                }
+                s.push('\n');
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(s, "  open phases: unknown ({why})");
+        }
+    }
+    if r.ended_phases.is_empty() {
+        s.push_str("  ended phases: none yet\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "  last {} ended phases (of {}):",
+            r.ended_phases.len(),
+            r.ended_total
+        );
+        for rec in &r.ended_phases {
+            let name = rec
+                .phase
+                .as_ref()
+                .map_or_else(|| rec.label.clone(), |p| format!("{} #{}", p.name, p.index));
+            let _ = write!(s, "    {name:<12} {:>8}:", secs_ns(rec.duration_ns()));
+            for (i, d) in rec.sources.iter().enumerate() {
+                let sep = if i == 0 { " " } else { "; " };
+                let _ = write!(s, "{sep}{} peak {}", d.name, bytes(d.peak));
+                s.push_str(&delta_note(d));
+            }
+            s.push('\n');
+        }
+    }
+    match &r.gpus {
+        Ok(ds) if ds.is_empty() => s.push_str("  GPUs: none visible\n"),
+        Ok(ds) => {
+            s.push_str("  GPUs:\n");
+            for d in ds {
+                let name = d.name.as_deref().unwrap_or("unnamed");
+                match &d.memory {
+                    Ok((total, free, used)) => {
+                        let _ = writeln!(
+                            s,
+                            "    GPU {} ({name}): {} used of {}, {} free",
+                            d.id,
+                            bytes(*used),
+                            bytes(*total),
+                            bytes(*free)
+                        );
+                    }
+                    Err(e) => {
+                        let _ = writeln!(s, "    GPU {} ({name}): memory unknown ({e})", d.id);
+                    }
+                }
+                match &d.processes {
+                    Ok(ps) if ps.is_empty() => s.push_str("      no process listed\n"),
+                    Ok(ps) => {
+                        for p in ps {
+                            let _ = writeln!(
+                                s,
+                                "      pid {}{}: {}",
+                                p.pid,
+                                if p.this_process {
+                                    " (this process)"
+                                } else {
+                                    ""
+                                },
+                                p.used_bytes.map_or_else(|| "unknown".to_owned(), bytes)
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        let _ = writeln!(s, "      processes unknown ({e})");
+                    }
+                }
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(s, "  GPUs: unavailable ({why})");
+        }
+    }
+    if let Err(why) = &r.driver_counts {
+        let _ = writeln!(s, "  driver counts: unavailable ({why})");
+    }
+    for c in r.caches() {
+        let releasable = c
+            .releasable_bytes
+            .map_or_else(|| "unknown".to_owned(), bytes);
+        let _ = write!(s, "  releasing caches on GPU {}: {releasable}", c.device);
+        if c.releasable_bytes.is_none() {
+            let _ = write!(s, " ({})", c.basis);
+        } else if let Some(fw) = &c.framework {
+            let _ = write!(s, " ({fw})");
+        }
+        if let Some(h) = c.driver_held_bytes {
+            let _ = write!(s, "; this process holds {} through the driver", bytes(h));
+        }
+        s.push('\n');
+    }
+    if r.later_count > 0 {
+        let _ = writeln!(
+            s,
+            "  {} later out-of-memory failures were counted, not reported",
+            r.later_count
+        );
+    }
+    s
+}
+
+fn delta_note(d: &SourceDelta) -> String {
+    let sign = if d.delta_used < 0 { "-" } else { "+" };
+    format!(
+        " (used {sign}{}, peaked {})",
+        bytes(d.delta_used.unsigned_abs()),
+        bytes(d.delta_peaked)
+    )
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(max)
+        .collect();
+    if s.chars().count() > max {
+        out.push_str("...");
+    }
+    out
+}

@@ -1,0 +1,302 @@
+//! The reporter end to end: configuration, arming, both renderings, every
+//! destination.
+
+use super::*;
+use crate::lock::Lock;
+use crate::source::Source;
+use crate::{ErrorKind, PhaseKind, Tracker};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+/// A writer into shared memory, for the tests.
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+struct FakeGpu;
+
+impl OomGpuProvider for FakeGpu {
+    fn devices(&self) -> std::result::Result<Vec<OomGpuDevice>, String> {
+        Ok(vec![OomGpuDevice {
+            id: 0,
+            name: Some("Fake \"GPU\"".into()),
+            uuid: None,
+            memory: Ok((16 << 30, 1 << 20, (16 << 30) - (1 << 20))),
+            processes: Ok(vec![
+                OomGpuProcess {
+                    pid: std::process::id(),
+                    used_bytes: Some(12 << 30),
+                    list: OomProcessList::Compute,
+                    this_process: true,
+                },
+                OomGpuProcess {
+                    pid: 4242,
+                    used_bytes: None,
+                    list: OomProcessList::Graphics,
+                    this_process: false,
+                },
+            ]),
+        }])
+    }
+    fn driver_counts(&self) -> std::result::Result<OomDriverCounts, String> {
+        Err("the interposer is not loaded".into())
+    }
+}
+
+fn tracker() -> Tracker {
+    Tracker::new(&[Source::pushed("alloc").unwrap()]).unwrap()
+}
+
+fn options(buf: &Buf) -> OomReportOptions {
+    OomReportOptions {
+        json_writer: Some(Box::new(buf.clone())),
+        gpu: Some(Arc::new(FakeGpu)),
+        ..OomReportOptions::default()
+    }
+}
+
+#[test]
+fn configuration_is_checked() {
+    let mut t = tracker();
+    let e = t
+        .set_oom_report(Some(OomReportOptions::default()))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.message().contains("destination"), "{e}");
+    let buf = Buf::default();
+    let mut o = options(&buf);
+    o.triggers = OomTriggers::default();
+    assert!(t.set_oom_report(Some(o)).is_err());
+    let mut o = options(&buf);
+    o.keep_ended = MAX_KEEP_ENDED + 1;
+    assert!(t.set_oom_report(Some(o)).is_err());
+    let mut o = options(&buf);
+    o.path = Some("/nonexistent-memprobe-dir/x.json".into());
+    assert_eq!(
+        t.set_oom_report(Some(o)).unwrap_err().kind(),
+        ErrorKind::Unavailable
+    );
+    // Reporting before configuring, configuring twice.
+    let f = FailedAllocation::new(OomTrigger::Caller, OomLocation::Device(0), Some(1), "x");
+    assert_eq!(
+        t.report_oom(f.clone()).unwrap_err().kind(),
+        ErrorKind::WrongOrder
+    );
+    t.set_oom_report(Some(options(&buf))).unwrap();
+    assert_eq!(
+        t.set_oom_report(Some(options(&buf))).unwrap_err().kind(),
+        ErrorKind::WrongOrder
+    );
+    // The driver trigger was not asked for.
+    let d = FailedAllocation::new(OomTrigger::Driver, OomLocation::Unknown, None, "cu");
+    assert_eq!(t.report_oom(d).unwrap_err().kind(), ErrorKind::WrongOrder);
+    // Removed, then configured again.
+    t.set_oom_report(None).unwrap();
+    t.set_oom_report(None).unwrap();
+    assert_eq!(t.report_oom(f).unwrap_err().kind(), ErrorKind::WrongOrder);
+    t.set_oom_report(Some(options(&buf))).unwrap();
+    assert!(buf.text().is_empty(), "nothing written before a trigger");
+}
+
+#[test]
+fn the_first_trigger_writes_later_ones_are_counted() {
+    let dir = std::env::temp_dir().join(format!("memprobe-oom-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("oom.json");
+    let alloc = Source::pushed("alloc").unwrap();
+    let mut t = Tracker::new(std::slice::from_ref(&alloc)).unwrap();
+    let json_buf = Buf::default();
+    let summary_buf = Buf::default();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen2 = seen.clone();
+    let reporter = t
+        .set_oom_report(Some(OomReportOptions {
+            keep_ended: 2,
+            path: Some(path.clone()),
+            json_writer: Some(Box::new(json_buf.clone())),
+            summary_writer: Some(Box::new(summary_buf.clone())),
+            callback: Some(Box::new(move |r, j, _| {
+                assert_eq!(r.to_json(), j);
+                seen2.lock().unwrap().push(j.to_owned());
+            })),
+            gpu: Some(Arc::new(FakeGpu)),
+            ..OomReportOptions::default()
+        }))
+        .unwrap()
+        .unwrap();
+    assert!(!path.exists());
+    t.begin(PhaseKind::Epoch, None).unwrap();
+    t.begin(PhaseKind::Step, None).unwrap();
+    for i in 0..3u64 {
+        alloc.push(100 + i).unwrap();
+        alloc.push(10).unwrap();
+        t.next(PhaseKind::Step, None).unwrap();
+    }
+    alloc.push(5000).unwrap();
+    let mut f = FailedAllocation::new(
+        OomTrigger::Caller,
+        OomLocation::Device(1),
+        Some(1 << 40),
+        "torch",
+    );
+    f.detail = Some("CUDA out of memory.\nTried to allocate 1 TiB".into());
+    f.caches.push(CacheFigures {
+        device: 1,
+        framework: "torch".into(),
+        reserved_bytes: Some(300),
+        allocated_bytes: Some(100),
+        releasable_bytes: None,
+    });
+    assert_eq!(t.report_oom(f.clone()).unwrap(), OomOutcome::Written);
+    // A burst of retries: counted, not written.
+    for _ in 0..1000 {
+        assert_eq!(t.report_oom(f.clone()).unwrap(), OomOutcome::Counted);
+    }
+    let st = reporter.status().unwrap();
+    assert!(!st.armed);
+    assert_eq!(
+        (st.reports_written, st.triggers_seen, st.later_triggers),
+        (1, 1001, 1000)
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let first = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(json_buf.text(), first);
+    assert!(first.ends_with("}\n"));
+    assert!(first.contains("\"later_triggers\":{\"count\":0,\"last\":null}"));
+    // The open phases, with the step's peak so far; the last two ended.
+    assert!(first.contains("\"open_phases\":{\"available\":true,\"reason\":null,\"phases\":[{\"kind\":\"epoch\",\"name\":\"epoch\",\"index\":0,\"depth\":0"), "{first}");
+    assert!(first.contains("\"kind\":\"step\",\"name\":\"step\",\"index\":3,\"depth\":1"));
+    assert!(first.contains("\"used_start\":10,\"used_now\":5000,\"peak\":5000"));
+    assert!(first.contains("\"kept\":2,\"ended_total\":3"));
+    assert!(first.contains("\"index\":1,") && first.contains("\"peak\":102"));
+    assert!(!first.contains("\"peak\":100,"), "step 0 left the ring");
+    assert!(first.contains("\"detail\":\"CUDA out of memory.\\nTried to allocate 1 TiB\""));
+    assert!(first.contains("\"releasable_bytes\":null"));
+    assert!(first.contains("\"reserved_bytes\":300"));
+    assert!(first.contains("Fake \\\"GPU\\\""));
+    assert!(first.contains(
+        "\"driver_counts\":{\"available\":false,\"reason\":\"the interposer is not loaded\""
+    ));
+    let summary = summary_buf.text();
+    assert!(
+        summary.contains("torch asked 1.00 TiB on GPU 1 (caller trigger)"),
+        "{summary}"
+    );
+    assert!(summary.contains("step #3"), "{summary}");
+    assert!(summary.contains("(this process): 12.0 GiB"), "{summary}");
+    // Sizes read as everywhere else in memprobe (`memprobe run` included):
+    // three significant digits.
+    assert!(
+        summary.contains("16.0 GiB used of 16.0 GiB, 1.00 MiB free"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("releasing caches on GPU 1: unknown"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("detail: CUDA out of memory. Tried"),
+        "{summary}"
+    );
+
+    // Re-armed: the first file is written again with the count, then the
+    // next trigger replaces it.
+    reporter.rearm().unwrap();
+    let settled = std::fs::read_to_string(&path).unwrap();
+    assert!(settled.contains("\"later_triggers\":{\"count\":1000,\"last\":{\"trigger\":\"caller\""));
+    assert_eq!(
+        json_buf.text(),
+        first,
+        "the writers get the first report only"
+    );
+    assert!(reporter.armed());
+    t.report_oom(f).unwrap();
+    let second = std::fs::read_to_string(&path).unwrap();
+    assert!(second.contains("\"reports_before\":1"));
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    drop(t);
+    assert!(reporter.is_closed());
+    let listing: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(listing.len(), 1, "no temporary file left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_report_without_phases_says_why() {
+    let buf = Buf::default();
+    let mut t = tracker();
+    let r = t.set_oom_report(Some(options(&buf))).unwrap().unwrap();
+    let f = FailedAllocation::new(OomTrigger::Caller, OomLocation::Unknown, None, "caller");
+    r.trigger(f, Err("the tracker was busy".into())).unwrap();
+    let doc = buf.text();
+    assert!(doc.contains(
+        "\"open_phases\":{\"available\":false,\"reason\":\"the tracker was busy\",\"phases\":[]}"
+    ));
+    assert!(doc.contains("\"requested_bytes\":null"));
+    assert!(doc.contains("\"location\":\"unknown\",\"device\":null"));
+}
+
+#[test]
+fn a_report_being_written_never_blocks_the_training_loop() {
+    // A hook's trigger (outside any tracker call, as the driver's is)
+    // whose callback blocks: phases end meanwhile, and the callback
+    // cannot trigger the reporter again.
+    let t = Arc::new(Lock::new(tracker()));
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    let inner: Arc<Mutex<Option<OomReporter>>> = Arc::default();
+    let inner2 = inner.clone();
+    let again: Arc<Mutex<Option<ErrorKind>>> = Arc::default();
+    let again2 = again.clone();
+    let r = t
+        .lock()
+        .unwrap()
+        .set_oom_report(Some(OomReportOptions {
+            callback: Some(Box::new(move |_, _, _| {
+                let me = inner2.lock().unwrap().clone().unwrap();
+                let f = FailedAllocation::new(OomTrigger::Caller, OomLocation::Unknown, None, "x");
+                *again2.lock().unwrap() = me.trigger(f, Ok(vec![])).err().map(|e| e.kind());
+                entered_tx.send(()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+            })),
+            ..OomReportOptions::default()
+        }))
+        .unwrap()
+        .unwrap();
+    *inner.lock().unwrap() = Some(r.clone());
+    t.lock().unwrap().begin(PhaseKind::Step, None).unwrap();
+    let hook = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let f = FailedAllocation::new(OomTrigger::Caller, OomLocation::Device(0), None, "x");
+            r.trigger(f, Err("hook".into())).unwrap()
+        })
+    };
+    entered_rx.recv().unwrap();
+    for _ in 0..3 {
+        t.lock().unwrap().next(PhaseKind::Step, None).unwrap();
+    }
+    assert_eq!(r.status().unwrap().reports_written, 1);
+    go_tx.send(()).unwrap();
+    assert_eq!(hook.join().unwrap(), OomOutcome::Written);
+    assert_eq!(*again.lock().unwrap(), Some(ErrorKind::WrongOrder));
+    t.lock().unwrap().set_oom_report(None).unwrap();
+    assert!(r.is_closed());
+}
