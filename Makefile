@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel install install-files
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel dist install install-files
 
 all: lib examples
 
@@ -105,6 +105,35 @@ wheel:
 	done
 	rm -rf bindings/python/build
 	@ls -l $(BUILD)/wheel/memprobe-*.whl
+
+# The C release, for people who never run cargo: per architecture,
+# build/dist/memprobe-<version>-linux-<arch>.tar.gz holding bin/memprobe,
+# lib/ (libmemprobe.so.<version> and its links, libmemprobe.a, the GPU
+# interposer, pkgconfig/memprobe.pc, cmake/memprobe/), include/, install.sh
+# and README. Built like the wheels (zig, glibc $(WHEEL_GLIBC)'s symbols), so
+# it runs on the same machines; the .pc file is relative to itself
+# (${pcfiledir}) and the CMake files are, so the tree works where unpacked.
+DIST_ARCHS ?= $(WHEEL_ARCHS)
+TARGET_DIR = $(or $(CARGO_TARGET_DIR),target)
+dist:
+	@PATH="$(WHEEL_TOOLS):$$PATH" command -v cargo-zigbuild >/dev/null && $(PYTHON) -c 'import ziglang' 2>/dev/null || { echo "make dist: ziglang and cargo-zigbuild are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install ziglang cargo-zigbuild" >&2; exit 1; }
+	@set -e; version=$$($(CARGO) pkgid --offline -p memprobe-ffi | sed 's/.*[#@]//'); \
+	for arch in $(DIST_ARCHS); do \
+	  PATH="$(WHEEL_TOOLS):$$PATH" CARGO_ZIGBUILD_PYTHON_PATH="$(PYTHON)" CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_PROFILE_RELEASE_DEBUG=0 \
+	    cargo-zigbuild zigbuild -j$(JOBS) --locked --release --target $$arch-unknown-linux-gnu.$(WHEEL_GLIBC) \
+	    -p memprobe-ffi -p memprobe-cli -p memprobe-interpose-preload; \
+	  name=memprobe-$$version-linux-$$arch; stage=$(BUILD)/dist/$$name; \
+	  rm -rf $$stage $$stage.root $$stage.tar.gz; \
+	  $(MAKE) --no-print-directory install-files RELEASE=$(TARGET_DIR)/$$arch-unknown-linux-gnu/release \
+	    PREFIX=/usr/local BINDIR=/usr/local/bin LIBDIR=/usr/local/lib INCLUDEDIR=/usr/local/include DESTDIR=$(CURDIR)/$$stage.root >/dev/null; \
+	  mv $$stage.root/usr/local $$stage; rm -rf $$stage.root; \
+	  sed -i 's|^prefix=.*|prefix=$${pcfiledir}/../..|' $$stage/lib/pkgconfig/memprobe.pc; \
+	  sed -e "s|@VERSION@|$$version|g; s|@ARCH@|$$arch|g; s|@GLIBC@|$(WHEEL_GLIBC)|g" packaging/dist-README.in > $$stage/README; \
+	  install -m 755 packaging/dist-install.sh $$stage/install.sh; \
+	  cp LICENSE-MIT LICENSE-APACHE $$stage/; \
+	  tar -C $(BUILD)/dist --owner=0 --group=0 -czf $$stage.tar.gz $$name; \
+	  echo "make dist: $$stage.tar.gz ($$(du -h $$stage.tar.gz | cut -f1))"; \
+	done
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
