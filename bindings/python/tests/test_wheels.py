@@ -215,3 +215,57 @@ def test_aarch64_wheel_runs_under_emulation(wheels: Dict[str, Path], tmp_path: P
     )
     r = run(qemu + ["-E", f"LD_PRELOAD={interposer}", str(python), "-c", code], cwd=str(tmp_path), env=env)
     assert r.stdout.split() == ["True", "True", "1.5"], r.stdout + r.stderr
+
+
+def test_c_release_tarball(clone: Path, tmp_path: Path) -> None:
+    """make dist (x86_64): the tarball works where it is unpacked and where
+    install.sh puts it, with no cargo: a C program built through its
+    pkg-config file runs against its library; its memprobe finds its
+    interposer; every binary stays within glibc 2.28."""
+    python = sys.executable
+    path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    require(shutil.which("cargo-zigbuild", path=path) is not None, "cargo-zigbuild is not installed (.ci/run installs it)")
+    for tool in ("make", "cc", "pkg-config", "tar"):
+        require(shutil.which(tool) is not None, f"{tool} is not installed")
+    run(["make", "--no-print-directory", "dist", "DIST_ARCHS=x86_64", f"PYTHON={python}"], cwd=str(clone),
+        env=clean_env(), timeout=WHEELS_TIMEOUT)
+    tarballs = list((clone / "build" / "dist").glob("memprobe-*-linux-x86_64.tar.gz"))
+    assert len(tarballs) == 1, tarballs
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    run(["tar", "-xzf", str(tarballs[0]), "-C", str(unpacked)], cwd=None, env=clean_env())
+    (root,) = unpacked.iterdir()
+    version = root.name.split("-")[1]
+    for rel in ("bin/memprobe", f"lib/libmemprobe.so.{version}", "lib/libmemprobe.a", "lib/libmemprobe_interpose.so",
+                "include/memprobe.h", "include/memprobe.hpp", "lib/pkgconfig/memprobe.pc",
+                "lib/cmake/memprobe/memprobeConfig.cmake", "install.sh", "README", "LICENSE-MIT"):
+        assert (root / rel).exists(), rel
+    for rel in ("bin/memprobe", f"lib/libmemprobe.so.{version}", "lib/libmemprobe_interpose.so"):
+        data = (root / rel).read_bytes()
+        machine, needed = glibc_versions(data)
+        assert machine == "EM_X86_64" and needed and is_stripped(data), (rel, machine, needed)
+        newest = max(parse_version(v[len("GLIBC_"):]) for v in needed)
+        assert newest <= GLIBC_CEILING, (rel, newest)
+
+    def build_and_run(prefix: Path, where: Path) -> None:
+        env = clean_env({"PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")})
+        libdir = run(["pkg-config", "--variable=libdir", "memprobe"], cwd=None, env=env).stdout.strip()
+        assert Path(libdir).resolve() == (prefix / "lib").resolve(), libdir
+        flags = run(["pkg-config", "--cflags", "--libs", "memprobe"], cwd=None, env=env).stdout.split()
+        exe = where / "trainer"
+        run(["cc", "-std=c99", "-O2", str(clone / "examples-c" / "trainer.c"), "-o", str(exe), *flags,
+             f"-Wl,-rpath,{prefix / 'lib'}"], cwd=None, env=env)
+        r = run([str(exe), "1", "2", "8", "1"], cwd=str(where), env=clean_env())
+        assert r.stdout.strip(), r.stderr
+        out = where / "run.json"
+        r = run([str(prefix / "bin" / "memprobe"), "run", "--gpu-exact", "--json", str(out), "--", "true"],
+                cwd=str(where), env=clean_env())
+        summary = json.loads(out.read_text())
+        assert summary["exit"]["code"] == 0
+        assert Path(summary["gpu_exact"]["library"]).resolve() == (prefix / "lib" / "libmemprobe_interpose.so").resolve()
+
+    build_and_run(root, tmp_path)
+    installed = tmp_path / "prefix"
+    run(["sh", str(root / "install.sh"), str(installed)], cwd=None, env=clean_env())
+    shutil.rmtree(root)  # what install.sh copied must not point back into the tarball's tree
+    build_and_run(installed, tmp_path)
