@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel dist install install-files
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel sdist dist install install-files
 
 all: lib examples
 
@@ -105,6 +105,22 @@ wheel:
 	done
 	rm -rf bindings/python/build
 	@ls -l $(BUILD)/wheel/memprobe-*.whl
+
+# The source distribution: the Python package with the Rust workspace inside
+# (rust/), so that `pip install memprobe-<version>.tar.gz` builds the library,
+# the interposer and the command on any machine with Rust (setup.py finds
+# rust/). Committed files only (git archive HEAD). Output: build/sdist/.
+SDIST_RUST = Cargo.toml Cargo.lock LICENSE-MIT LICENSE-APACHE memprobe-core memprobe-gpu memprobe-metrics \
+	memprobe-ffi memprobe-cli memprobe-interpose tests
+sdist:
+	@$(PYTHON) -c 'import setuptools, setuptools_rust' 2>/dev/null || { echo "make sdist: setuptools and setuptools-rust are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install setuptools setuptools-rust" >&2; exit 1; }
+	rm -rf $(BUILD)/sdist
+	mkdir -p $(BUILD)/sdist/stage/rust
+	git archive HEAD:bindings/python | tar -x -C $(BUILD)/sdist/stage
+	git archive HEAD $(SDIST_RUST) | tar -x -C $(BUILD)/sdist/stage/rust
+	cd $(BUILD)/sdist/stage && $(PYTHON) -c 'from setuptools import build_meta; build_meta.build_sdist("..")'
+	rm -rf $(BUILD)/sdist/stage
+	@ls -l $(BUILD)/sdist/memprobe-*.tar.gz
 
 # The C release, for people who never run cargo: per architecture,
 # build/dist/memprobe-<version>-linux-<arch>.tar.gz holding bin/memprobe,

@@ -2,7 +2,8 @@
 inside it (setuptools-rust; docs/bindings.md says why this backend).
 
 `pip install ./bindings/python` (or `pip wheel`, `make wheel`) runs cargo on
-the Rust workspace two levels up, in release mode:
+the Rust workspace two levels up (in a source distribution from ``make
+sdist``: the copy in ``rust/``), in release mode:
 
 - memprobe-ffi's cdylib, stripped, becomes ``memprobe/_lib/libmemprobe.abi3.so``
   (the ctypes binding loads it first: memprobe/_loader.py);
@@ -38,18 +39,28 @@ from setuptools_rust import Binding, RustBin, RustExtension, Strip
 HERE = Path(__file__).resolve().parent
 
 
+#: Where the source distribution (``make sdist``) carries the workspace.
+SDIST_WORKSPACE = HERE / "rust"
+
+
 def workspace() -> Path:
-    """The Rust workspace: MEMPROBE_WORKSPACE, else two levels above this file
-    (pip builds a local directory in place, so the relative path holds)."""
+    """The Rust workspace: MEMPROBE_WORKSPACE; else the copy inside a source
+    distribution (``rust/``); else two levels above this file (pip builds a
+    local directory in place, so the relative path holds)."""
     env = os.environ.get("MEMPROBE_WORKSPACE")
-    root = Path(env).resolve() if env else HERE.parent.parent
+    if env:
+        root = Path(env).resolve()
+    elif (SDIST_WORKSPACE / "Cargo.toml").is_file():
+        root = SDIST_WORKSPACE
+    else:
+        root = HERE.parent.parent
     manifest = root / "memprobe-ffi" / "Cargo.toml"
     if not manifest.is_file():
         sys.exit(
             f"memprobe: the Rust workspace is not at {root} (no {manifest}).\n"
-            "The package is built from a clone of the memprobe repository: "
-            "pip install ./bindings/python from its root, "
-            "or set MEMPROBE_WORKSPACE=/path/to/memprobe."
+            "The package is built from a clone of the memprobe repository "
+            "(pip install ./bindings/python from its root) or from its source "
+            "distribution (make sdist), or set MEMPROBE_WORKSPACE=/path/to/memprobe."
         )
     return root
 

@@ -21,8 +21,11 @@ against glibc 2.28's symbols:
   architecture) answers its lookups. What emulation cannot show: the
   interposer counting a real CUDA driver's allocations on aarch64.
 
-The two builds share the repository's target/ (CARGO_TARGET_DIR) and are
-time-boxed together (WHEELS_TIMEOUT). Without the tools (qemu, the arm64
+``make dist``'s C tarball and ``make sdist``'s source distribution are
+checked here too: each installs and works with what it carries alone.
+
+The builds share the repository's target/ (CARGO_TARGET_DIR); each is
+time-boxed (WHEELS_TIMEOUT). Without the tools (qemu, the arm64
 packages, zig, auditwheel) the tests skip, except in CI (CI=true), where
 they fail: .ci/run installs them.
 """
@@ -44,7 +47,7 @@ import pytest
 from conftest import MiB, ROOT, require
 from test_pip_install import check_installed, clean_env, clone, fresh_venv, run  # noqa: F401 (clone: a fixture)
 
-#: Both wheels from scratch on two cores, with room to spare.
+#: A build (both wheels, a tarball, an sdist install) from scratch on two cores, with room to spare.
 WHEELS_TIMEOUT = 1800
 #: The oldest glibc the wheels promise (RHEL 8): docs/bindings.md.
 GLIBC_CEILING = (2, 28)
@@ -269,3 +272,21 @@ def test_c_release_tarball(clone: Path, tmp_path: Path) -> None:
     run(["sh", str(root / "install.sh"), str(installed)], cwd=None, env=clean_env())
     shutil.rmtree(root)  # what install.sh copied must not point back into the tarball's tree
     build_and_run(installed, tmp_path)
+
+
+def test_sdist_installs_from_source(clone: Path, tmp_path: Path) -> None:
+    """make sdist: the source distribution carries the Rust workspace, so pip
+    builds everything from the tarball alone (Rust needed, no clone)."""
+    python = sys.executable
+    require(subprocess.run([python, "-c", "import setuptools_rust"], capture_output=True).returncode == 0,
+            f"setuptools-rust is not installed for {python} (.ci/run installs it)")
+    run(["make", "--no-print-directory", "sdist", f"PYTHON={python}"], cwd=str(clone), env=clean_env())
+    sdists = list((clone / "build" / "sdist").glob("memprobe-*.tar.gz"))
+    assert len(sdists) == 1, sdists
+    # Away from the clone, so that nothing two levels up can stand in for rust/.
+    sdist = shutil.copy(sdists[0], tmp_path / sdists[0].name)
+    bin_dir = fresh_venv(tmp_path / "venv")
+    r = run([str(bin_dir / "python"), "-m", "pip", "install", str(sdist)], cwd=str(tmp_path), env=clean_env(),
+            timeout=WHEELS_TIMEOUT)
+    assert "Successfully installed memprobe" in r.stdout
+    check_installed(bin_dir, tmp_path)
