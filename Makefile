@@ -10,7 +10,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel sdist dist install install-files
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel sdist dist crates install install-files
 
 all: lib examples
 
@@ -47,11 +47,15 @@ demo-c: $(BUILD)/trainer
 
 # The lint and doc gate, first in `make test`: rustfmt's check, and clippy and
 # rustdoc denying every warning (go vet and gofmt run with the Go tests, which need the installed
-# prefix to find memprobe through pkg-config; mypy runs with the Python tests).
+# prefix to find memprobe through pkg-config; mypy runs with the Python tests);
+# then the crates meant for crates.io packaged as cargo publish would (metadata,
+# versions on path dependencies; `make crates` also builds each from its package).
+UNPUBLISHED := memprobe-tests memprobe-interpose-preload
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -j$(JOBS) --workspace --no-deps
+	$(CARGO) package --quiet --workspace $(UNPUBLISHED:%=--exclude %) --no-verify --allow-dirty
 
 # Every test: the lint gate, Rust unit and integration tests, the C ABI from C
 # (plain, under AddressSanitizer and valgrind), the header check, the examples;
@@ -105,6 +109,12 @@ wheel:
 	done
 	rm -rf bindings/python/build
 	@ls -l $(BUILD)/wheel/memprobe-*.whl
+
+# What `cargo publish --workspace` would do, without the upload: package
+# every crate meant for crates.io and build each from its package alone
+# (docs/release.md says which crates and why).
+crates:
+	$(CARGO) publish -j$(JOBS) --dry-run --workspace $(UNPUBLISHED:%=--exclude %)
 
 # The source distribution: the Python package with the Rust workspace inside
 # (rust/), so that `pip install memprobe-<version>.tar.gz` builds the library,
