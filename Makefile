@@ -1,7 +1,8 @@
 # memprobe — the two commands of the README:
 #   make demo   runs the main job on a workload shipped in the repo
 #   make test   runs every test in every language
-# and the rest: make lib | examples | demo-c | bench | header | clean
+# and the rest: make lib | examples | demo-c | bench | header | clean | install
+# | wheel | sdist | dist | crates (the releases: docs/release.md)
 
 CARGO ?= cargo
 JOBS ?= 2
