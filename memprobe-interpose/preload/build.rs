@@ -1,11 +1,39 @@
 //! Points the exported `dlsym` at its assembly entry (src/dlsym.rs), which
 //! forwards by a tail jump so that glibc sees the original caller (what
-//! `RTLD_NEXT` is relative to). Only the cdylib link gets the flag.
+//! `RTLD_NEXT` is relative to). Only the cdylib link gets the alias.
+//!
+//! GNU ld and lld take it as `--defsym`. zig's linker (cargo-zigbuild, which
+//! builds the wheels against an older glibc: packaging/wheel-cargo) has no
+//! `--defsym` and gets the same assignment as a linker script: lld reads a
+//! script without SECTIONS as an addition to its default layout (GNU ld
+//! would replace its layout with it, hence not everywhere).
+
+use std::path::{Path, PathBuf};
 
 fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
-    if arch == "x86_64" || arch == "aarch64" {
+    if arch != "x86_64" && arch != "aarch64" {
+        return;
+    }
+    if linker_is_zig() {
+        let script = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"))
+            .join("dlsym.ld");
+        std::fs::write(&script, "dlsym = memprobe_interpose_dlsym_entry;\n")
+            .expect("OUT_DIR is writable");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+    } else {
         println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym=dlsym=memprobe_interpose_dlsym_entry");
     }
-    println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// cargo-zigbuild's linker is a `zigcc-<target>` wrapper (cargo passes the
+/// configured linker to build scripts as RUSTC_LINKER).
+fn linker_is_zig() -> bool {
+    std::env::var_os("RUSTC_LINKER").is_some_and(|l| {
+        Path::new(&l)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("zig"))
+    })
 }

@@ -20,7 +20,7 @@ MiB. Failures raise :class:`MemprobeError` subclasses carrying the status.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from . import gpu, monitor
 from ._ffi import FOUND_BY as _FOUND_BY
@@ -91,10 +91,10 @@ def interposer_library() -> Optional[str]:
 
 def soname() -> str:
     """The loaded library's SONAME, e.g. ``libmemprobe.so.0.1``."""
-    return _C.memprobe_soname().decode()
+    return str(_C.memprobe_soname().decode())
 
 
-def live_handles() -> tuple:
+def live_handles() -> Tuple[int, int, int, int]:
     """``(sources, windows, traces, trackers)`` handles alive in the library
     (for leak checks)."""
     from ctypes import byref, c_uint64

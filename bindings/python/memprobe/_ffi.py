@@ -427,12 +427,12 @@ C = _bind()
 
 def version() -> str:
     """The library's version, e.g. ``"0.1.0"``."""
-    return C.memprobe_version().decode()
+    return str(C.memprobe_version().decode())
 
 
 def last_error() -> str:
     """``memprobe_last_error()``: why the last call on this thread failed."""
-    return C.memprobe_last_error().decode("utf-8", "replace")
+    return str(C.memprobe_last_error().decode("utf-8", "replace"))
 
 
 def check(status: int) -> None:
@@ -446,7 +446,7 @@ def check(status: int) -> None:
 
 def status_name(status: int) -> str:
     """``memprobe_status_name``: ``"ok"``, ``"null pointer"``, ..."""
-    return C.memprobe_status_name(int(status)).decode()
+    return str(C.memprobe_status_name(int(status)).decode())
 
 
 def handles(objs: Any) -> Tuple[Any, int]:

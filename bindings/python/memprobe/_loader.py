@@ -25,7 +25,7 @@ import ctypes.util
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Set, Tuple
 
 from ._version import ABI
 
@@ -69,7 +69,7 @@ def _prefix_dirs_for(home: Path) -> List[Path]:
         dirs += [Path(prefix) / "lib", Path(prefix) / "lib64"]
     dirs.append(Path("/usr/lib/x86_64-linux-gnu"))
     dirs.append(Path("/usr/lib/aarch64-linux-gnu"))
-    seen: set = set()
+    seen: Set[Path] = set()
     out: List[Path] = []
     for d in dirs:
         if d not in seen:
@@ -136,7 +136,7 @@ def _version_of(lib: ctypes.CDLL) -> str:
     f = lib.memprobe_version
     f.restype = ctypes.c_char_p
     f.argtypes = []
-    return f().decode()
+    return str(f().decode())
 
 
 def _abi_of(version: str) -> Tuple[int, int]:
@@ -169,7 +169,7 @@ def _path_of(lib: ctypes.CDLL, fallback: str) -> str:
         info = DlInfo()
         addr = ctypes.cast(lib.memprobe_version, ctypes.c_void_p).value
         if dladdr(addr, ctypes.byref(info)) and info.dli_fname:
-            return os.path.realpath(info.dli_fname.decode())
+            return os.path.realpath(bytes(info.dli_fname).decode())
     except Exception:  # noqa: BLE001 - best effort; the fallback is still right
         pass
     return fallback

@@ -1,8 +1,10 @@
 """Ownership of one C handle, shared by every class that holds one."""
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, TypeVar
 
 from ._ffi import C, check
+
+_Self = TypeVar("_Self", bound="Owned")
 
 
 class Owned:
@@ -32,10 +34,10 @@ class Owned:
             self._closed = True
             check(getattr(C, self._FREE)(self._handle))
 
-    def __enter__(self):
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

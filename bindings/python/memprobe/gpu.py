@@ -27,7 +27,7 @@ import functools
 from collections import namedtuple
 from ctypes import byref, c_int64, c_size_t, c_uint32, c_uint64
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, TypeVar, Union, cast
 
 from . import _ffi
 from ._ffi import C, check
@@ -36,6 +36,9 @@ from .errors import MemprobeError, Status
 from .sources import Source
 from .trace import Trace
 from .units import b2mb
+
+_T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 #: fastai's namedtuple, in MiB.
 GPUMemory = namedtuple("GPUMemory", ["total", "free", "used"])
@@ -99,7 +102,7 @@ def _text(raw: bytes, ok: bool) -> Optional[str]:
 # --- configuration ----------------------------------------------------------
 
 
-def configure(backend="auto", nvml_path: Optional[str] = None, cudart_path: Optional[str] = None) -> None:
+def configure(backend: Union[str, int] = "auto", nvml_path: Optional[str] = None, cudart_path: Optional[str] = None) -> None:
     """Chooses the backend (``"auto"``, ``"nvml"``, ``"cudart"``, ``"none"``
     or a :class:`Backend`) and libraries instead of the environment. Call it
     before any other GPU call (else :class:`~memprobe.WrongOrderError`)."""
@@ -161,7 +164,7 @@ def set_current_device(id: int) -> None:
     check(C.memprobe_gpu_set_current_device(int(id)))
 
 
-_release_keep: list = []
+_release_keep: List[Any] = []
 
 
 def set_cache_release(fn: Optional[Callable[[], object]]) -> None:
@@ -173,7 +176,7 @@ def set_cache_release(fn: Optional[Callable[[], object]]) -> None:
         _release_keep.clear()
         return
 
-    def c_release(_ud) -> int:
+    def c_release(_ud: Any) -> int:
         try:
             fn()
             return 0
@@ -228,7 +231,7 @@ def memory_all() -> List[GpuMemoryInfo]:
         return [GpuMemoryInfo._from_c(arr[i]) for i in range(int(n.value))]
 
 
-def _bytes_reading(fn) -> int:
+def _bytes_reading(fn: Callable[..., int]) -> int:
     out = c_uint64()
     check(fn(byref(out)))
     return int(out.value)
@@ -271,7 +274,7 @@ class Device(Owned):
 
 # --- fastai's utils.mem, in MiB -------------------------------------------------
 
-def _zero_on_no_gpu(fn, zero):
+def _zero_on_no_gpu(fn: Callable[[], _T], zero: _T) -> _T:
     # fastai's functions answer zeros for any failure (no GPU, an invalid
     # id, a driver error); the bytes-level functions raise instead.
     try:
@@ -289,7 +292,8 @@ def gpu_mem_get(id: Optional[int] = None) -> GPUMemory:
 
 def gpu_mem_get_all() -> List[GPUMemory]:
     """fastai: ``[GPUMemory(...), ...]`` in MiB for every device; ``[]`` without a GPU."""
-    return [m.mb() for m in _zero_on_no_gpu(memory_all, [])]
+    none: List[GpuMemoryInfo] = []
+    return [m.mb() for m in _zero_on_no_gpu(memory_all, none)]
 
 
 def gpu_mem_get_free() -> int:
@@ -345,16 +349,16 @@ class GPUMemTrace(Trace):
     a :class:`~memprobe.Trace` over the current GPU's used memory (sampled
     by the monitor while the trace runs)."""
 
-    def __init__(self, silent: bool = False, ctx: Optional[str] = None, on_exit_report: bool = True, **kw):
+    def __init__(self, silent: bool = False, ctx: Optional[str] = None, on_exit_report: bool = True, **kw: Any) -> None:
         super().__init__(gpu_source(), silent=silent, ctx=ctx, on_exit_report=on_exit_report, **kw)
 
 
-def gpu_mem_trace(func):
+def gpu_mem_trace(func: _F) -> _F:
     """fastai's decorator: runs the function in a :class:`GPUMemTrace` that
     reports ``(<qualname>: exit)``."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         t = GPUMemTrace(ctx=func.__qualname__, start=False)
         try:
             with t:
@@ -362,7 +366,7 @@ def gpu_mem_trace(func):
         finally:
             t.close()
 
-    return wrapper
+    return cast(_F, wrapper)
 
 
 __all__ = [

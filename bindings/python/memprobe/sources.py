@@ -6,7 +6,7 @@ import atexit
 import enum
 from ctypes import byref, c_size_t, c_uint32, create_string_buffer
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional, Union
 
 from . import _ffi
 from ._ffi import C, check
@@ -46,7 +46,8 @@ class Fidelity(enum.IntEnum):
     SAMPLED = 2
 
 
-def _enum(cls, value):
+def _enum(cls: Any, value: int) -> Any:
+    """``cls(value)``, or the plain value when it is newer than this package."""
     try:
         return cls(value)
     except ValueError:  # a value newer than this package
@@ -137,7 +138,7 @@ class Source(Owned):
         self._callback_error: List[BaseException] = []
 
     @classmethod
-    def _new(cls, fn: Callable[..., int], *args, keep: object = None) -> "Source":
+    def _new(cls, fn: Callable[..., int], *args: Any, keep: object = None) -> "Source":
         h = _ffi.out_handle()
         check(fn(*args, byref(h)))
         return cls(h.value, keep)
@@ -199,7 +200,7 @@ class Source(Owned):
         cause of an :class:`~memprobe.UnavailableError`."""
         errors: List[BaseException] = []
 
-        def c_read(_user_data, out) -> int:
+        def c_read(_user_data: Any, out: Any) -> int:
             if _finalizing:
                 return 1
             try:
@@ -274,7 +275,7 @@ class Source(Owned):
         status = _read(self._handle, byref(s))
         if status:
             self._raise_read_error(status)
-        return s.used
+        return int(s.used)
 
     def _raise_read_error(self, status: int) -> None:
         check_over(status, (self,))
@@ -334,7 +335,7 @@ def check_over(status: int, sources: Iterable[Source]) -> None:
         raise
 
 
-def as_sources(sources) -> List[Source]:
+def as_sources(sources: Union[None, Source, Iterable[Source]]) -> List[Source]:
     """A list of sources from one source, an iterable of them, or None
     (this process's RSS)."""
     if sources is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from ctypes import byref, c_bool, c_int64, c_size_t, c_uint64, create_string_buffer
-from typing import Callable, Iterable, List, Optional, TextIO, Tuple, TypeVar, Union
+from typing import Any, Callable, Iterable, List, Optional, TextIO, Tuple, TypeVar, Union
 
 from . import _ffi
 from ._ffi import C, check
@@ -20,7 +20,7 @@ from .sources import Source, as_sources, check_over
 from .units import b2mb
 from .windows import Delta
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _note(note: Optional[str]) -> Optional[bytes]:
@@ -82,7 +82,7 @@ class Trace(Owned):
             self._line_cb = _ffi.memprobe_line_fn(self._print_line)
             check(C.memprobe_trace_set_output_callback(self._handle, self._line_cb, None))
 
-    def _print_line(self, line: bytes, _user_data) -> None:
+    def _print_line(self, line: bytes, _user_data: Any) -> None:
         try:
             print(line.decode("utf-8", "replace"), file=self._file or sys.stdout)
         except Exception:  # noqa: BLE001 - never raise into the library
@@ -190,7 +190,7 @@ class Trace(Owned):
             self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._closed:
             return
         if self.on_exit_report:
@@ -230,7 +230,7 @@ def mem_trace(
         label = ctx or getattr(f, "__qualname__", getattr(f, "__name__", "function"))
 
         @functools.wraps(f)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             t = Trace(sources, ctx=label, silent=silent, file=file, start=False)
             try:
                 with t:

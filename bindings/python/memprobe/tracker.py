@@ -24,7 +24,7 @@ import os
 import sys
 from ctypes import byref, c_bool, c_int64, c_uint32, c_uint64
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import _ffi
 from ._ffi import C, check
@@ -97,7 +97,7 @@ class PhaseRecord:
         return self.duration_ns / 1e9
 
     @classmethod
-    def _from_c(cls, r: _ffi.memprobe_phase_record, deltas) -> "PhaseRecord":
+    def _from_c(cls, r: _ffi.memprobe_phase_record, deltas: Iterable[Any]) -> "PhaseRecord":
         return cls(
             kind=_enum(PhaseKind, r.kind),
             name=r.name.decode("utf-8", "replace"),
@@ -181,7 +181,7 @@ class _Phase:
         self._tracker.begin(self._kind, self._name)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.record = self._tracker.end(self._kind, self._name)
 
 
@@ -240,7 +240,7 @@ class Tracker(Owned):
         k, n = _kind(kind, name)
         check_over(C.memprobe_tracker_begin(self._handle, k, n), self._sources)
 
-    def _ending(self, fn, kind: Kind, name: Optional[str]) -> PhaseRecord:
+    def _ending(self, fn: Callable[..., int], kind: Kind, name: Optional[str]) -> PhaseRecord:
         k, n = _kind(kind, name)
         rec = _ffi.memprobe_phase_record()
         count = len(self._sources)
@@ -309,7 +309,7 @@ class Tracker(Owned):
         it. Exceptions are kept in :attr:`callback_errors` (they cannot
         propagate through the library)."""
 
-        def on_record(rec_p, deltas_p, n, _ud) -> None:
+        def on_record(rec_p: Any, deltas_p: Any, n: int, _ud: Any) -> None:
             try:
                 fn(PhaseRecord._from_c(rec_p.contents, [deltas_p[i] for i in range(n)]))
             except BaseException as e:  # noqa: BLE001
@@ -336,7 +336,7 @@ class Tracker(Owned):
         exception fails that release (recorded; other callbacks still run)."""
         label: str = name or getattr(fn, "__name__", None) or "release"
 
-        def c_release(_ud) -> int:
+        def c_release(_ud: Any) -> int:
             try:
                 fn()
                 return 0
@@ -411,9 +411,9 @@ class Tracker(Owned):
         instead of raising, and an out-of-memory report configured for the
         caller trigger (``set_oom_report``) is written. The step must not
         use this tracker (it runs inside the library's call)."""
-        state: dict = {}
+        state: Dict[str, Any] = {}
 
-        def c_step(_ud) -> int:
+        def c_step(_ud: Any) -> int:
             try:
                 state["result"] = step()
                 return _ffi.MEMPROBE_STEP_DONE

@@ -136,7 +136,8 @@ def _generic_plugin_metric() -> type:
                 "memprobe.integrations.avalanche plugin metrics need Avalanche: "
                 "pip install avalanche-lib"
             ) from e
-    return GenericPluginMetric
+    base: type = GenericPluginMetric  # untyped: Any to mypy
+    return base
 
 
 def _plugin_class(name: str) -> type:

@@ -293,7 +293,8 @@ def _lightning_callback_base() -> type:
                 "memprobe.integrations.lightning.MemprobeCallback needs PyTorch "
                 "Lightning: pip install lightning"
             ) from e
-    return pl.Callback
+    base: type = pl.Callback  # untyped: Any to mypy
+    return base
 
 
 _CLASS = None

@@ -88,7 +88,7 @@ class PhasePeaks:
     def __enter__(self) -> "PhasePeaks":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
