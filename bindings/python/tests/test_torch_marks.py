@@ -70,6 +70,37 @@ def test_sources_per_device(cuda):
     srcs.close()
 
 
+def test_closing_the_sources_under_a_window_keeps_one_group(cuda):
+    # Closing the sources while a window holds them, then asking again, used
+    # to make a second group over the same torch counter: each group's
+    # boundaries then reset the peaks the other had not read yet.
+    from memprobe.integrations.torch import allocator_sources
+
+    srcs = allocator_sources(0)
+    epoch = Window(srcs)
+    cuda.alloc(10 * MiB)
+    for s in srcs:
+        s.close()
+    srcs.close()
+    again = allocator_sources(0)
+    cuda.alloc(100 * MiB)
+    cuda.free(100 * MiB)
+    with Window(again) as step:  # a boundary: folds the 110 MiB into the epoch first
+        cuda.alloc(1 * MiB)
+        cuda.free(1 * MiB)
+        assert step.reset()[0].peak == 11 * MiB
+    assert epoch.peaks() == [110 * MiB, 110 * MiB]
+    assert again[0] is srcs[0] and again[1] is srcs[1]  # one group per device
+    # The sources stay usable for every holder, and go when none holds them.
+    assert srcs[0].read().used == 10 * MiB
+    epoch.close()
+    again.close()
+    before = memprobe.live_handles()[0]
+    del srcs, again, s, epoch, step
+    gc.collect()
+    assert memprobe.live_handles()[0] == before - 2
+
+
 def test_temporary_allocation_between_two_boundaries_is_the_peak(cuda):
     from memprobe.integrations.torch import allocator_sources
 

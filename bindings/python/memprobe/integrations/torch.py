@@ -20,6 +20,13 @@ member's mark, then resets torch's peaks, so any number of nested and
 concurrent windows (step, epoch, evaluation) keep exact peaks: a temporary
 tensor that lives for a microsecond between two boundaries is in the peak.
 
+There is one group per device per process, shared by every caller (every
+:func:`allocator_sources` list, tracker, callback): torch has one peak
+counter per device, and two groups over it would reset each other's peaks.
+The sources are released when nothing holds them any more (no list, window,
+trace or tracker); their :meth:`~memprobe.Source.close` does nothing, so
+that one caller cannot take them from under another's windows.
+
 What changes for code that calls ``torch.cuda.max_memory_allocated`` /
 ``max_memory_reserved`` / ``reset_peak_memory_stats`` itself: while windows
 are open over these sources memprobe resets torch's peaks at each boundary,
@@ -46,7 +53,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..marks import MarkGroup
 
@@ -131,6 +138,19 @@ class _HostMarks:
         self._reset()
 
 
+class _SharedSource(Source):
+    """An allocator source: one per mark per process, shared by every caller.
+    It is released when nothing holds it any more; :meth:`close` does
+    nothing, so that one caller cannot end the sources (and with them the
+    group) under another caller's windows."""
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        """Does nothing: the source is shared by every caller in the process
+        and released when no list, window, trace or tracker holds it."""
+
+
 class _Shared:
     """One mark group per allocator (a device, or pinned host memory) for
     the whole process: torch has one peak counter per allocator, so two
@@ -146,32 +166,37 @@ class _Shared:
             self.group = MarkGroup(marks.current, marks.peak, marks.reset)
         self.members: Dict[int, "weakref.ref[Source]"] = {}
 
-    def alive(self) -> bool:
-        return any(self._live(i) is not None for i in list(self.members))
-
-    def _live(self, index: int) -> Optional[Source]:
-        ref = self.members.get(index)
-        s = ref() if ref is not None else None
-        return s if s is not None and not s.closed else None
+    def live(self) -> List[Source]:
+        """The sources over the group that something still holds."""
+        out = []
+        for ref in list(self.members.values()):
+            s = ref()
+            if s is not None and not s.closed:
+                out.append(s)
+        return out
 
     def source(self, index: int) -> Source:
-        s = self._live(index)
-        if s is None:
-            s = self.group.source(index, self.names[index])
+        ref = self.members.get(index)
+        s = ref() if ref is not None else None
+        if s is None or s.closed:
+            s = self.group._source(index, self.names[index], _SharedSource)
             self.members[index] = weakref.ref(s)
         return s
 
 
-_SHARED: Dict[Any, _Shared] = {}
+#: (pid, allocator) -> its group. The pid: a forked child inherits this
+#: dictionary, never the groups in it.
+_SHARED: Dict[Tuple[int, Any], _Shared] = {}
 _LOCK = threading.Lock()
 
 
 def _shared(key: Any, make: Callable[[], _Shared]) -> _Shared:
-    entry = _SHARED.get(key)
-    if entry is None or not entry.alive():
+    full = (os.getpid(), key)
+    entry = _SHARED.get(full)
+    if entry is None or not entry.live():
         if entry is not None:
             entry.group.close()
-        entry = _SHARED[key] = make()
+        entry = _SHARED[full] = make()
     return entry
 
 
