@@ -5,18 +5,21 @@ at ``import memprobe.integrations.torch``), and CUDA is never initialised by
 memprobe: the allocator sources exist once PyTorch has initialised CUDA.
 
 Allocator sources (:func:`allocator_sources`), per visible CUDA device ``N``
-(torch's ordinal, so ``CUDA_VISIBLE_DEVICES`` applies):
+(torch's ordinal, so ``CUDA_VISIBLE_DEVICES`` applies; a device is named as
+torch names it: ``N``, ``"cuda:N"``, ``"cuda"``, ``torch.device``):
 
 - ``torch_alloc:N``: bytes allocated to tensors (``memory_allocated`` /
   ``max_memory_allocated``);
 - ``torch_reserved:N``: bytes the caching allocator holds from the driver
-  (``memory_reserved`` / ``max_memory_reserved``).
+  (``memory_reserved`` / ``max_memory_reserved``);
+- ``torch_active:N`` (``active=True``): bytes in active blocks
+  (``active_bytes``).
 
-Both are exact (fidelity ``EXACT``): the sources of one device form one
+All are exact (fidelity ``EXACT``): the sources of one device form one
 :class:`~memprobe.MarkGroup` whose reset is
 ``torch.cuda.reset_peak_memory_stats(N)``. At every window boundary memprobe
 folds torch's high-water marks into every open window, carries the other
-member's mark, then resets torch's peaks, so any number of nested and
+members' marks, then resets torch's peaks, so any number of nested and
 concurrent windows (step, epoch, evaluation) keep exact peaks: a temporary
 tensor that lives for a microsecond between two boundaries is in the peak.
 
@@ -36,6 +39,10 @@ the start of the program (or the caller's last reset). Use
 were created. A ``reset_peak_memory_stats`` of the caller's own, between two
 boundaries, loses the part of the interval before it for every window.
 
+Sources made before ``os.fork()`` raise in the child
+(:class:`~memprobe.UnavailableError`, caused by a RuntimeError saying so):
+torch's CUDA state does not survive a fork, and torch would read 0 there.
+
 Out-of-memory reports (:func:`report_oom`): one line attaches PyTorch's
 out-of-memory observer to a tracker's report, written before
 ``torch.cuda.OutOfMemoryError`` is raised.
@@ -49,11 +56,12 @@ torch without them.
 from __future__ import annotations
 
 import gc
+import operator
 import os
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..marks import MarkGroup
 
@@ -63,7 +71,31 @@ from ..sources import Source
 from ..windows import Window
 
 #: Mark index -> (source name prefix, torch's stat name).
-_DEVICE_MARKS = (("torch_alloc", "allocated_bytes"), ("torch_reserved", "reserved_bytes"))
+_DEVICE_MARKS = (
+    ("torch_alloc", "allocated_bytes"),
+    ("torch_reserved", "reserved_bytes"),
+    ("torch_active", "active_bytes"),
+)
+
+
+#: Bumped in a forked child: marks made before the fork refuse to read.
+_FORKS = [0]
+
+
+def _after_fork_in_child() -> None:
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _forked_error(made_in: int) -> RuntimeError:
+    return RuntimeError(
+        f"these PyTorch allocator sources were made in process {made_in}, before a fork: this is a "
+        f"forked child (pid {os.getpid()}), where PyTorch's CUDA state is not usable (torch would read "
+        "0 bytes here). Measure in the parent, or start workers with the 'spawn' method and make "
+        "allocator sources there once CUDA is initialised"
+    )
 
 
 def _torch() -> Any:
@@ -97,6 +129,8 @@ class _DeviceMarks:
 
     def __init__(self, cuda: Any, device: int):
         self.device = device
+        self._pid = os.getpid()
+        self._forks = _FORKS[0]
         nested = getattr(cuda, "memory_stats_as_nested_dict", None)
         if nested is None:  # pragma: no cover - every torch since 1.4 has it
             flat = cuda.memory_stats
@@ -112,12 +146,16 @@ class _DeviceMarks:
         self._nested: Callable[[int], Dict[str, Any]] = nested
         self._reset = cuda.reset_peak_memory_stats
 
-    def read_many(self, what: str, indices: Iterable[int]) -> List[int]:
+    def read_many(self, what: str, indices: Sequence[int]) -> List[int]:
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
         stats = self._nested(self.device)
         # An allocator that never allocated has no entry yet: 0 bytes.
         return [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
 
     def reset(self) -> None:
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
         self._reset(self.device)
 
 
@@ -125,16 +163,25 @@ class _HostMarks:
     """The pinned host allocator's mark (``host_memory_stats``)."""
 
     def __init__(self, cuda: Any):
+        self._pid = os.getpid()
+        self._forks = _FORKS[0]
         self._stats = cuda.host_memory_stats
         self._reset = cuda.reset_peak_host_memory_stats
 
+    def _read(self) -> Dict[str, Any]:
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
+        return self._stats()
+
     def current(self, index: int) -> int:
-        return int(self._stats().get("allocated_bytes.current", 0))
+        return int(self._read().get("allocated_bytes.current", 0))
 
     def peak(self, index: int) -> int:
-        return int(self._stats().get("allocated_bytes.peak", 0))
+        return int(self._read().get("allocated_bytes.peak", 0))
 
     def reset(self) -> None:
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
         self._reset()
 
 
@@ -185,7 +232,7 @@ class _Shared:
 
 
 #: (pid, allocator) -> its group. The pid: a forked child inherits this
-#: dictionary, never the groups in it.
+#: dictionary, never the groups in it (see _forked_error).
 _SHARED: Dict[Tuple[int, Any], _Shared] = {}
 _LOCK = threading.Lock()
 
@@ -216,12 +263,19 @@ class AllocatorSources(List[Source]):
     def names(self) -> List[str]:
         return [s.name for s in self]
 
-    def peak_since_start(self, name: Optional[str] = None) -> Union[int, Dict[str, int]]:
-        """The peak of each source since this list was created, bytes
-        (``{"torch_alloc:0": ..., ...}``), or the peak of source ``name``."""
+    def since_start(self) -> Window:
+        """The window open since this list was created (one delta per
+        source, in the list's order): ``since_start().reset()`` ends it and
+        starts it over without disturbing other windows."""
         if self._since_start is None:
             raise ValueError("these allocator sources are closed (or empty)")
-        peaks = dict(zip(self.names(), self._since_start.peaks()))
+        return self._since_start
+
+    def peak_since_start(self, name: Optional[str] = None) -> Union[int, Dict[str, int]]:
+        """The peak of each source since this list was created (or since
+        ``since_start().reset()``), bytes (``{"torch_alloc:0": ..., ...}``),
+        or the peak of source ``name``."""
+        peaks = dict(zip(self.names(), self.since_start().peaks()))
         if name is None:
             return peaks
         try:
@@ -242,37 +296,82 @@ class AllocatorSources(List[Source]):
 
 
 def _require_cuda_initialized(torch: Any) -> None:
-    if not torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
+        return
+    bad_fork = getattr(torch.cuda, "_is_in_bad_fork", None)
+    if bad_fork is not None and bad_fork():
         raise RuntimeError(
-            "PyTorch has not initialised CUDA in this process: memprobe does not "
-            "initialise it for you (that would take GPU memory and time). Create "
-            "the allocator sources after the model or a tensor is on the GPU "
-            "(torch.cuda.init() initialises it explicitly)."
+            f"this is a process forked (pid {os.getpid()}) after PyTorch initialised CUDA in its parent: "
+            "CUDA cannot be used here, so there is nothing for memprobe to measure (torch would read 0 "
+            "bytes). Measure in the parent, or start workers with the 'spawn' method"
         )
+    raise RuntimeError(
+        "PyTorch has not initialised CUDA in this process: memprobe does not "
+        "initialise it for you (that would take GPU memory and time). Create "
+        "the allocator sources after the model or a tensor is on the GPU "
+        "(torch.cuda.init() initialises it explicitly)."
+    )
 
 
-def allocator_sources(
-    device: Union[int, Iterable[int], None] = None, *, reserved: bool = True
-) -> AllocatorSources:
-    """Exact sources over PyTorch's CUDA caching allocator: ``torch_alloc:N``
-    and (``reserved``) ``torch_reserved:N`` for device ``N`` (an ordinal, a
-    list of them, or None: every visible device). Only once CUDA is
-    initialised (``torch.cuda.is_initialized()``), else RuntimeError: memprobe
-    never initialises CUDA. See the module's documentation for what changes
-    for code that reads ``torch.cuda.max_memory_*`` itself."""
-    torch = _torch()
-    _require_cuda_initialized(torch)
-    cuda = torch.cuda
-    count = int(cuda.device_count())
+def _device_index(torch: Any, device: Any) -> int:
+    """A CUDA ordinal from a device as torch names it: ``N``, ``"cuda:N"``,
+    ``"cuda"`` (the current device), ``torch.device``, ``torch.cuda.device``."""
+    if isinstance(device, bool):
+        raise TypeError(f"a CUDA device is an int, 'cuda:N' or torch.device, not {device!r}")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"not a CUDA device: {device!r} ({e})") from None
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"not a CUDA device: {str(device)!r}")
+        return int(torch.cuda.current_device()) if device.index is None else int(device.index)
+    idx = getattr(device, "idx", None)  # torch.cuda.device(N)
+    if isinstance(idx, int) and not isinstance(idx, bool):
+        return idx
+    try:
+        return operator.index(device)  # numpy integers
+    except TypeError:
+        raise TypeError(
+            f"a CUDA device is an int, 'cuda', 'cuda:N' or torch.device, not {type(device).__name__} {device!r}"
+        ) from None
+
+
+def _devices(torch: Any, device: Any, count: int) -> List[int]:
     if device is None:
-        devices = list(range(count))
-    elif isinstance(device, int):
-        devices = [device]
+        return list(range(count))
+    if isinstance(device, (str, int)) or isinstance(device, torch.device) or hasattr(device, "idx"):
+        devices = [_device_index(torch, device)]
     else:
-        devices = [int(d) for d in device]
+        try:
+            items = list(device)
+        except TypeError:
+            devices = [_device_index(torch, device)]
+        else:
+            devices = [_device_index(torch, d) for d in items]
     for d in devices:
         if not 0 <= d < count:
             raise ValueError(f"no CUDA device {d}: {count} visible")
+    return devices
+
+
+def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool = False) -> AllocatorSources:
+    """Exact sources over PyTorch's CUDA caching allocator: ``torch_alloc:N``,
+    (``reserved``) ``torch_reserved:N`` and (``active``) ``torch_active:N``
+    for device ``N``: an ordinal, ``"cuda:N"``, ``"cuda"`` (the current
+    device), a ``torch.device``, a list of them, or None (every visible
+    device). Only once CUDA is initialised (``torch.cuda.is_initialized()``),
+    else RuntimeError: memprobe never initialises CUDA. See the module's
+    documentation for what changes for code that reads
+    ``torch.cuda.max_memory_*`` itself."""
+    torch = _torch()
+    _require_cuda_initialized(torch)
+    cuda = torch.cuda
+    devices = _devices(torch, device, int(cuda.device_count()))
+    wanted = [0] + ([1] if reserved else []) + ([2] if active else [])
     sources: List[Source] = []
     with _LOCK:
         for d in devices:
@@ -281,7 +380,7 @@ def allocator_sources(
                 return _Shared(_DeviceMarks(cuda, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
 
             entry = _shared(("cuda", d), make)
-            for index in range(2 if reserved else 1):
+            for index in wanted:
                 sources.append(entry.source(index))
     return AllocatorSources(sources)
 
