@@ -14,7 +14,12 @@ measure memprobe's overhead around a fake whose reads are much cheaper
 than the CUDA allocator's, so the ratio is an upper bound; re-measure on a
 GPU. Variants, median time per boundary:
 
-- ``pair``: ``max_memory_allocated(0)`` then ``reset_peak_memory_stats(0)``;
+- ``pair``: ``max_memory_allocated(0)`` then torch's reset
+  (``torch._C._cuda_resetPeakMemoryStats(0)``, what
+  ``reset_peak_memory_stats(0)`` calls after resolving the device: while
+  allocator sources exist memprobe makes a reset through the Python API a
+  boundary of its own, so the bare binding is what a loop without memprobe
+  pays);
 - ``restart alloc``: ``Window.restart()`` over ``torch_alloc:0``;
 - ``reset alloc``: ``Window.reset()`` (the ended interval as a Delta);
 - ``restart alloc+reserved``: ``Window.restart()`` over both sources.
@@ -87,10 +92,14 @@ def main() -> int:
         keep = torch.ones(1 << 20, device="cuda:0")  # something allocated
         where = torch.cuda.get_device_name(0)
     cuda = torch.cuda
+    # torch's own reset, taken before memprobe carries the caller's resets
+    # (a reset made through torch's Python API while sources exist is a
+    # memprobe boundary): what the pair costs without memprobe.
+    raw_reset = torch._C._cuda_resetPeakMemoryStats
 
     def pair() -> None:
         cuda.max_memory_allocated(0)
-        cuda.reset_peak_memory_stats(0)
+        raw_reset(0)
 
     alloc = allocator_sources(0, reserved=False)
     both = allocator_sources(0)

@@ -31,13 +31,25 @@ trace or tracker); their :meth:`~memprobe.Source.close` does nothing, so
 that one caller cannot take them from under another's windows.
 
 What changes for code that calls ``torch.cuda.max_memory_allocated`` /
-``max_memory_reserved`` / ``reset_peak_memory_stats`` itself: while windows
-are open over these sources memprobe resets torch's peaks at each boundary,
-so ``max_memory_*`` report the peak since memprobe's last boundary, not since
-the start of the program (or the caller's last reset). Use
-:meth:`AllocatorSources.peak_since_start` for the peak since the sources
-were created. A ``reset_peak_memory_stats`` of the caller's own, between two
-boundaries, loses the part of the interval before it for every window.
+``max_memory_reserved`` itself: while sources exist memprobe resets torch's
+peaks at each boundary, so ``max_memory_*`` report the peak since memprobe's
+last boundary, not since the start of the program (or the caller's last
+reset). Use :meth:`AllocatorSources.peak_since_start` for the peak since the
+sources were created.
+
+The caller's own resets are carried: while a device's sources exist,
+``torch.cuda.reset_peak_memory_stats`` (and ``torch.cuda.memory``'s, and
+``reset_max_memory_allocated`` / ``reset_max_memory_cached``, which call
+it, and ``torch._C._cuda_resetPeakMemoryStats`` under all of them, so that
+a reference taken before memprobe was imported is carried too) is made a
+memprobe boundary whose reset is the caller's: torch's peaks are folded into
+every open window first, then reset as asked. What memprobe cannot carry is
+a reset made from C++ (``c10::cuda::CUDACachingAllocator::resetPeakStats``
+called by an extension): the part of the interval before it is lost. When
+memprobe sees the evidence of one — a peak below a value it read since its
+own last reset — it counts it (:func:`foreign_resets`) and warns once per
+device (:class:`ForeignResetWarning`): the peaks of the windows open across
+it may be low.
 
 Sources made before ``os.fork()`` raise in the child
 (:class:`~memprobe.UnavailableError`, caused by a RuntimeError saying so):
@@ -60,15 +72,18 @@ import operator
 import os
 import sys
 import threading
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from ..errors import MemprobeError
 from ..marks import MarkGroup
 
 if TYPE_CHECKING:
     from ..tracker import OomCache
 from ..sources import Source
 from ..windows import Window
+from . import _torch_resets
 
 #: Mark index -> (source name prefix, torch's stat name).
 _DEVICE_MARKS = (
@@ -76,6 +91,13 @@ _DEVICE_MARKS = (
     ("torch_reserved", "reserved_bytes"),
     ("torch_active", "active_bytes"),
 )
+
+
+class ForeignResetWarning(RuntimeWarning):
+    """torch's peak counters were reset behind memprobe's back (from C++:
+    a reset through torch's Python API is carried): the peaks of the windows
+    open at the time may be low. Issued once per device and process;
+    :func:`foreign_resets` counts every one seen."""
 
 
 #: Bumped in a forked child: marks made before the fork refuse to read.
@@ -125,7 +147,12 @@ class _DeviceMarks:
     boundary over ``torch_alloc:N`` and ``torch_reserved:N`` makes two such
     reads and one ``reset_peak_memory_stats(N)``. The nested dictionary is
     the cheaper read: torch's own ``memory_allocated`` builds it and then
-    flattens and sorts it."""
+    flattens and sorts it.
+
+    It also watches for resets it did not make: torch's peak never goes
+    below any value read since the last reset, so a peak below the highest
+    value memprobe read since its own last reset is a reset made elsewhere
+    (from C++; a Python reset is carried, see the module's documentation)."""
 
     def __init__(self, cuda: Any, device: int):
         self.device = device
@@ -144,19 +171,56 @@ class _DeviceMarks:
                 return out
 
         self._nested: Callable[[int], Dict[str, Any]] = nested
-        self._reset = cuda.reset_peak_memory_stats
+        # torch's own reset, not memprobe's carrying wrapper around it.
+        self._reset = _torch_resets.unwrapped(cuda.reset_peak_memory_stats)
+        #: Per mark index: the highest value read since memprobe's last reset.
+        self._floor: Dict[int, int] = {}
+        self.foreign_resets = 0
+        self._warned = False
 
     def read_many(self, what: str, indices: Sequence[int]) -> List[int]:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
         stats = self._nested(self.device)
         # An allocator that never allocated has no entry yet: 0 bytes.
-        return [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
+        values = [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
+        floor = self._floor
+        lost = False
+        for i, v in zip(indices, values):
+            seen = floor.get(i, 0)
+            if v > seen:
+                floor[i] = v
+            elif what == "peak" and v < seen:
+                lost = True
+                floor[i] = v
+        if lost:
+            self._lost_reset()
+        return values
+
+    def _lost_reset(self) -> None:
+        self.foreign_resets += 1
+        if self._warned:
+            return
+        self._warned = True
+        try:
+            warnings.warn(
+                ForeignResetWarning(
+                    f"torch's peak memory statistics of cuda:{self.device} were reset outside memprobe "
+                    "(from C++, e.g. c10::cuda::CUDACachingAllocator::resetPeakStats): the peaks of the "
+                    "windows open across that reset may be low. Resets through torch's Python API are "
+                    "carried; memprobe.integrations.torch.foreign_resets() counts the others"
+                ),
+                stacklevel=2,
+            )
+        except Exception:  # noqa: BLE001 - a warnings filter set to "error": counted all the same
+            pass
 
     def reset(self) -> None:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
-        self._reset(self.device)
+        with _torch_resets.own_reset():
+            self._reset(self.device)
+        self._floor.clear()
 
 
 class _HostMarks:
@@ -166,7 +230,8 @@ class _HostMarks:
         self._pid = os.getpid()
         self._forks = _FORKS[0]
         self._stats = cuda.host_memory_stats
-        self._reset = cuda.reset_peak_host_memory_stats
+        self._reset = _torch_resets.unwrapped(cuda.reset_peak_host_memory_stats)
+        self.foreign_resets = 0
 
     def _read(self) -> Dict[str, Any]:
         if self._forks != _FORKS[0]:
@@ -182,7 +247,8 @@ class _HostMarks:
     def reset(self) -> None:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
-        self._reset()
+        with _torch_resets.own_reset():
+            self._reset()
 
 
 class _SharedSource(Source):
@@ -245,6 +311,54 @@ def _shared(key: Any, make: Callable[[], _Shared]) -> _Shared:
             entry.group.close()
         entry = _SHARED[full] = make()
     return entry
+
+
+def _carry(key: Any) -> bool:
+    """Makes a boundary over every live source of allocator ``key``: folds
+    torch's peaks into every open window, then resets them (the caller's
+    reset, done by memprobe). False when there is no such source or the
+    boundary failed (the caller then makes the reset itself)."""
+    with _LOCK:
+        entry = _SHARED.get((os.getpid(), key))
+        members = entry.live() if entry is not None else []
+    if not members:
+        return False
+    try:
+        Window(members).close()
+    except MemprobeError:
+        return False
+    return True
+
+
+def _reset_key(device: Any) -> Optional[Tuple[str, int]]:
+    """The allocator a caller's ``reset_peak_memory_stats(device)`` resets,
+    when memprobe has sources over some device (None otherwise, without
+    resolving ``device``: ``None`` or ``"cuda"`` would ask torch for its
+    current device)."""
+    pid = os.getpid()
+    with _LOCK:
+        if not any(p == pid and e.live() for (p, _), e in _SHARED.items()):
+            return None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return ("cuda", _device_index(torch, device))
+    except Exception:  # noqa: BLE001 - torch's own function says what is wrong
+        return None
+
+
+def foreign_resets(device: Any = None) -> int:
+    """How many resets of torch's peak counters memprobe saw evidence of
+    but did not carry (resets from C++; see the module's documentation), on
+    ``device`` (None: every device) since its sources were made."""
+    torch = sys.modules.get("torch")
+    wanted = None if device is None or torch is None else _device_index(torch, device)
+    with _LOCK:
+        entries = [e for (pid, key), e in _SHARED.items() if pid == os.getpid()]
+    return sum(
+        e.marks.foreign_resets for e in entries if wanted is None or getattr(e.marks, "device", None) == wanted
+    )
 
 
 class AllocatorSources(List[Source]):
@@ -366,7 +480,7 @@ def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool
     device). Only once CUDA is initialised (``torch.cuda.is_initialized()``),
     else RuntimeError: memprobe never initialises CUDA. See the module's
     documentation for what changes for code that reads
-    ``torch.cuda.max_memory_*`` itself."""
+    ``torch.cuda.max_memory_*`` or resets it itself."""
     torch = _torch()
     _require_cuda_initialized(torch)
     cuda = torch.cuda
@@ -374,6 +488,7 @@ def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool
     wanted = [0] + ([1] if reserved else []) + ([2] if active else [])
     sources: List[Source] = []
     with _LOCK:
+        _torch_resets.install(torch, _carry, _reset_key)
         for d in devices:
 
             def make(d: int = d) -> _Shared:
@@ -399,6 +514,7 @@ def pinned_sources() -> AllocatorSources:
         )
     _require_cuda_initialized(torch)
     with _LOCK:
+        _torch_resets.install(torch, _carry, _reset_key)
         entry = _shared("pinned", lambda: _Shared(_HostMarks(cuda), ["torch_pinned"]))
         return AllocatorSources([entry.source(0)])
 
@@ -595,10 +711,12 @@ def report_oom(
 
 __all__ = [
     "AllocatorSources",
+    "ForeignResetWarning",
     "allocator_sources",
     "cuda_initialized",
     "default_sources",
     "empty_cache_release",
+    "foreign_resets",
     "install_cache_release",
     "peak_since_start",
     "pinned_sources",
