@@ -3,8 +3,11 @@
 the bare ``max_memory_allocated() + reset_peak_memory_stats()`` pair a
 training loop would call itself, in one run.
 
-    MEMPROBE_LIBRARY=target/release/libmemprobe.so \\
-        python3 bindings/python/bench/bench_torch_marks.py [--fake] [--rounds 15] [--calls 20000]
+    python3 bindings/python/bench/bench_torch_marks.py [--fake] [--rounds 15] [--calls 20000]
+
+memprobe is the installed package (``pip install ./bindings/python``), else
+this checkout's source tree with the library built in target/ or named by
+MEMPROBE_LIBRARY (bench/_memprobe_import.py); the header names which.
 
 On a machine with CUDA the real ``torch.cuda`` of device 0 is used (CUDA
 is initialised by the script, a small tensor allocated). Without CUDA, or
@@ -40,15 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-ROOT = HERE.parent.parent.parent
-if not os.environ.get("MEMPROBE_LIBRARY"):
-    cand = ROOT / "target" / "release" / "libmemprobe.so"
-    if cand.exists():
-        os.environ["MEMPROBE_LIBRARY"] = str(cand)
+from _memprobe_import import describe, import_memprobe
 
-import memprobe  # noqa: E402
+HERE = Path(__file__).resolve().parent
+memprobe = import_memprobe()
 from memprobe.integrations.torch import allocator_sources  # noqa: E402
 
 
@@ -119,7 +117,7 @@ def main() -> int:
     w_both.close()
     del keep
 
-    print(f"# {where}; torch {torch.__version__}; memprobe {memprobe.library_version()}; "
+    print(f"# {where}; torch {torch.__version__}; {describe(memprobe)}; "
           f"Python {platform.python_version()}; {args.rounds} rounds x {args.calls} calls")
     base = statistics.median(results["pair"])
     for name, xs in results.items():
