@@ -87,6 +87,24 @@ def test_every_way_to_reset_through_torchs_python_api_is_carried(cuda, how):
     srcs.close()
 
 
+def test_a_torch_without_the_binding_is_carried_through_its_python_function(cuda, monkeypatch):
+    import torch
+
+    from memprobe.integrations.torch import allocator_sources
+
+    monkeypatch.delattr(torch._C, "_cuda_resetPeakMemoryStats")
+    srcs = allocator_sources(0)  # memprobe's own resets go through torch.cuda's function
+    with Window(srcs) as w:
+        cuda.alloc(500 * MiB)
+        cuda.free(400 * MiB)
+        resets = cuda.resets[0]
+        torch.cuda.reset_peak_memory_stats(0)
+        assert cuda.resets[0] == resets + 1
+        assert w.reset()[0].peak == 500 * MiB
+        assert cuda.resets[0] == resets + 2  # and the boundary's own
+    srcs.close()
+
+
 def test_nested_windows_and_a_tracker_keep_their_peaks_across_user_resets(cuda):
     import torch
 

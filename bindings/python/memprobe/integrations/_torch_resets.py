@@ -24,28 +24,30 @@ from __future__ import annotations
 
 import functools
 import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 #: The attribute that marks memprobe's wrapper and holds torch's function.
 _ORIGINAL = "_memprobe_original"
 
-_own = threading.local()
+class _OwnReset(threading.local):
+    """``with OWN_RESET:`` marks memprobe's own reset on this thread: the
+    wrappers under it (``torch._C``'s) pass it through. A class rather than
+    a generator context manager: it runs at every window boundary."""
+
+    depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.depth -= 1
 
 
-@contextmanager
-def own_reset() -> Iterator[None]:
-    """Marks memprobe's own reset on this thread: the wrappers under it
-    (``torch._C``'s) pass it through."""
-    _own.depth = getattr(_own, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _own.depth -= 1
+OWN_RESET = _OwnReset()
 
 
 def _inside_own_reset() -> bool:
-    return getattr(_own, "depth", 0) > 0
+    return OWN_RESET.depth > 0
 
 
 def unwrapped(fn: Any) -> Any:

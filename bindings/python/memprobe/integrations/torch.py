@@ -154,7 +154,8 @@ class _DeviceMarks:
     value memprobe read since its own last reset is a reset made elsewhere
     (from C++; a Python reset is carried, see the module's documentation)."""
 
-    def __init__(self, cuda: Any, device: int):
+    def __init__(self, torch: Any, device: int):
+        cuda = torch.cuda
         self.device = device
         self._pid = os.getpid()
         self._forks = _FORKS[0]
@@ -171,10 +172,15 @@ class _DeviceMarks:
                 return out
 
         self._nested: Callable[[int], Dict[str, Any]] = nested
-        # torch's own reset, not memprobe's carrying wrapper around it.
-        self._reset = _torch_resets.unwrapped(cuda.reset_peak_memory_stats)
+        # torch's own reset, not memprobe's carrying wrapper around it: the
+        # binding that reset_peak_memory_stats(N) calls for an int N (one
+        # Python call less at every boundary), else that function itself,
+        # with the wrappers under it told that the reset is memprobe's.
+        raw = getattr(getattr(torch, "_C", None), "_cuda_resetPeakMemoryStats", None)
+        self._guarded = raw is None
+        self._reset = _torch_resets.unwrapped(cuda.reset_peak_memory_stats if raw is None else raw)
         #: Per mark index: the highest value read since memprobe's last reset.
-        self._floor: Dict[int, int] = {}
+        self._floor = [0] * len(_DEVICE_MARKS)
         self.foreign_resets = 0
         self._warned = False
 
@@ -187,10 +193,9 @@ class _DeviceMarks:
         floor = self._floor
         lost = False
         for i, v in zip(indices, values):
-            seen = floor.get(i, 0)
-            if v > seen:
+            if v > floor[i]:
                 floor[i] = v
-            elif what == "peak" and v < seen:
+            elif v < floor[i] and what == "peak":
                 lost = True
                 floor[i] = v
         if lost:
@@ -218,9 +223,12 @@ class _DeviceMarks:
     def reset(self) -> None:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
-        with _torch_resets.own_reset():
+        if self._guarded:
+            with _torch_resets.OWN_RESET:
+                self._reset(self.device)
+        else:
             self._reset(self.device)
-        self._floor.clear()
+        self._floor = [0] * len(_DEVICE_MARKS)
 
 
 class _HostMarks:
@@ -247,7 +255,7 @@ class _HostMarks:
     def reset(self) -> None:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
-        with _torch_resets.own_reset():
+        with _torch_resets.OWN_RESET:
             self._reset()
 
 
@@ -492,7 +500,7 @@ def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool
         for d in devices:
 
             def make(d: int = d) -> _Shared:
-                return _Shared(_DeviceMarks(cuda, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
+                return _Shared(_DeviceMarks(torch, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
 
             entry = _shared(("cuda", d), make)
             for index in wanted:
