@@ -41,7 +41,8 @@ The caller's own resets are carried: while a device's sources exist,
 ``torch.cuda.reset_peak_memory_stats`` (and ``torch.cuda.memory``'s, and
 ``reset_max_memory_allocated`` / ``reset_max_memory_cached``, which call
 it, and ``torch._C._cuda_resetPeakMemoryStats`` under all of them, so that
-a reference taken before memprobe was imported is carried too) is made a
+a reference taken before memprobe wrapped them, as with
+``from torch.cuda import reset_peak_memory_stats``, is carried too) is made a
 memprobe boundary whose reset is the caller's: torch's peaks are folded into
 every open window first, then reset as asked. What memprobe cannot carry is
 a reset made from C++ (``c10::cuda::CUDACachingAllocator::resetPeakStats``
