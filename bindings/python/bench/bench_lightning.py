@@ -12,8 +12,9 @@ without the callback. Figures: docs/bindings-benchmarks.md.
 
     python bench/bench_lightning.py [--rounds 9] [--steps 400] [--hidden 384]
 
-Needs torch and lightning, and libmemprobe (the installed package, or
-MEMPROBE_LIBRARY).
+Needs torch and lightning, and memprobe: the installed package, else this
+checkout's source tree with the library of target/ or MEMPROBE_LIBRARY
+(bench/_memprobe_import.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 from typing import Dict, List, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _memprobe_import import describe, import_memprobe
+
+memprobe = import_memprobe()
 
 import torch  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
@@ -156,6 +158,7 @@ def main() -> None:
                 cpu[v].append(c)
     print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f} at the end; {args.rounds} rounds x {args.steps} steps")
+    print(describe(memprobe))
     print("overhead: of the medians of per-run step times; paired: the median over rounds of "
           "(this variant / no callback) in the same round")
     labels = {"without": "no callback", "defaults": "MemprobeCallback() (defaults)",

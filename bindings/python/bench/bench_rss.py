@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """RSS read cost: memprobe (through the Python binding) vs psutil, in one run.
 
-    MEMPROBE_LIBRARY=target/release/libmemprobe.so \\
-        python3 bindings/python/bench/bench_rss.py [--rounds 15] [--calls 20000]
+    python3 bindings/python/bench/bench_rss.py [--rounds 15] [--calls 20000]
+
+memprobe is the installed package (``pip install ./bindings/python``), else
+this checkout's source tree with the library built in target/ or named by
+MEMPROBE_LIBRARY (bench/_memprobe_import.py); the header names which.
 
 Each variant is timed for ``--rounds`` rounds of ``--calls`` calls (after a
 warm-up); the script prints the median time per call of every variant and
@@ -19,17 +22,10 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-ROOT = HERE.parent.parent.parent
-if not os.environ.get("MEMPROBE_LIBRARY"):
-    cand = ROOT / "target" / "release" / "libmemprobe.so"
-    if cand.exists():
-        os.environ["MEMPROBE_LIBRARY"] = str(cand)
+from _memprobe_import import describe, import_memprobe
 
-import memprobe  # noqa: E402
+memprobe = import_memprobe()
 
 try:
     import psutil
@@ -70,7 +66,7 @@ def main() -> int:
     ]
     medians = {}
     print(
-        f"memprobe {memprobe.library_version()} ({memprobe.library_path()}), psutil {psutil.__version__}, "
+        f"{describe(memprobe)}, psutil {psutil.__version__}, "
         f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
     )
     print(f"{args.rounds} rounds x {args.calls} calls, median per call:")

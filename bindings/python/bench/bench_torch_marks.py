@@ -3,8 +3,11 @@
 the bare ``max_memory_allocated() + reset_peak_memory_stats()`` pair a
 training loop would call itself, in one run.
 
-    MEMPROBE_LIBRARY=target/release/libmemprobe.so \\
-        python3 bindings/python/bench/bench_torch_marks.py [--fake] [--rounds 15] [--calls 20000]
+    python3 bindings/python/bench/bench_torch_marks.py [--fake] [--rounds 15] [--calls 20000]
+
+memprobe is the installed package (``pip install ./bindings/python``), else
+this checkout's source tree with the library built in target/ or named by
+MEMPROBE_LIBRARY (bench/_memprobe_import.py); the header names which.
 
 On a machine with CUDA the real ``torch.cuda`` of device 0 is used (CUDA
 is initialised by the script, a small tensor allocated). Without CUDA, or
@@ -14,7 +17,12 @@ measure memprobe's overhead around a fake whose reads are much cheaper
 than the CUDA allocator's, so the ratio is an upper bound; re-measure on a
 GPU. Variants, median time per boundary:
 
-- ``pair``: ``max_memory_allocated(0)`` then ``reset_peak_memory_stats(0)``;
+- ``pair``: ``max_memory_allocated(0)`` then torch's reset
+  (``torch._C._cuda_resetPeakMemoryStats(0)``, what
+  ``reset_peak_memory_stats(0)`` calls after resolving the device: while
+  allocator sources exist memprobe makes a reset through the Python API a
+  boundary of its own, so the bare binding is what a loop without memprobe
+  pays);
 - ``restart alloc``: ``Window.restart()`` over ``torch_alloc:0``;
 - ``reset alloc``: ``Window.reset()`` (the ended interval as a Delta);
 - ``restart alloc+reserved``: ``Window.restart()`` over both sources.
@@ -35,15 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-ROOT = HERE.parent.parent.parent
-if not os.environ.get("MEMPROBE_LIBRARY"):
-    cand = ROOT / "target" / "release" / "libmemprobe.so"
-    if cand.exists():
-        os.environ["MEMPROBE_LIBRARY"] = str(cand)
+from _memprobe_import import describe, import_memprobe
 
-import memprobe  # noqa: E402
+HERE = Path(__file__).resolve().parent
+memprobe = import_memprobe()
 from memprobe.integrations.torch import allocator_sources  # noqa: E402
 
 
@@ -87,10 +90,14 @@ def main() -> int:
         keep = torch.ones(1 << 20, device="cuda:0")  # something allocated
         where = torch.cuda.get_device_name(0)
     cuda = torch.cuda
+    # torch's own reset, taken before memprobe carries the caller's resets
+    # (a reset made through torch's Python API while sources exist is a
+    # memprobe boundary): what the pair costs without memprobe.
+    raw_reset = torch._C._cuda_resetPeakMemoryStats
 
     def pair() -> None:
         cuda.max_memory_allocated(0)
-        cuda.reset_peak_memory_stats(0)
+        raw_reset(0)
 
     alloc = allocator_sources(0, reserved=False)
     both = allocator_sources(0)
@@ -110,7 +117,7 @@ def main() -> int:
     w_both.close()
     del keep
 
-    print(f"# {where}; torch {torch.__version__}; memprobe {memprobe.library_version()}; "
+    print(f"# {where}; torch {torch.__version__}; {describe(memprobe)}; "
           f"Python {platform.python_version()}; {args.rounds} rounds x {args.calls} calls")
     base = statistics.median(results["pair"])
     for name, xs in results.items():

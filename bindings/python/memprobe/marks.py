@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import enum
 from ctypes import byref
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Type
 
 from . import _ffi, sources
 from ._ffi import C, check
@@ -168,11 +168,13 @@ class MarkGroup(Owned):
         printable bytes). One live source per index (a second one is
         :class:`~memprobe.InvalidArgumentError` until the first is closed
         along with every window over it)."""
+        return self._source(index, name, Source)
+
+    def _source(self, index: int, name: str, cls: Type[Source]) -> Source:
+        # ``cls``: a Source subclass (the torch integration's shared sources).
         if index < 0:
             raise ValueError(f"mark index must be >= 0, not {index}")
-        src = Source._new(
-            C.memprobe_source_new_mark, self._handle, int(index), name.encode(), keep=self._callbacks
-        )
+        src = cls._new(C.memprobe_source_new_mark, self._handle, int(index), name.encode(), keep=self._callbacks)
         src._callback_error = self._errors
         return src
 

@@ -2,10 +2,14 @@
 
 CI has no GPU and a CPU build of torch (``torch.cuda.is_initialized()`` is
 False there). :meth:`FakeCuda.install` patches the statistics functions onto
-the real ``torch.cuda`` module (as PyTorch's own would behave: one allocated
-and one reserved counter per device, each with a high-water mark that
-``reset_peak_memory_stats(device)`` resets to the current value), and the
-test scripts allocations with :meth:`alloc` / :meth:`free`.
+the real ``torch.cuda`` and ``torch.cuda.memory`` modules (as PyTorch's own
+would behave: one allocated, one reserved and one active counter per device,
+each with a high-water mark that ``reset_peak_memory_stats(device)`` resets
+to the current value), and the test scripts allocations with :meth:`alloc` /
+:meth:`free`. As in PyTorch, ``reset_peak_memory_stats`` resolves the device
+(``None``: the current one) and calls ``torch._C._cuda_resetPeakMemoryStats``,
+looked up at each call; torch's own ``reset_max_memory_allocated`` /
+``reset_max_memory_cached`` call ``torch.cuda.memory.reset_peak_memory_stats``.
 
 Out-of-memory: :meth:`oom` does what the caching allocator does when it
 gives up on an allocation — calls every observer attached through
@@ -32,8 +36,10 @@ class FakeCuda:
         #: Free blocks inside segments still in use, per device (torch's
         #: ``inactive_split_bytes``): cached, but not releasable.
         self.split = [0] * devices
-        self.now: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0} for _ in range(devices)]
-        self.peak: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0} for _ in range(devices)]
+        self.now: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0, "active": 0} for _ in range(devices)]
+        self.peak: List[Dict[str, int]] = [{"allocated": 0, "reserved": 0, "active": 0} for _ in range(devices)]
+        #: torch.cuda.current_device()
+        self.current = 0
         self.host = {"current": 0, "peak": 0}
         self.resets = [0] * devices
         self.fail: Optional[BaseException] = None  # raised by the next stats read
@@ -47,12 +53,14 @@ class FakeCuda:
     def alloc(self, nbytes: int, device: int = 0) -> None:
         a = self.now[device]["allocated"] + nbytes
         self._set(device, "allocated", a)
+        self._set(device, "active", a)  # every allocated block is active here
         need = -(-a // BLOCK) * BLOCK
         if need > self.now[device]["reserved"]:
             self._set(device, "reserved", need)
 
     def free(self, nbytes: int, device: int = 0) -> None:
         self._set(device, "allocated", self.now[device]["allocated"] - nbytes)
+        self._set(device, "active", self.now[device]["allocated"])
 
     def empty_cache(self, device: int = 0) -> None:
         a = self.now[device]["allocated"]
@@ -65,7 +73,10 @@ class FakeCuda:
     # --- torch.cuda's functions ---------------------------------------------
 
     def _dev(self, device: Any) -> int:
-        d = 0 if device is None else int(getattr(device, "index", device) or 0)
+        if device is None or getattr(device, "index", 0) is None:
+            d = self.current
+        else:
+            d = int(getattr(device, "index", device))
         if not 0 <= d < self.devices:
             raise RuntimeError(f"Invalid device argument {d}")
         return d
@@ -76,13 +87,12 @@ class FakeCuda:
             raise e
         d = self._dev(device)
         out: Dict[str, Any] = {}
-        for key in ("allocated", "reserved"):
+        for key in ("allocated", "reserved", "active"):
             out[f"{key}_bytes"] = {
                 pool: {"current": self.now[d][key], "peak": self.peak[d][key], "allocated": 0, "freed": 0}
                 for pool in ("all", "large_pool", "small_pool")
             }
-        # Every allocated block is active here; the split blocks are inactive.
-        out["active_bytes"] = {"all": {"current": self.now[d]["allocated"]}}
+        # The split blocks are inactive.
         out["inactive_split_bytes"] = {"all": {"current": self.split[d]}}
         return out
 
@@ -107,9 +117,21 @@ class FakeCuda:
         return self.memory_stats(device).get("reserved_bytes.all.peak", 0)
 
     def reset_peak_memory_stats(self, device: Any = None) -> None:
+        import torch
+
+        # A torch without the binding (a test removes it) resets here.
+        raw = getattr(torch._C, "_cuda_resetPeakMemoryStats", self.reset_peaks_raw)
+        raw(self._dev(device))
+
+    def reset_peaks_raw(self, device: int) -> None:
+        """``torch._C._cuda_resetPeakMemoryStats``: what every reset made
+        through torch's Python API comes down to."""
         d = self._dev(device)
         self.resets[d] += 1
         self.peak[d] = dict(self.now[d])
+
+    def current_device(self) -> int:
+        return self.current
 
     def host_memory_stats(self) -> Dict[str, int]:
         return {"allocated_bytes.current": self.host["current"], "allocated_bytes.peak": self.host["peak"]}
@@ -153,23 +175,38 @@ class FakeCuda:
         "reset_peak_memory_stats",
         "is_initialized",
         "device_count",
+        "current_device",
+    )
+    #: Also in ``torch.cuda.memory``, where torch's own functions
+    #: (``reset_max_memory_allocated``, ...) look them up.
+    MEMORY_FUNCTIONS = (
+        "memory_stats_as_nested_dict",
+        "memory_stats",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "max_memory_reserved",
+        "reset_peak_memory_stats",
     )
 
     def install(self, monkeypatch: Any = None, *, host: bool = False) -> None:
         """Patches the functions onto the real ``torch.cuda``: through
         ``monkeypatch`` (undone after the test), or for good when None."""
         import torch
+        import torch.cuda.memory
+
+        def patch(module: Any, name: str, value: Any) -> None:
+            if monkeypatch is not None:
+                monkeypatch.setattr(module, name, value, raising=False)
+            else:
+                setattr(module, name, value)
 
         names = list(self.FUNCTIONS)
         if host:
             names += ["host_memory_stats", "reset_peak_host_memory_stats"]
         for name in names:
-            if monkeypatch is not None:
-                monkeypatch.setattr(torch.cuda, name, getattr(self, name), raising=False)
-            else:
-                setattr(torch.cuda, name, getattr(self, name))
-        attach = FakeCuda.attach_out_of_memory_observer
-        if monkeypatch is not None:
-            monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", attach, raising=False)
-        else:
-            setattr(torch._C, "_cuda_attach_out_of_memory_observer", attach)
+            patch(torch.cuda, name, getattr(self, name))
+        for name in self.MEMORY_FUNCTIONS:
+            patch(torch.cuda.memory, name, getattr(self, name))
+        patch(torch._C, "_cuda_resetPeakMemoryStats", self.reset_peaks_raw)
+        patch(torch._C, "_cuda_attach_out_of_memory_observer", FakeCuda.attach_out_of_memory_observer)

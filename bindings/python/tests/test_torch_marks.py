@@ -5,10 +5,12 @@ tracker, the Lightning callback and Avalanche's GPU metrics."""
 from __future__ import annotations
 
 import gc
+import importlib.util
+import os
 import sys
 
 import pytest
-from conftest import PKG, MiB, require_module, run_python
+from conftest import PKG, MiB, require, require_module, run_python
 from fake_torch_cuda import FakeCuda
 
 import memprobe
@@ -29,6 +31,9 @@ def names(srcs):
 
 
 def test_import_never_imports_torch_nor_initialises_cuda():
+    # Imports torch at its end (in a child): skipped like its siblings where
+    # torch is not installed, failed in CI.
+    require(importlib.util.find_spec("torch") is not None, "torch is not installed; pip install torch")
     code = (
         "import sys, memprobe, memprobe.integrations.torch as mt\n"
         "assert 'torch' not in sys.modules\n"
@@ -63,6 +68,124 @@ def test_sources_per_device(cuda):
     with pytest.raises(ValueError):
         allocator_sources(2)
     one.close()
+    srcs.close()
+
+
+def test_devices_are_named_as_torch_names_them(cuda):
+    import torch
+
+    from memprobe.integrations.torch import allocator_sources
+
+    for spec in (1, "cuda:1", torch.device("cuda:1"), torch.device("cuda", 1), [torch.device("cuda:1")],
+                 ("cuda:1",), torch.cuda.device(1)):
+        assert names(allocator_sources(spec, reserved=False)) == ["torch_alloc:1"], spec
+    assert names(allocator_sources(["cuda:1", 0], reserved=False)) == ["torch_alloc:1", "torch_alloc:0"]
+    cuda.current = 1  # "cuda" and torch.device("cuda"): torch's current device
+    assert names(allocator_sources("cuda", reserved=False)) == ["torch_alloc:1"]
+    assert names(allocator_sources(torch.device("cuda"), reserved=False)) == ["torch_alloc:1"]
+    for bad in ("cpu", torch.device("cpu"), "gpu:0", "cuda:x"):
+        with pytest.raises(ValueError, match="not a CUDA device"):
+            allocator_sources(bad)
+    with pytest.raises(ValueError, match="no CUDA device 2: 2 visible"):
+        allocator_sources("cuda:2")
+    for bad in (1.5, True, object()):
+        with pytest.raises(TypeError, match="a CUDA device is"):
+            allocator_sources(bad)
+
+
+def test_active_bytes_and_since_start_reset(cuda):
+    from memprobe.integrations.torch import allocator_sources
+
+    srcs = allocator_sources(0, active=True)
+    assert names(srcs) == ["torch_alloc:0", "torch_reserved:0", "torch_active:0"]
+    assert names(allocator_sources(0, reserved=False, active=True)) == ["torch_alloc:0", "torch_active:0"]
+    with Window(srcs[2]) as step:
+        cuda.alloc(48 * MiB)
+        cuda.free(48 * MiB)
+        assert step.reset()[0].peak == 48 * MiB
+    assert srcs.peak_since_start("torch_active:0") == 48 * MiB
+    ended = srcs.since_start().reset()  # starts it over; other windows keep theirs
+    assert [d.peak for d in ended] == [48 * MiB, 48 * MiB, 48 * MiB]
+    cuda.alloc(6 * MiB)
+    assert srcs.peak_since_start() == {"torch_alloc:0": 6 * MiB, "torch_reserved:0": 48 * MiB, "torch_active:0": 6 * MiB}
+    srcs.close()
+    with pytest.raises(ValueError, match="closed"):
+        srcs.since_start()
+
+
+def test_closing_the_sources_under_a_window_keeps_one_group(cuda):
+    # Closing the sources while a window holds them, then asking again, used
+    # to make a second group over the same torch counter: each group's
+    # boundaries then reset the peaks the other had not read yet.
+    from memprobe.integrations.torch import allocator_sources
+
+    srcs = allocator_sources(0)
+    epoch = Window(srcs)
+    cuda.alloc(10 * MiB)
+    for s in srcs:
+        s.close()
+    srcs.close()
+    again = allocator_sources(0)
+    cuda.alloc(100 * MiB)
+    cuda.free(100 * MiB)
+    with Window(again) as step:  # a boundary: folds the 110 MiB into the epoch first
+        cuda.alloc(1 * MiB)
+        cuda.free(1 * MiB)
+        assert step.reset()[0].peak == 11 * MiB
+    assert epoch.peaks() == [110 * MiB, 110 * MiB]
+    assert again[0] is srcs[0] and again[1] is srcs[1]  # one group per device
+    # The sources stay usable for every holder, and go when none holds them.
+    assert srcs[0].read().used == 10 * MiB
+    epoch.close()
+    again.close()
+    before = memprobe.live_handles()[0]
+    del srcs, again, s, epoch, step
+    gc.collect()
+    assert memprobe.live_handles()[0] == before - 2
+
+
+def test_sources_made_before_a_fork_raise_in_the_child(cuda):
+    import torch
+
+    from memprobe.integrations.torch import allocator_sources
+
+    srcs = allocator_sources(0, reserved=False)
+    cuda.alloc(5 * MiB)
+    w = Window(srcs)
+    r, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report in one line, never return into pytest
+        out = []
+        try:
+            for what, call in (("read", srcs[0].read), ("reset", w.reset)):
+                try:
+                    call()
+                    out.append(f"{what}: no error")
+                except memprobe.UnavailableError as e:
+                    out.append(f"{what}: {type(e.__cause__).__name__}: {e.__cause__}")
+            # What torch's own at-fork handler leaves in a child of a CUDA parent.
+            torch.cuda.is_initialized = lambda: False
+            torch.cuda._is_in_bad_fork = lambda: True
+            try:
+                allocator_sources(0)
+                out.append("new: no error")
+            except RuntimeError as e:
+                out.append(f"new: {e}")
+        except BaseException as e:  # noqa: BLE001
+            out.append(f"child failed: {e!r}")
+        os.write(wr, "\n".join(out).encode())
+        os._exit(0)
+    os.close(wr)
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    os.waitpid(pid, 0)
+    assert len(lines) == 3, lines
+    for line in lines[:2]:
+        assert "RuntimeError" in line and "forked child" in line and f"process {os.getpid()}" in line, line
+    assert lines[2].startswith("new: this is a process forked") and "spawn" in lines[2], lines[2]
+    # The parent's window is untouched.
+    assert w.reset()[0].peak == 5 * MiB
+    w.close()
     srcs.close()
 
 

@@ -5,29 +5,56 @@ at ``import memprobe.integrations.torch``), and CUDA is never initialised by
 memprobe: the allocator sources exist once PyTorch has initialised CUDA.
 
 Allocator sources (:func:`allocator_sources`), per visible CUDA device ``N``
-(torch's ordinal, so ``CUDA_VISIBLE_DEVICES`` applies):
+(torch's ordinal, so ``CUDA_VISIBLE_DEVICES`` applies; a device is named as
+torch names it: ``N``, ``"cuda:N"``, ``"cuda"``, ``torch.device``):
 
 - ``torch_alloc:N``: bytes allocated to tensors (``memory_allocated`` /
   ``max_memory_allocated``);
 - ``torch_reserved:N``: bytes the caching allocator holds from the driver
-  (``memory_reserved`` / ``max_memory_reserved``).
+  (``memory_reserved`` / ``max_memory_reserved``);
+- ``torch_active:N`` (``active=True``): bytes in active blocks
+  (``active_bytes``).
 
-Both are exact (fidelity ``EXACT``): the sources of one device form one
+All are exact (fidelity ``EXACT``): the sources of one device form one
 :class:`~memprobe.MarkGroup` whose reset is
 ``torch.cuda.reset_peak_memory_stats(N)``. At every window boundary memprobe
 folds torch's high-water marks into every open window, carries the other
-member's mark, then resets torch's peaks, so any number of nested and
+members' marks, then resets torch's peaks, so any number of nested and
 concurrent windows (step, epoch, evaluation) keep exact peaks: a temporary
 tensor that lives for a microsecond between two boundaries is in the peak.
 
+There is one group per device per process, shared by every caller (every
+:func:`allocator_sources` list, tracker, callback): torch has one peak
+counter per device, and two groups over it would reset each other's peaks.
+The sources are released when nothing holds them any more (no list, window,
+trace or tracker); their :meth:`~memprobe.Source.close` does nothing, so
+that one caller cannot take them from under another's windows.
+
 What changes for code that calls ``torch.cuda.max_memory_allocated`` /
-``max_memory_reserved`` / ``reset_peak_memory_stats`` itself: while windows
-are open over these sources memprobe resets torch's peaks at each boundary,
-so ``max_memory_*`` report the peak since memprobe's last boundary, not since
-the start of the program (or the caller's last reset). Use
-:meth:`AllocatorSources.peak_since_start` for the peak since the sources
-were created. A ``reset_peak_memory_stats`` of the caller's own, between two
-boundaries, loses the part of the interval before it for every window.
+``max_memory_reserved`` itself: while sources exist memprobe resets torch's
+peaks at each boundary, so ``max_memory_*`` report the peak since memprobe's
+last boundary, not since the start of the program (or the caller's last
+reset). Use :meth:`AllocatorSources.peak_since_start` for the peak since the
+sources were created.
+
+The caller's own resets are carried: while a device's sources exist,
+``torch.cuda.reset_peak_memory_stats`` (and ``torch.cuda.memory``'s, and
+``reset_max_memory_allocated`` / ``reset_max_memory_cached``, which call
+it, and ``torch._C._cuda_resetPeakMemoryStats`` under all of them, so that
+a reference taken before memprobe wrapped them, as with
+``from torch.cuda import reset_peak_memory_stats``, is carried too) is made a
+memprobe boundary whose reset is the caller's: torch's peaks are folded into
+every open window first, then reset as asked. What memprobe cannot carry is
+a reset made from C++ (``c10::cuda::CUDACachingAllocator::resetPeakStats``
+called by an extension): the part of the interval before it is lost. When
+memprobe sees the evidence of one — a peak below a value it read since its
+own last reset — it counts it (:func:`foreign_resets`) and warns once per
+device (:class:`ForeignResetWarning`): the peaks of the windows open across
+it may be low.
+
+Sources made before ``os.fork()`` raise in the child
+(:class:`~memprobe.UnavailableError`, caused by a RuntimeError saying so):
+torch's CUDA state does not survive a fork, and torch would read 0 there.
 
 Out-of-memory reports (:func:`report_oom`): one line attaches PyTorch's
 out-of-memory observer to a tracker's report, written before
@@ -42,21 +69,56 @@ torch without them.
 from __future__ import annotations
 
 import gc
+import operator
 import os
 import sys
 import threading
+import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from ..errors import MemprobeError
 from ..marks import MarkGroup
 
 if TYPE_CHECKING:
     from ..tracker import OomCache
 from ..sources import Source
 from ..windows import Window
+from . import _torch_resets
 
 #: Mark index -> (source name prefix, torch's stat name).
-_DEVICE_MARKS = (("torch_alloc", "allocated_bytes"), ("torch_reserved", "reserved_bytes"))
+_DEVICE_MARKS = (
+    ("torch_alloc", "allocated_bytes"),
+    ("torch_reserved", "reserved_bytes"),
+    ("torch_active", "active_bytes"),
+)
+
+
+class ForeignResetWarning(RuntimeWarning):
+    """torch's peak counters were reset behind memprobe's back (from C++:
+    a reset through torch's Python API is carried): the peaks of the windows
+    open at the time may be low. Issued once per device and process;
+    :func:`foreign_resets` counts every one seen."""
+
+
+#: Bumped in a forked child: marks made before the fork refuse to read.
+_FORKS = [0]
+
+
+def _after_fork_in_child() -> None:
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _forked_error(made_in: int) -> RuntimeError:
+    return RuntimeError(
+        f"these PyTorch allocator sources were made in process {made_in}, before a fork: this is a "
+        f"forked child (pid {os.getpid()}), where PyTorch's CUDA state is not usable (torch would read "
+        "0 bytes here). Measure in the parent, or start workers with the 'spawn' method and make "
+        "allocator sources there once CUDA is initialised"
+    )
 
 
 def _torch() -> Any:
@@ -86,10 +148,18 @@ class _DeviceMarks:
     boundary over ``torch_alloc:N`` and ``torch_reserved:N`` makes two such
     reads and one ``reset_peak_memory_stats(N)``. The nested dictionary is
     the cheaper read: torch's own ``memory_allocated`` builds it and then
-    flattens and sorts it."""
+    flattens and sorts it.
 
-    def __init__(self, cuda: Any, device: int):
+    It also watches for resets it did not make: torch's peak never goes
+    below any value read since the last reset, so a peak below the highest
+    value memprobe read since its own last reset is a reset made elsewhere
+    (from C++; a Python reset is carried, see the module's documentation)."""
+
+    def __init__(self, torch: Any, device: int):
+        cuda = torch.cuda
         self.device = device
+        self._pid = os.getpid()
+        self._forks = _FORKS[0]
         nested = getattr(cuda, "memory_stats_as_nested_dict", None)
         if nested is None:  # pragma: no cover - every torch since 1.4 has it
             flat = cuda.memory_stats
@@ -103,32 +173,104 @@ class _DeviceMarks:
                 return out
 
         self._nested: Callable[[int], Dict[str, Any]] = nested
-        self._reset = cuda.reset_peak_memory_stats
+        # torch's own reset, not memprobe's carrying wrapper around it: the
+        # binding that reset_peak_memory_stats(N) calls for an int N (one
+        # Python call less at every boundary), else that function itself,
+        # with the wrappers under it told that the reset is memprobe's.
+        raw = getattr(getattr(torch, "_C", None), "_cuda_resetPeakMemoryStats", None)
+        self._guarded = raw is None
+        self._reset = _torch_resets.unwrapped(cuda.reset_peak_memory_stats if raw is None else raw)
+        #: Per mark index: the highest value read since memprobe's last reset.
+        self._floor = [0] * len(_DEVICE_MARKS)
+        self.foreign_resets = 0
+        self._warned = False
 
-    def read_many(self, what: str, indices: Iterable[int]) -> List[int]:
+    def read_many(self, what: str, indices: Sequence[int]) -> List[int]:
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
         stats = self._nested(self.device)
         # An allocator that never allocated has no entry yet: 0 bytes.
-        return [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
+        values = [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
+        floor = self._floor
+        lost = False
+        for i, v in zip(indices, values):
+            if v > floor[i]:
+                floor[i] = v
+            elif v < floor[i] and what == "peak":
+                lost = True
+                floor[i] = v
+        if lost:
+            self._lost_reset()
+        return values
+
+    def _lost_reset(self) -> None:
+        self.foreign_resets += 1
+        if self._warned:
+            return
+        self._warned = True
+        try:
+            warnings.warn(
+                ForeignResetWarning(
+                    f"torch's peak memory statistics of cuda:{self.device} were reset outside memprobe "
+                    "(from C++, e.g. c10::cuda::CUDACachingAllocator::resetPeakStats): the peaks of the "
+                    "windows open across that reset may be low. Resets through torch's Python API are "
+                    "carried; memprobe.integrations.torch.foreign_resets() counts the others"
+                ),
+                stacklevel=2,
+            )
+        except Exception:  # noqa: BLE001 - a warnings filter set to "error": counted all the same
+            pass
 
     def reset(self) -> None:
-        self._reset(self.device)
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
+        if self._guarded:
+            with _torch_resets.OWN_RESET:
+                self._reset(self.device)
+        else:
+            self._reset(self.device)
+        self._floor = [0] * len(_DEVICE_MARKS)
 
 
 class _HostMarks:
     """The pinned host allocator's mark (``host_memory_stats``)."""
 
     def __init__(self, cuda: Any):
+        self._pid = os.getpid()
+        self._forks = _FORKS[0]
         self._stats = cuda.host_memory_stats
-        self._reset = cuda.reset_peak_host_memory_stats
+        self._reset = _torch_resets.unwrapped(cuda.reset_peak_host_memory_stats)
+        self.foreign_resets = 0
+
+    def _read(self) -> Dict[str, Any]:
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
+        return self._stats()
 
     def current(self, index: int) -> int:
-        return int(self._stats().get("allocated_bytes.current", 0))
+        return int(self._read().get("allocated_bytes.current", 0))
 
     def peak(self, index: int) -> int:
-        return int(self._stats().get("allocated_bytes.peak", 0))
+        return int(self._read().get("allocated_bytes.peak", 0))
 
     def reset(self) -> None:
-        self._reset()
+        if self._forks != _FORKS[0]:
+            raise _forked_error(self._pid)
+        with _torch_resets.OWN_RESET:
+            self._reset()
+
+
+class _SharedSource(Source):
+    """An allocator source: one per mark per process, shared by every caller.
+    It is released when nothing holds it any more; :meth:`close` does
+    nothing, so that one caller cannot end the sources (and with them the
+    group) under another caller's windows."""
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        """Does nothing: the source is shared by every caller in the process
+        and released when no list, window, trace or tracker holds it."""
 
 
 class _Shared:
@@ -146,33 +288,86 @@ class _Shared:
             self.group = MarkGroup(marks.current, marks.peak, marks.reset)
         self.members: Dict[int, "weakref.ref[Source]"] = {}
 
-    def alive(self) -> bool:
-        return any(self._live(i) is not None for i in list(self.members))
-
-    def _live(self, index: int) -> Optional[Source]:
-        ref = self.members.get(index)
-        s = ref() if ref is not None else None
-        return s if s is not None and not s.closed else None
+    def live(self) -> List[Source]:
+        """The sources over the group that something still holds."""
+        out = []
+        for ref in list(self.members.values()):
+            s = ref()
+            if s is not None and not s.closed:
+                out.append(s)
+        return out
 
     def source(self, index: int) -> Source:
-        s = self._live(index)
-        if s is None:
-            s = self.group.source(index, self.names[index])
+        ref = self.members.get(index)
+        s = ref() if ref is not None else None
+        if s is None or s.closed:
+            s = self.group._source(index, self.names[index], _SharedSource)
             self.members[index] = weakref.ref(s)
         return s
 
 
-_SHARED: Dict[Any, _Shared] = {}
+#: (pid, allocator) -> its group. The pid: a forked child inherits this
+#: dictionary, never the groups in it (see _forked_error).
+_SHARED: Dict[Tuple[int, Any], _Shared] = {}
 _LOCK = threading.Lock()
 
 
 def _shared(key: Any, make: Callable[[], _Shared]) -> _Shared:
-    entry = _SHARED.get(key)
-    if entry is None or not entry.alive():
+    full = (os.getpid(), key)
+    entry = _SHARED.get(full)
+    if entry is None or not entry.live():
         if entry is not None:
             entry.group.close()
-        entry = _SHARED[key] = make()
+        entry = _SHARED[full] = make()
     return entry
+
+
+def _carry(key: Any) -> bool:
+    """Makes a boundary over every live source of allocator ``key``: folds
+    torch's peaks into every open window, then resets them (the caller's
+    reset, done by memprobe). False when there is no such source or the
+    boundary failed (the caller then makes the reset itself)."""
+    with _LOCK:
+        entry = _SHARED.get((os.getpid(), key))
+        members = entry.live() if entry is not None else []
+    if not members:
+        return False
+    try:
+        Window(members).close()
+    except MemprobeError:
+        return False
+    return True
+
+
+def _reset_key(device: Any) -> Optional[Tuple[str, int]]:
+    """The allocator a caller's ``reset_peak_memory_stats(device)`` resets,
+    when memprobe has sources over some device (None otherwise, without
+    resolving ``device``: ``None`` or ``"cuda"`` would ask torch for its
+    current device)."""
+    pid = os.getpid()
+    with _LOCK:
+        if not any(p == pid and e.live() for (p, _), e in _SHARED.items()):
+            return None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return ("cuda", _device_index(torch, device))
+    except Exception:  # noqa: BLE001 - torch's own function says what is wrong
+        return None
+
+
+def foreign_resets(device: Any = None) -> int:
+    """How many resets of torch's peak counters memprobe saw evidence of
+    but did not carry (resets from C++; see the module's documentation), on
+    ``device`` (None: every device) since its sources were made."""
+    torch = sys.modules.get("torch")
+    wanted = None if device is None or torch is None else _device_index(torch, device)
+    with _LOCK:
+        entries = [e for (pid, key), e in _SHARED.items() if pid == os.getpid()]
+    return sum(
+        e.marks.foreign_resets for e in entries if wanted is None or getattr(e.marks, "device", None) == wanted
+    )
 
 
 class AllocatorSources(List[Source]):
@@ -191,12 +386,19 @@ class AllocatorSources(List[Source]):
     def names(self) -> List[str]:
         return [s.name for s in self]
 
-    def peak_since_start(self, name: Optional[str] = None) -> Union[int, Dict[str, int]]:
-        """The peak of each source since this list was created, bytes
-        (``{"torch_alloc:0": ..., ...}``), or the peak of source ``name``."""
+    def since_start(self) -> Window:
+        """The window open since this list was created (one delta per
+        source, in the list's order): ``since_start().reset()`` ends it and
+        starts it over without disturbing other windows."""
         if self._since_start is None:
             raise ValueError("these allocator sources are closed (or empty)")
-        peaks = dict(zip(self.names(), self._since_start.peaks()))
+        return self._since_start
+
+    def peak_since_start(self, name: Optional[str] = None) -> Union[int, Dict[str, int]]:
+        """The peak of each source since this list was created (or since
+        ``since_start().reset()``), bytes (``{"torch_alloc:0": ..., ...}``),
+        or the peak of source ``name``."""
+        peaks = dict(zip(self.names(), self.since_start().peaks()))
         if name is None:
             return peaks
         try:
@@ -217,46 +419,92 @@ class AllocatorSources(List[Source]):
 
 
 def _require_cuda_initialized(torch: Any) -> None:
-    if not torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
+        return
+    bad_fork = getattr(torch.cuda, "_is_in_bad_fork", None)
+    if bad_fork is not None and bad_fork():
         raise RuntimeError(
-            "PyTorch has not initialised CUDA in this process: memprobe does not "
-            "initialise it for you (that would take GPU memory and time). Create "
-            "the allocator sources after the model or a tensor is on the GPU "
-            "(torch.cuda.init() initialises it explicitly)."
+            f"this is a process forked (pid {os.getpid()}) after PyTorch initialised CUDA in its parent: "
+            "CUDA cannot be used here, so there is nothing for memprobe to measure (torch would read 0 "
+            "bytes). Measure in the parent, or start workers with the 'spawn' method"
         )
+    raise RuntimeError(
+        "PyTorch has not initialised CUDA in this process: memprobe does not "
+        "initialise it for you (that would take GPU memory and time). Create "
+        "the allocator sources after the model or a tensor is on the GPU "
+        "(torch.cuda.init() initialises it explicitly)."
+    )
 
 
-def allocator_sources(
-    device: Union[int, Iterable[int], None] = None, *, reserved: bool = True
-) -> AllocatorSources:
-    """Exact sources over PyTorch's CUDA caching allocator: ``torch_alloc:N``
-    and (``reserved``) ``torch_reserved:N`` for device ``N`` (an ordinal, a
-    list of them, or None: every visible device). Only once CUDA is
-    initialised (``torch.cuda.is_initialized()``), else RuntimeError: memprobe
-    never initialises CUDA. See the module's documentation for what changes
-    for code that reads ``torch.cuda.max_memory_*`` itself."""
-    torch = _torch()
-    _require_cuda_initialized(torch)
-    cuda = torch.cuda
-    count = int(cuda.device_count())
+def _device_index(torch: Any, device: Any) -> int:
+    """A CUDA ordinal from a device as torch names it: ``N``, ``"cuda:N"``,
+    ``"cuda"`` (the current device), ``torch.device``, ``torch.cuda.device``."""
+    if isinstance(device, bool):
+        raise TypeError(f"a CUDA device is an int, 'cuda:N' or torch.device, not {device!r}")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"not a CUDA device: {device!r} ({e})") from None
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"not a CUDA device: {str(device)!r}")
+        return int(torch.cuda.current_device()) if device.index is None else int(device.index)
+    idx = getattr(device, "idx", None)  # torch.cuda.device(N)
+    if isinstance(idx, int) and not isinstance(idx, bool):
+        return idx
+    try:
+        return operator.index(device)  # numpy integers
+    except TypeError:
+        raise TypeError(
+            f"a CUDA device is an int, 'cuda', 'cuda:N' or torch.device, not {type(device).__name__} {device!r}"
+        ) from None
+
+
+def _devices(torch: Any, device: Any, count: int) -> List[int]:
     if device is None:
-        devices = list(range(count))
-    elif isinstance(device, int):
-        devices = [device]
+        return list(range(count))
+    if isinstance(device, (str, int)) or isinstance(device, torch.device) or hasattr(device, "idx"):
+        devices = [_device_index(torch, device)]
     else:
-        devices = [int(d) for d in device]
+        try:
+            items = list(device)
+        except TypeError:
+            devices = [_device_index(torch, device)]
+        else:
+            devices = [_device_index(torch, d) for d in items]
     for d in devices:
         if not 0 <= d < count:
             raise ValueError(f"no CUDA device {d}: {count} visible")
+    return devices
+
+
+def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool = False) -> AllocatorSources:
+    """Exact sources over PyTorch's CUDA caching allocator: ``torch_alloc:N``,
+    (``reserved``) ``torch_reserved:N`` and (``active``) ``torch_active:N``
+    for device ``N``: an ordinal, ``"cuda:N"``, ``"cuda"`` (the current
+    device), a ``torch.device``, a list of them, or None (every visible
+    device). Only once CUDA is initialised (``torch.cuda.is_initialized()``),
+    else RuntimeError: memprobe never initialises CUDA. See the module's
+    documentation for what changes for code that reads
+    ``torch.cuda.max_memory_*`` or resets it itself."""
+    torch = _torch()
+    _require_cuda_initialized(torch)
+    cuda = torch.cuda
+    devices = _devices(torch, device, int(cuda.device_count()))
+    wanted = [0] + ([1] if reserved else []) + ([2] if active else [])
     sources: List[Source] = []
     with _LOCK:
+        _torch_resets.install(torch, _carry, _reset_key)
         for d in devices:
 
             def make(d: int = d) -> _Shared:
-                return _Shared(_DeviceMarks(cuda, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
+                return _Shared(_DeviceMarks(torch, d), [f"{prefix}:{d}" for prefix, _ in _DEVICE_MARKS])
 
             entry = _shared(("cuda", d), make)
-            for index in range(2 if reserved else 1):
+            for index in wanted:
                 sources.append(entry.source(index))
     return AllocatorSources(sources)
 
@@ -275,6 +523,7 @@ def pinned_sources() -> AllocatorSources:
         )
     _require_cuda_initialized(torch)
     with _LOCK:
+        _torch_resets.install(torch, _carry, _reset_key)
         entry = _shared("pinned", lambda: _Shared(_HostMarks(cuda), ["torch_pinned"]))
         return AllocatorSources([entry.source(0)])
 
@@ -471,10 +720,12 @@ def report_oom(
 
 __all__ = [
     "AllocatorSources",
+    "ForeignResetWarning",
     "allocator_sources",
     "cuda_initialized",
     "default_sources",
     "empty_cache_release",
+    "foreign_resets",
     "install_cache_release",
     "peak_since_start",
     "pinned_sources",
