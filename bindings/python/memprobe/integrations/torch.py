@@ -245,7 +245,8 @@ class _HostMarks:
     def _read(self) -> Dict[str, Any]:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
-        return self._stats()
+        stats: Dict[str, Any] = self._stats()
+        return stats
 
     def current(self, index: int) -> int:
         return int(self._read().get("allocated_bytes.current", 0))
