@@ -253,9 +253,14 @@ def boundary_cost(torch, device, mp, blocks=30, per_block=200):
     `reset_peak_memory_stats`. Interleaved blocks, medians per call."""
     import statistics
 
+    # Once memprobe's allocator sources exist, torch.cuda.reset_peak_memory_stats
+    # is memprobe's (it carries the open windows' marks first): the bare pair
+    # calls torch's own binding underneath, as a script would without memprobe.
+    reset = getattr(torch._C, "_cuda_resetPeakMemoryStats", None) or torch.cuda.reset_peak_memory_stats
+
     def bare():
         torch.cuda.max_memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        reset(device)
 
     cases = {"memprobe_window_reset": mp.step, "bare_max_allocated_and_reset": bare}
     times = {k: [] for k in cases}
@@ -301,6 +306,7 @@ def user_reset(torch, device, mp):
 
 CPP = r"""
 #include <torch/torch.h>
+#include <c10/cuda/CUDACachingAllocator.h>  // the reference: c10's DeviceStats (memprobe_torch.hpp needs no CUDA header on libtorch >= 2.11)
 #include <chrono>
 #include <cstdio>
 #include "memprobe_torch.hpp"
