@@ -68,7 +68,9 @@ test: lint
 	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
 	@$(PYTHON) -c 'import pytest, mypy' 2>/dev/null || { echo "make test: pytest and mypy are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest mypy" >&2; exit 1; }
 	cd bindings/python && $(PYTHON) -m mypy --cache-dir $(abspath $(BUILD))/mypy-cache
-	MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
+	rm -rf $(PY_SITE)
+	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} CARGO_BUILD_JOBS=$(JOBS) $(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --target $(PY_SITE) ./bindings/python
+	MEMPROBE_PYTHON_SITE=$(PY_SITE) MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
 	@command -v pkg-config >/dev/null || { echo "make test: pkg-config is required for bindings/go (it finds memprobe through memprobe.pc); install it (Debian: apt-get install pkg-config)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
@@ -204,6 +206,9 @@ clean:
 PYTHON ?= $(if $(wildcard build/ci-venv/bin/python),$(CURDIR)/build/ci-venv/bin/python,python3)
 GO ?= go
 TEST_PREFIX := $(abspath $(BUILD))/test-prefix
+# The Python package as `pip install` lays it out (its Rust parts built and
+# bundled), imported by the Python tests instead of the source tree.
+PY_SITE := $(abspath $(BUILD))/py-site
 
 # Installs the memprobe command, the library, headers, pkg-config file and
 # CMake package under PREFIX (default /usr/local; DESTDIR stages for packagers):

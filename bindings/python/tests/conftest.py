@@ -26,9 +26,19 @@ if not os.environ.get("MEMPROBE_LIBRARY"):
             os.environ["MEMPROBE_LIBRARY"] = str(cand)
             break
 
-sys.path.insert(0, str(PKG))
+#: Where the package under test is imported from: `make test` installs it
+#: (``pip install --target``, the Rust parts built and bundled as for a user)
+#: and names that folder in MEMPROBE_PYTHON_SITE, so the tests exercise what
+#: an install gives; without it (a developer's quick run), the source tree.
+SITE = Path(os.environ["MEMPROBE_PYTHON_SITE"]) if os.environ.get("MEMPROBE_PYTHON_SITE") else PKG
+if not (SITE / "memprobe" / "__init__.py").exists():
+    raise RuntimeError(f"MEMPROBE_PYTHON_SITE={SITE} holds no memprobe package")
+sys.path.insert(0, str(SITE))
 
 import memprobe  # noqa: E402  (after the library is chosen)
+
+if Path(memprobe.__file__).resolve().parent.parent != SITE.resolve():
+    raise RuntimeError(f"memprobe was imported from {memprobe.__file__}, not from {SITE}")
 
 
 #: CI sets CI=true: there a missing framework or tool fails the test that

@@ -10,7 +10,7 @@ import subprocess
 import textwrap
 
 import pytest
-from conftest import PKG, ROOT, run_python
+from conftest import PKG, ROOT, run_python, SITE
 
 import memprobe
 
@@ -47,7 +47,7 @@ def fake_nvml(tmp_path, fake_nvml_build):
 
 def run_gpu(code: str, lib=None, backend: str = "nvml", **env) -> dict:
     """Runs ``code`` (which sets ``out``) in a fresh interpreter; returns ``out``."""
-    full = {"PYTHONPATH": str(PKG), "MEMPROBE_GPU_BACKEND": backend, "CUDA_VISIBLE_DEVICES": None}
+    full = {"PYTHONPATH": str(SITE), "MEMPROBE_GPU_BACKEND": backend, "CUDA_VISIBLE_DEVICES": None}
     if lib is not None:
         full["MEMPROBE_NVML_LIBRARY"] = str(lib)
     full.update(env)

@@ -5,7 +5,7 @@ not installed, and fail instead in CI (CI=true), which installs them."""
 from __future__ import annotations
 
 import pytest
-from conftest import PKG, MiB, require_module, run_python, spike
+from conftest import PKG, MiB, require_module, run_python, spike, SITE
 
 import memprobe
 from memprobe import Source
@@ -23,7 +23,7 @@ def test_importing_memprobe_and_integrations_imports_no_framework():
         "memprobe.integrations.phases, memprobe.integrations.jax\n"
         f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])"
     )
-    r = run_python(code, env={"PYTHONPATH": str(PKG)})
+    r = run_python(code, env={"PYTHONPATH": str(SITE)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
@@ -172,7 +172,7 @@ def test_missing_frameworks_give_clear_import_errors():
         "    except ImportError as e: out.append('torch' if 'pip install torch' in str(e) else 'bad')\n"
         "print(' '.join(out) or 'none-missing')\n"
     )
-    r = run_python(code, env={"PYTHONPATH": str(PKG)})
+    r = run_python(code, env={"PYTHONPATH": str(SITE)})
     assert r.returncode == 0, r.stderr
     assert "bad" not in r.stdout
 

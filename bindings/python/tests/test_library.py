@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import PKG, ROOT, run_python
+from conftest import PKG, ROOT, run_python, SITE
 
 import memprobe
 from memprobe import _ffi, _loader
@@ -38,7 +38,7 @@ def test_bad_memprobe_library_is_an_import_error_naming_it(tmp_path):
     bogus = tmp_path / "nope.so"
     r = run_python(
         "import memprobe",
-        env={"MEMPROBE_LIBRARY": str(bogus), "PYTHONPATH": str(PKG)},
+        env={"MEMPROBE_LIBRARY": str(bogus), "PYTHONPATH": str(SITE)},
     )
     assert r.returncode != 0
     assert "LibraryNotFoundError" in r.stderr
@@ -47,7 +47,7 @@ def test_bad_memprobe_library_is_an_import_error_naming_it(tmp_path):
 
 def test_a_file_that_is_not_libmemprobe_is_refused(tmp_path):
     libc = "libc.so.6"
-    r = run_python("import memprobe", env={"MEMPROBE_LIBRARY": libc, "PYTHONPATH": str(PKG)})
+    r = run_python("import memprobe", env={"MEMPROBE_LIBRARY": libc, "PYTHONPATH": str(SITE)})
     assert r.returncode != 0
     assert "not libmemprobe" in r.stderr
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import PKG, ROOT, MiB, require, require_module, run_python
+from conftest import PKG, ROOT, MiB, require, require_module, run_python, SITE
 from fake_torch_cuda import FakeCuda
 from schema_check import assert_valid, check, load
 
@@ -259,7 +259,7 @@ def test_report_oom_never_initialises_cuda():
         "print('written', os.path.exists(p))\n"
         "t.close()\n"
     )
-    r = run_python(code, env={"PYTHONPATH": str(PKG)})
+    r = run_python(code, env={"PYTHONPATH": str(SITE)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["initialised", "False", "queued", "True", "attached", "False", "written", "True"]
 
@@ -397,7 +397,7 @@ def fake_gpu_env(tmp_path):
         f"device 0 procs self:{PROCESS_BYTES} 4242:{GiB}\n"
     )
     return {
-        "PYTHONPATH": os.pathsep.join([str(PKG), str(PKG / "tests")]),
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(PKG / "tests")]),
         "MEMPROBE_NVML_LIBRARY": str(nvml),
         "MEMPROBE_GPU_BACKEND": "nvml",
         "CUDA_VISIBLE_DEVICES": None,

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from conftest import MiB, PKG, ROOT, require
+from conftest import MiB, PKG, ROOT, require, SITE
 
 CHILD = r'''
 import memprobe, time
@@ -69,7 +69,7 @@ def test_a_python_training_loop_shows_its_epochs_and_the_step_of_its_spike(tmp_p
     child.write_text(CHILD)
     out_json, out_svg = tmp_path / "run.json", tmp_path / "run.svg"
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(PKG) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(SITE) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("MEMPROBE_RUN_CHANNEL", None)
     r = subprocess.run(
         [str(cli), "run", "--no-live", "--interval", "5ms", "--json", str(out_json),

@@ -10,7 +10,7 @@ import os
 import sys
 
 import pytest
-from conftest import PKG, MiB, require, require_module, run_python
+from conftest import PKG, MiB, require, require_module, run_python, SITE
 from fake_torch_cuda import FakeCuda
 
 import memprobe
@@ -48,7 +48,7 @@ def test_import_never_imports_torch_nor_initialises_cuda():
         "import torch\n"
         "print('initialised', torch.cuda.is_initialized())\n"
     )
-    r = run_python(code, env={"PYTHONPATH": str(PKG)})
+    r = run_python(code, env={"PYTHONPATH": str(SITE)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["refused", "True", "initialised", "False"]
 
