@@ -12,8 +12,8 @@
 //! squeeze the program's to the bottom of the scale, the container gets a
 //! panel of its own above, with its own scale.
 
-use crate::phase_report::{PeakReport, PhaseReport};
-use crate::report::{command_line, PointReport, RunReport};
+use super::phase_report::{PeakReport, PhaseReport};
+use super::report::{command_line, PointReport, RunReport};
 use crate::units;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -861,10 +861,10 @@ mod tests {
 
     #[test]
     fn phases_and_processes_on_the_chart() {
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
-        r.process_lines = crate::process_lines::LinesReport {
+        let mut r = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
+        r.process_lines = crate::commands::run::process_lines::LinesReport {
             lines: (0..20u32)
-                .map(|i| crate::process_lines::DrawnLine {
+                .map(|i| crate::commands::run::process_lines::DrawnLine {
                     pid: 600 + i,
                     name: "worker".to_string(),
                     peak: u64::from(20 - i) << 20,
@@ -873,7 +873,9 @@ mod tests {
                 .collect(),
             processes: 40,
         };
-        r.process_lines.lines.truncate(crate::process_lines::DRAWN);
+        r.process_lines
+            .lines
+            .truncate(crate::commands::run::process_lines::DRAWN);
         let svg = render(&r).unwrap();
         for needle in [
             "epochs (shaded)",
@@ -893,7 +895,7 @@ mod tests {
         assert_eq!(bands, 3 + 1, "3 epochs and the legend's swatch");
         assert_eq!(svg.matches(&shade(EVAL_SHADE)).count(), 3 + 1);
         // Without phases or workers, nothing of it.
-        let plain = crate::phase_report::tests::run_with_phases(0, 0);
+        let plain = crate::commands::run::phase_report::tests::run_with_phases(0, 0);
         let svg = render(&plain).unwrap();
         assert!(!svg.contains("shaded") && !svg.contains("pid 6"));
     }
@@ -916,7 +918,7 @@ mod tests {
 
     #[test]
     fn a_validation_phase_is_shaded_and_named_like_a_stream() {
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
+        let mut r = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
         for p in r.phases.iter_mut().filter(|p| p.kind == "stream") {
             p.kind = "custom";
             p.name = "validation".into();
@@ -948,7 +950,7 @@ mod tests {
 
     #[test]
     fn the_peak_step_is_marked_at_its_peak_and_its_label_is_clear_of_the_line() {
-        let r = crate::phase_report::tests::run_with_phases(3, 13);
+        let r = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
         let svg = render(&r).unwrap();
         // The sample at the spike (16 ms) is inside step 13 (15-16 ms... the
         // step's span) and its time is the label's.
@@ -986,7 +988,7 @@ mod tests {
         );
         assert!((x - line_x).abs() >= 8.0, "label at {x}, line at {line_x}");
         // Without a sample inside the step, the label says so.
-        let mut sparse = crate::phase_report::tests::run_with_phases(3, 13);
+        let mut sparse = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
         sparse.timeline.retain(|p| p.t_s < 0.010 || p.t_s > 0.020);
         let svg = render(&sparse).unwrap();
         assert!(svg.contains("no sample inside the step"), "not said");
@@ -994,11 +996,11 @@ mod tests {
 
     #[test]
     fn a_machine_sized_container_gets_its_own_panel() {
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
+        let mut r = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
         for p in &mut r.timeline {
             p.cgroup_bytes = Some(9 << 30);
         }
-        r.cgroup = Some(crate::report::CgroupReport {
+        r.cgroup = Some(crate::commands::run::report::CgroupReport {
             version: "v2",
             path: "/".into(),
             limit_bytes: None,
@@ -1021,16 +1023,19 @@ mod tests {
         // The program's scale is its own: 900 MiB tall, not 9 GiB.
         assert!(texts(&svg).iter().any(|t| t.2 == "1000" || t.2 == "800"));
         // A container close to the program shares the scale.
-        let plain = render(&crate::phase_report::tests::run_with_phases(3, 13)).unwrap();
+        let plain = render(&crate::commands::run::phase_report::tests::run_with_phases(
+            3, 13,
+        ))
+        .unwrap();
         assert!(plain.contains(&format!("height=\"{HEIGHT}\"")));
     }
 
     #[test]
     fn oom_kills_and_gpu_out_of_memory_are_marked_at_their_time() {
-        use crate::gpu_exact::{ExactProcess, ExactRecord, GpuExactReport};
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
-        r.oom_kill = Some(crate::oom_kill::OomKillReport {
-            verdict: crate::oom_kill::Level::Confirmed,
+        use crate::commands::run::gpu_exact::{ExactProcess, ExactRecord, GpuExactReport};
+        let mut r = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
+        r.oom_kill = Some(crate::commands::run::oom_kill::OomKillReport {
+            verdict: crate::commands::run::oom_kill::Level::Confirmed,
             counters: Some("memory.events"),
             oom_kill_rise: Some(1),
             oom_rise: Some(1),
@@ -1041,7 +1046,7 @@ mod tests {
             other_kills: Vec::new(),
             tracking: "process_events",
             tracking_unavailable: None,
-            victims: vec![crate::oom_kill::VictimReport {
+            victims: vec![crate::commands::run::oom_kill::VictimReport {
                 pid: 777,
                 name: "grow".into(),
                 at_s: 0.02,
@@ -1049,7 +1054,7 @@ mod tests {
                 phase_pid: None,
                 direct_child: true,
                 sigkill_seen: true,
-                evidence: crate::oom_kill::Evidence::KernelLog,
+                evidence: crate::commands::run::oom_kill::Evidence::KernelLog,
                 peak_bytes: Some(250 << 20),
                 peak_source: "rusage",
             }],
@@ -1093,7 +1098,7 @@ mod tests {
         let svg = render(&r).unwrap();
         assert!(svg.contains("GPU out of memory: 2 failed allocations (pid 901), time unknown"));
         // No verdict, no mark.
-        r.oom_kill.as_mut().unwrap().verdict = crate::oom_kill::Level::None;
+        r.oom_kill.as_mut().unwrap().verdict = crate::commands::run::oom_kill::Level::None;
         assert!(!render(&r).unwrap().contains("OOM kill"));
     }
 

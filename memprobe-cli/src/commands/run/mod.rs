@@ -18,20 +18,38 @@
 //!    read what the process events and the kernel's log still hold, reap
 //!    the last orphans, and judge any OOM kill.
 
+mod child;
+mod gpu_exact;
+mod kernel_log;
+mod live;
+mod oom_kill;
+mod orphans;
+mod phase_channel;
+mod phase_log;
+mod phase_report;
+mod plot;
+mod process_events;
+mod process_lines;
+mod recording;
+mod report;
+mod sampling;
+mod timeline;
+mod timeline_csv;
+mod tree_pss;
+
 use crate::args::RunArgs;
-use crate::child;
 use crate::exit;
-use crate::gpu_exact::Injection;
 use crate::gpu_readings;
-use crate::live::{is_tty, LiveLine, LiveState};
-use crate::phase_channel::{PhaseChannel, Receiver};
-use crate::plot;
-use crate::report::{self, RunFacts};
-use crate::sampling::{SamplingThread, Setup};
 use crate::signals::{self, Forwarder, SigSet};
+use crate::terminal::is_tty;
 use crate::units;
+use gpu_exact::Injection;
+use live::{LiveLine, LiveState};
 use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
 use memprobe_core::sinks::AtomicFile;
+use phase_channel::{PhaseChannel, Receiver};
+use report::RunFacts;
+use sampling::{SamplingThread, Setup};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -149,13 +167,13 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     }
     // From before the spawn (a command that fills the container at once
     // must not find memprobe unshielded); the command gets its value back.
-    let oom_score_adj = crate::oom_kill::shield_self();
+    let oom_score_adj = oom_kill::shield_self();
     // Every birth and death of the tree, and the kernel's record of its OOM
     // kills, from before the spawn: the command's first fork counts.
-    let events = crate::process_events::ProcessEvents::start();
-    let kernel_log = Arc::new(Mutex::new(crate::kernel_log::KernelLog::open()));
-    let inherited = crate::orphans::inherited();
-    crate::orphans::become_subreaper();
+    let events = process_events::ProcessEvents::start();
+    let kernel_log = Arc::new(Mutex::new(kernel_log::KernelLog::open()));
+    let inherited = orphans::inherited();
+    orphans::become_subreaper();
     let pid = match child::spawn(&args.command, &env, oom_score_adj) {
         Ok(pid) => pid,
         Err(e) => {
@@ -217,17 +235,17 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     };
     // The command's exit and any kill were logged before it could be
     // reaped: read what is left.
-    let lives = events.map(crate::process_events::ProcessEvents::finish);
+    let lives = events.map(process_events::ProcessEvents::finish);
     let mut kernel_log = match Arc::try_unwrap(kernel_log) {
         Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
         Err(shared) => {
             let mut l = shared.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::replace(&mut *l, crate::kernel_log::KernelLog::closed())
+            std::mem::replace(&mut *l, kernel_log::KernelLog::closed())
         }
     };
     kernel_log.poll();
     let end_ns = (duration_s * 1e9) as u64;
-    let late_orphans = crate::orphans::reap(pid, &inherited);
+    let late_orphans = orphans::reap(pid, &inherited);
     let mut recording = match recording {
         Ok(r) => r,
         Err(e) => {
@@ -236,7 +254,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         }
     };
     for o in late_orphans {
-        recording.orphans.push(crate::recording::OrphanEnd {
+        recording.orphans.push(recording::OrphanEnd {
             pid: o.pid,
             name: o.name,
             ended_ns: end_ns,
@@ -270,7 +288,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     // The phase open when a process was killed, from what its trackers sent
     // (the log counts nanoseconds from the spawn).
     let log = recording.phases.take();
-    crate::oom_kill::explain_run(
+    oom_kill::explain_run(
         &mut recording,
         &facts,
         t0_monotonic_ns,
@@ -307,9 +325,7 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         v.push(b'\n');
         Ok(v)
     });
-    write(outputs.csv, &|| {
-        Ok(crate::timeline_csv::render(&rep).into_bytes())
-    });
+    write(outputs.csv, &|| Ok(timeline_csv::render(&rep).into_bytes()));
     write(outputs.plot, &|| plot::render(&rep).map(String::into_bytes));
 
     let status = rep.exit.status;

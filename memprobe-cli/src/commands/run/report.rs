@@ -2,22 +2,20 @@
 //! `docs/run-output.schema.json`, fields in `docs/cli.md`) and the summary
 //! printed on stderr. Bytes are integers; times are seconds as f64.
 
-use crate::child::ExitInfo;
-use crate::gpu_exact::GpuExactReport;
-use crate::oom_kill::OomKillReport;
-use crate::phase_report::{self, PhaseChannelReport, PhaseReport};
-use crate::recording::{PeakSource, ProcessRecord, Recording};
+use super::child::ExitInfo;
+use super::gpu_exact::GpuExactReport;
+use super::oom_kill::OomKillReport;
+use super::phase_report::{self, PhaseChannelReport, PhaseReport};
+use super::recording::{PeakSource, ProcessRecord, Recording};
+use super::tree_pss::{self, PssReport};
+use crate::commands::SCHEMA_VERSION;
 use crate::signals::{self, SignalEvent};
-use crate::tree_pss::{self, PssReport};
 use crate::unavailable;
 use crate::units;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
-
-/// The version of the JSON layout; bumped on any incompatible change.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 fn s(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -72,7 +70,7 @@ pub(crate) struct RunReport {
     pub(crate) phases: Vec<PhaseReport>,
     pub(crate) phase_channel: PhaseChannelReport,
     /// Each of the largest processes over time (the chart's lines).
-    pub(crate) process_lines: crate::process_lines::LinesReport,
+    pub(crate) process_lines: crate::commands::run::process_lines::LinesReport,
 }
 
 #[derive(Debug, Serialize)]
@@ -363,7 +361,11 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             .collect(),
         phases,
         phase_channel,
-        process_lines: crate::process_lines::report(&rec.lines, &rec.processes, rec.processes_seen),
+        process_lines: crate::commands::run::process_lines::report(
+            &rec.lines,
+            &rec.processes,
+            rec.processes_seen,
+        ),
     }
 }
 
@@ -672,8 +674,8 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::{CgroupRecord, GpuSeries};
-    use crate::timeline::Point;
+    use crate::commands::run::recording::{CgroupRecord, GpuSeries};
+    use crate::commands::run::timeline::Point;
     use memprobe_core::cgroup::CgroupVersion;
 
     /// A recording with everything a run can hold: two GPUs, a cgroup with
@@ -808,7 +810,7 @@ mod tests {
         );
         assert!(json["timeline"][3].get("cgroup_bytes").is_none());
 
-        let csv = crate::timeline_csv::render(&r);
+        let csv = crate::commands::run::timeline_csv::render(&r);
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
@@ -819,7 +821,7 @@ mod tests {
             Some("0.020000,106954752,2,316669952,3221225472,")
         );
 
-        let svg = crate::plot::render(&r).unwrap();
+        let svg = crate::commands::run::plot::render(&r).unwrap();
         for needle in [
             "GPU 0 used (Test GPU",
             "GPU 1 used",
@@ -838,7 +840,7 @@ mod tests {
 
     #[test]
     fn exact_gpu_figures_in_every_output_and_the_schema_agrees() {
-        use crate::gpu_exact::{ExactProcess, ExactRecord};
+        use crate::commands::run::gpu_exact::{ExactProcess, ExactRecord};
         let (mut rec, facts) = full();
         rec.gpu_exact = Some(ExactRecord {
             library: "/opt/memprobe/lib/libmemprobe_interpose.so".into(),
@@ -878,7 +880,7 @@ mod tests {
         assert_eq!(json["timeline"][1]["gpu_exact_peak_bytes"][1], 7 << 20);
         assert_eq!(json["timeline"][0]["gpu_exact_peak_bytes"][1], 0);
 
-        let csv = crate::timeline_csv::render(&r);
+        let csv = crate::commands::run::timeline_csv::render(&r);
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
@@ -890,7 +892,7 @@ mod tests {
         assert!(lines.next().unwrap().ends_with(",1048576,0"));
         assert!(lines.next().unwrap().ends_with(",3145728,7340032"));
 
-        let svg = crate::plot::render(&r).unwrap();
+        let svg = crate::commands::run::plot::render(&r).unwrap();
         assert!(
             svg.contains("GPU 1 exact, all processes of the run"),
             "no exact series"

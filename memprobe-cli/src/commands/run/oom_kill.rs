@@ -2,7 +2,7 @@
 //! over what the run recorded, and its verdict for the summary and the JSON.
 //!
 //! The evidence:
-//! - the kernel's own log of its kills ([`crate::kernel_log`]: pid and name
+//! - the kernel's own log of its kills ([`crate::commands::run::kernel_log`]: pid and name
 //!   of each victim), where memprobe may read it (root): the one thing that
 //!   ties a kill to a process;
 //! - the container's OOM event counters over time ([`CounterLog`]: cgroup
@@ -10,7 +10,7 @@
 //!   thread at every tick (one small `pread`). They say that a process of
 //!   the container was killed, and when, not which;
 //! - the tree's members: every birth and death with its wait status from
-//!   the kernel's process events ([`crate::process_events`], root), else
+//!   the kernel's process events ([`crate::commands::run::process_events`], root), else
 //!   what samples saw (when each was last seen alive with which RSS, when a
 //!   sample first saw it ended, its wait status when caught as a zombie)
 //!   and the orphans memprobe reaped as their subreaper;
@@ -32,8 +32,8 @@
 //! - **unknown**: nothing to tell by: no counter and no log, or a rise
 //!   while no member seen ended, with births between samples unseen.
 
-use crate::recording::Recording;
-use crate::report::RunFacts;
+use super::recording::Recording;
+use super::report::RunFacts;
 use crate::units;
 use memprobe_core::cgroup::{CgroupVersion, OomEvents};
 use serde::Serialize;
@@ -628,8 +628,8 @@ pub(crate) fn explain_run(
     rec: &mut Recording,
     facts: &RunFacts,
     t0_monotonic_ns: u64,
-    lives: Result<&crate::process_events::Lifetimes, String>,
-    kernel: &crate::kernel_log::KernelLog,
+    lives: Result<&crate::commands::run::process_events::Lifetimes, String>,
+    kernel: &crate::commands::run::kernel_log::KernelLog,
     phase_at: &dyn Fn(Option<u32>, u64) -> Option<String>,
 ) {
     let end = (facts.duration_s * 1e9) as u64;
