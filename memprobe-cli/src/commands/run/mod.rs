@@ -43,12 +43,16 @@ use crate::gpu_readings;
 use crate::signals::{self, Forwarder, SigSet};
 use crate::terminal::is_tty;
 use crate::units;
-use gpu_exact::Injection;
+use gpu_exact::{Injection, Watcher};
+use kernel_log::KernelLog;
 use live::{LiveLine, LiveState};
 use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
 use memprobe_core::sinks::AtomicFile;
+use memprobe_metrics::Exporter;
 use phase_channel::{PhaseChannel, Receiver};
-use report::RunFacts;
+use process_events::{Lifetimes, ProcessEvents};
+use recording::Recording;
+use report::{RunFacts, RunReport};
 use sampling::{SamplingThread, Setup};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -119,47 +123,121 @@ fn open_cgroup() -> Result<CgroupSampler, String> {
     CgroupSampler::at(loc, CgroupOptions { reset_peak }).map_err(|e| e.to_string())
 }
 
-pub(crate) fn main(args: RunArgs) -> i32 {
-    let outputs = match Outputs::reserve(&args) {
-        Ok(o) => o,
-        Err(msg) => {
-            crate::say::say!("memprobe: {msg}");
-            return exit::USAGE;
+/// Why `run` ends early: what to say (after `memprobe: `) and the status.
+struct Stop {
+    status: i32,
+    message: String,
+}
+
+impl Stop {
+    fn new(status: i32, message: impl Into<String>) -> Stop {
+        Stop {
+            status,
+            message: message.into(),
         }
-    };
-    let injection = if args.gpu_exact {
-        match Injection::prepare() {
-            Ok(i) => Some(i),
-            Err(msg) => {
-                crate::say::say!("memprobe: {msg}");
-                return exit::USAGE;
-            }
-        }
-    } else {
-        None
-    };
-    let exact = match injection.as_ref().map(Injection::watcher).transpose() {
-        Ok(w) => w,
-        Err(msg) => {
-            crate::say::say!("memprobe: {msg}");
-            return exit::FAILURE;
-        }
-    };
-    let set = SigSet::of(&signals::FORWARDED);
-    if let Err(e) = set.block() {
-        crate::say::say!("memprobe: cannot block signals: {e}");
-        return exit::FAILURE;
     }
+}
+
+pub(crate) fn main(args: RunArgs) -> i32 {
+    match run(&args) {
+        Ok(status) => status,
+        Err(stop) => {
+            crate::say::say!("memprobe: {}", stop.message);
+            stop.status
+        }
+    }
+}
+
+/// The steps of the module's header, in order; the command's exit status,
+/// or [`exit::FAILURE`] for a status 0 when an output was not written.
+fn run(args: &RunArgs) -> Result<i32, Stop> {
+    let Prepared {
+        outputs,
+        injection,
+        exact,
+        blocked,
+    } = prepare(args)?;
+    let running = start(args, injection.as_ref(), exact, blocked)?;
+    let ended = running.end(args)?;
+    let rep = judge(ended);
+    crate::say::text(&report::summary(&rep, args.verbose));
+    let written = outputs.write(&rep);
+    // The run's directory of counter regions lives until here.
+    drop(injection);
+    let status = rep.exit.status;
+    Ok(if !written && status == 0 {
+        exit::FAILURE
+    } else {
+        status
+    })
+}
+
+/// What is ready before anything runs (steps 1 to 3).
+struct Prepared {
+    outputs: Outputs,
+    /// With `--gpu-exact`: the interposer and the run's counter regions.
+    injection: Option<Injection>,
+    exact: Option<Watcher>,
+    /// The forwarded signals, blocked.
+    blocked: SigSet,
+}
+
+/// Reserves the outputs, finds the interposer, blocks the forwarded
+/// signals: a usage error stops here, before the command starts.
+fn prepare(args: &RunArgs) -> Result<Prepared, Stop> {
+    let outputs = Outputs::reserve(args).map_err(|m| Stop::new(exit::USAGE, m))?;
+    let injection = args
+        .gpu_exact
+        .then(Injection::prepare)
+        .transpose()
+        .map_err(|m| Stop::new(exit::USAGE, m))?;
+    let exact = injection
+        .as_ref()
+        .map(Injection::watcher)
+        .transpose()
+        .map_err(|m| Stop::new(exit::FAILURE, m))?;
+    let blocked = SigSet::of(&signals::FORWARDED);
+    blocked
+        .block()
+        .map_err(|e| Stop::new(exit::FAILURE, format!("cannot block signals: {e}")))?;
+    Ok(Prepared {
+        outputs,
+        injection,
+        exact,
+        blocked,
+    })
+}
+
+/// The command running, and everything that watches it.
+struct Running {
+    pid: u32,
+    t0: Instant,
+    /// `CLOCK_MONOTONIC` at the spawn, ns (Instant's clock).
+    t0_monotonic_ns: u64,
+    started_at_unix_s: f64,
+    sampling: std::io::Result<SamplingThread>,
+    phases: Result<Receiver, String>,
+    forwarder: Option<Forwarder>,
+    live: Option<LiveLine>,
+    exporter: Option<Exporter>,
+    events: Result<ProcessEvents, String>,
+    kernel_log: Arc<Mutex<KernelLog>>,
+    /// Processes memprobe had as children before the run (not the run's).
+    inherited: Vec<u32>,
+}
+
+/// Step 4: everything that must see the command's first fork starts
+/// before the spawn; then the command, and the threads that follow it.
+fn start(
+    args: &RunArgs,
+    injection: Option<&Injection>,
+    exact: Option<Watcher>,
+    blocked: SigSet,
+) -> Result<Running, Stop> {
     let cgroup = open_cgroup();
     let gpus = gpu_readings::read_gpus();
-    let command: Vec<String> = args
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-
     let started_at_unix_s = units::unix_now_s();
-    let mut env = injection.as_ref().map(Injection::env).unwrap_or_default();
+    let mut env = injection.map(Injection::env).unwrap_or_default();
     // The command's trackers send their phases here (phase_channel.rs).
     let phases = PhaseChannel::bind();
     if let Ok(p) = &phases {
@@ -170,23 +248,18 @@ pub(crate) fn main(args: RunArgs) -> i32 {
     let oom_score_adj = oom_kill::shield_self();
     // Every birth and death of the tree, and the kernel's record of its OOM
     // kills, from before the spawn: the command's first fork counts.
-    let events = process_events::ProcessEvents::start();
-    let kernel_log = Arc::new(Mutex::new(kernel_log::KernelLog::open()));
+    let events = ProcessEvents::start();
+    let kernel_log = Arc::new(Mutex::new(KernelLog::open()));
     let inherited = orphans::inherited();
     orphans::become_subreaper();
-    let pid = match child::spawn(&args.command, &env, oom_score_adj) {
-        Ok(pid) => pid,
-        Err(e) => {
-            crate::say::say!("memprobe: {}", e.message);
-            return e.status;
-        }
-    };
+    let pid = child::spawn(&args.command, &env, oom_score_adj)
+        .map_err(|e| Stop::new(e.status, e.message))?;
     let t0 = Instant::now();
     let t0_monotonic_ns = memprobe_core::monotonic_ns();
     // The same clock as Instant's (CLOCK_MONOTONIC), read at once: phase
     // times from the command map onto the timeline through it.
     let phases = phases.and_then(|p| p.start(t0_monotonic_ns));
-    let forwarder = match Forwarder::start(set, pid as libc::pid_t, t0) {
+    let forwarder = match Forwarder::start(blocked, pid as libc::pid_t, t0) {
         Ok(f) => Some(f),
         Err(e) => {
             crate::say::say!("memprobe: warning: signals will not be forwarded: {e}");
@@ -212,78 +285,126 @@ pub(crate) fn main(args: RunArgs) -> i32 {
             .map_err(|e| crate::say::say!("memprobe: warning: --serve: {e}"))
             .ok()
     });
+    Ok(Running {
+        pid,
+        t0,
+        t0_monotonic_ns,
+        started_at_unix_s,
+        sampling,
+        phases,
+        forwarder,
+        live,
+        exporter,
+        events,
+        kernel_log,
+        inherited,
+    })
+}
 
-    let waited = child::wait_terminated(pid);
-    let duration_s = t0.elapsed().as_secs_f64();
-    let recording = sampling.map(SamplingThread::finish);
-    let phases = phases.map(Receiver::finish);
-    drop(exporter);
-    if let Some(l) = live {
-        l.stop();
-    }
-    let signals = forwarder.map(|f| f.disarm()).unwrap_or_default();
-    if let Err(e) = waited {
-        crate::say::say!("memprobe: waiting for the command: {e}");
-        return exit::FAILURE;
-    }
-    let exit_info = match child::reap(pid) {
-        Ok(x) => x,
-        Err(e) => {
-            crate::say::say!("memprobe: reaping the command: {e}");
-            return exit::FAILURE;
+/// What the run left, the command reaped.
+struct Ended {
+    recording: Recording,
+    facts: RunFacts,
+    lives: Result<Lifetimes, String>,
+    kernel_log: KernelLog,
+    t0_monotonic_ns: u64,
+}
+
+impl Running {
+    /// Step 5: waits for the command to terminate, stops every watcher
+    /// (the last sample taken), reaps the command for its exact peak, then
+    /// reads what the process events, the kernel's log and the orphans
+    /// still hold.
+    fn end(self, args: &RunArgs) -> Result<Ended, Stop> {
+        let pid = self.pid;
+        let waited = child::wait_terminated(pid);
+        let duration_s = self.t0.elapsed().as_secs_f64();
+        let recording = self.sampling.map(SamplingThread::finish);
+        let phases = self.phases.map(Receiver::finish);
+        drop(self.exporter);
+        if let Some(l) = self.live {
+            l.stop();
         }
-    };
-    // The command's exit and any kill were logged before it could be
-    // reaped: read what is left.
-    let lives = events.map(process_events::ProcessEvents::finish);
-    let mut kernel_log = match Arc::try_unwrap(kernel_log) {
+        let signals = self.forwarder.map(|f| f.disarm()).unwrap_or_default();
+        waited.map_err(|e| Stop::new(exit::FAILURE, format!("waiting for the command: {e}")))?;
+        let exit_info = child::reap(pid)
+            .map_err(|e| Stop::new(exit::FAILURE, format!("reaping the command: {e}")))?;
+        // The command's exit and any kill were logged before it could be
+        // reaped: read what is left.
+        let lives = self.events.map(ProcessEvents::finish);
+        let mut kernel_log = take_kernel_log(self.kernel_log);
+        kernel_log.poll();
+        let end_ns = (duration_s * 1e9) as u64;
+        let late_orphans = orphans::reap(pid, &self.inherited);
+        let mut recording = recording
+            .map_err(|e| Stop::new(exit::FAILURE, format!("could not start sampling: {e}")))?;
+        for o in late_orphans {
+            recording.orphans.push(recording::OrphanEnd {
+                pid: o.pid,
+                name: o.name,
+                ended_ns: end_ns,
+                wait_status: o.wait_status,
+            });
+        }
+        match phases {
+            Ok(log) => recording.phases = Some(log),
+            Err(why) => {
+                recording.unavailable.insert("phases".into(), why);
+            }
+        }
+        let facts = RunFacts {
+            command: args
+                .command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            pid,
+            interval: args.interval,
+            started_at_unix_s: self.started_at_unix_s,
+            duration_s,
+            exit: exit_info,
+            signals,
+            memprobe_cpu_s: child::own_cpu_s(),
+        };
+        Ok(Ended {
+            recording,
+            facts,
+            lives,
+            kernel_log,
+            t0_monotonic_ns: self.t0_monotonic_ns,
+        })
+    }
+}
+
+/// The kernel's log, back from the sampling thread (which has ended; a
+/// share still held elsewhere is left a closed log).
+fn take_kernel_log(shared: Arc<Mutex<KernelLog>>) -> KernelLog {
+    match Arc::try_unwrap(shared) {
         Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
         Err(shared) => {
             let mut l = shared.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::replace(&mut *l, kernel_log::KernelLog::closed())
-        }
-    };
-    kernel_log.poll();
-    let end_ns = (duration_s * 1e9) as u64;
-    let late_orphans = orphans::reap(pid, &inherited);
-    let mut recording = match recording {
-        Ok(r) => r,
-        Err(e) => {
-            crate::say::say!("memprobe: could not start sampling: {e}");
-            return exit::FAILURE;
-        }
-    };
-    for o in late_orphans {
-        recording.orphans.push(recording::OrphanEnd {
-            pid: o.pid,
-            name: o.name,
-            ended_ns: end_ns,
-            wait_status: o.wait_status,
-        });
-    }
-    match phases {
-        Ok(log) => recording.phases = Some(log),
-        Err(why) => {
-            recording.unavailable.insert("phases".into(), why);
+            std::mem::replace(&mut *l, KernelLog::closed())
         }
     }
-    let facts = RunFacts {
-        command,
-        pid,
-        interval: args.interval,
-        started_at_unix_s,
-        duration_s,
-        exit: exit_info,
-        signals,
-        memprobe_cpu_s: child::own_cpu_s(),
-    };
+}
+
+/// Folds the command's exact peak into the recording, judges any OOM kill,
+/// and builds the report.
+fn judge(ended: Ended) -> RunReport {
+    let Ended {
+        mut recording,
+        facts,
+        lives,
+        kernel_log,
+        t0_monotonic_ns,
+    } = ended;
     // Whether the command had children, whose peaks the kernel folds into
     // its ru_maxrss: every birth is known with the process events.
     let children = lives
         .as_ref()
         .ok()
         .filter(|l| l.complete())
-        .map(|l| l.members.values().any(|m| m.pid != pid));
+        .map(|l| l.members.values().any(|m| m.pid != facts.pid));
     report::add_rusage(&mut recording, &facts, children);
     // The phase open when a process was killed, from what its trackers sent
     // (the log counts nanoseconds from the spawn).
@@ -300,38 +421,36 @@ pub(crate) fn main(args: RunArgs) -> i32 {
         },
     );
     recording.phases = log;
-    let rep = report::build(&recording, &facts);
-    crate::say::text(&report::summary(&rep, args.verbose));
+    report::build(&recording, &facts)
+}
 
-    let mut failed = false;
-    let mut write = |file: Option<AtomicFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
-        let Some(file) = file else { return };
-        let target = file.path().display().to_string();
-        let written = render().and_then(|bytes| {
-            file.write(&bytes)
-                .and_then(|()| file.finish())
-                .map_err(|e| e.message().to_string())
-        });
-        match written {
-            Ok(()) => crate::say::say!("memprobe: wrote {target}"),
-            Err(e) => {
-                crate::say::say!("memprobe: {target}: {e}");
-                failed = true;
+impl Outputs {
+    /// Writes each output reserved, saying where; false when one failed.
+    fn write(self, rep: &RunReport) -> bool {
+        let mut written = true;
+        let mut write = |file: Option<AtomicFile>, render: &dyn Fn() -> Result<Vec<u8>, String>| {
+            let Some(file) = file else { return };
+            let target = file.path().display().to_string();
+            let done = render().and_then(|bytes| {
+                file.write(&bytes)
+                    .and_then(|()| file.finish())
+                    .map_err(|e| e.message().to_string())
+            });
+            match done {
+                Ok(()) => crate::say::say!("memprobe: wrote {target}"),
+                Err(e) => {
+                    crate::say::say!("memprobe: {target}: {e}");
+                    written = false;
+                }
             }
-        }
-    };
-    write(outputs.json, &|| {
-        let mut v = serde_json::to_vec(&rep).map_err(|e| e.to_string())?;
-        v.push(b'\n');
-        Ok(v)
-    });
-    write(outputs.csv, &|| Ok(timeline_csv::render(&rep).into_bytes()));
-    write(outputs.plot, &|| plot::render(&rep).map(String::into_bytes));
-
-    let status = rep.exit.status;
-    if failed && status == 0 {
-        exit::FAILURE
-    } else {
-        status
+        };
+        write(self.json, &|| {
+            let mut v = serde_json::to_vec(rep).map_err(|e| e.to_string())?;
+            v.push(b'\n');
+            Ok(v)
+        });
+        write(self.csv, &|| Ok(timeline_csv::render(rep).into_bytes()));
+        write(self.plot, &|| plot::render(rep).map(String::into_bytes));
+        written
     }
 }
