@@ -1,7 +1,7 @@
 //! The verdict: a pure function of the recorded evidence ([`Inputs`]),
 //! with the victims it names, the likeliest first.
 
-use super::evidence::{Inputs, KernelRecord, Member};
+use super::evidence::{Inputs, KernelKill, KernelRecord, Member};
 use super::explanation::explain;
 use serde::Serialize;
 
@@ -109,6 +109,10 @@ pub(crate) struct OomKillReport {
 /// slightly; a victim dies within moments of its record).
 const RECORD_SLACK_NS: u64 = 2_000_000_000;
 
+/// A member tied to a kill: the member, what ties it, whether its
+/// `SIGKILL` was seen.
+type Match<'a> = (&'a Member, Evidence, bool);
+
 /// The verdict. `phase_at(pid, t)`: the training phase open in process
 /// `pid` (or any process of the run, with `None`) at `t` ns on
 /// `CLOCK_MONOTONIC`.
@@ -119,98 +123,13 @@ pub(crate) fn detect(
     let counters = inputs.counters;
     let has_counter = counters.has_oom_kill();
     let counted: u64 = counters.kills().iter().map(|k| k.2).sum();
-    // (member, evidence, sigkill seen)
-    let mut matched: Vec<(&Member, Evidence, bool)> = Vec::new();
-    let mut other_kills = Vec::new();
-    let mut level;
-    if let Some(kills) = inputs.kernel.complete() {
-        // The kernel's record names every victim: nothing is guessed.
-        for k in kills {
-            match inputs.members.iter().find(|m| m.is(k, RECORD_SLACK_NS)) {
-                Some(m) if !matched.iter().any(|(x, _, _)| x.pid == m.pid) => {
-                    matched.push((m, Evidence::KernelLog, m.signal() == Some(libc::SIGKILL)));
-                }
-                Some(_) => {}
-                None => other_kills.push(OtherKill {
-                    pid: k.pid,
-                    name: k.name.clone(),
-                    at_s: k.at_ns as f64 / 1e9,
-                    memcg: k.memcg.clone(),
-                }),
-            }
+    let (mut matched, other_kills, level) = match inputs.kernel.complete() {
+        Some(kills) => named_by_the_kernel(inputs, kills),
+        None => {
+            let (matched, level) = tied_by_the_counter(inputs, has_counter, counted);
+            (matched, Vec::new(), level)
         }
-        level = if matched.is_empty() {
-            Level::None
-        } else {
-            Level::Confirmed
-        };
-    } else {
-        // The counter says that a process was killed, not which: a death
-        // at that time makes it likely, never confirmed.
-        let delay = DEATH_DELAY_NS.max(inputs.interval_ns.saturating_mul(5));
-        for (after, at, rise) in counters.kills() {
-            let mut here: Vec<&Member> = inputs
-                .members
-                .iter()
-                .filter(|m| !m.ended_otherwise())
-                .filter(|m| !matched.iter().any(|(x, _, _)| x.pid == m.pid))
-                .filter(|m| {
-                    m.ended_ns.is_some_and(|end| {
-                        after < end
-                            && m.last_seen_ns.or(m.born_ns).unwrap_or(after)
-                                < at.saturating_add(delay)
-                    })
-                })
-                .collect();
-            // The OOM killer picks the largest: seen SIGKILLs first, then size.
-            here.sort_by_key(|m| {
-                (
-                    std::cmp::Reverse(m.signal() == Some(libc::SIGKILL)),
-                    std::cmp::Reverse(peak(m, inputs).0.unwrap_or(0)),
-                )
-            });
-            for m in here
-                .into_iter()
-                .take(usize::try_from(rise).unwrap_or(usize::MAX))
-            {
-                let seen = m.signal() == Some(libc::SIGKILL);
-                let evidence = if seen {
-                    Evidence::CounterAndSigkill
-                } else {
-                    Evidence::CounterAndEnd
-                };
-                matched.push((m, evidence, seen));
-            }
-        }
-        level = if !matched.is_empty() {
-            Level::Likely
-        } else if has_counter {
-            // The counter rose for nobody seen: a process that lived
-            // between two samples could have been it, unless every birth
-            // was seen.
-            if counted == 0 || inputs.tracking.is_ok() {
-                Level::None
-            } else {
-                Level::Unknown
-            }
-        } else {
-            Level::Unknown
-        };
-        // No counter to go by: a SIGKILL with the container at its limit.
-        if !has_counter {
-            if let Some(m) = inputs
-                .members
-                .iter()
-                .filter(|m| m.signal() == Some(libc::SIGKILL))
-                .max_by_key(|m| peak(m, inputs).0)
-            {
-                if inputs.container.is_some_and(|c| c.near_limit()) {
-                    matched.push((m, Evidence::SigkillAtLimit, true));
-                    level = Level::Likely;
-                }
-            }
-        }
-    }
+    };
     matched.sort_by_key(|(m, e, seen)| {
         (
             *e != Evidence::KernelLog,
@@ -218,26 +137,7 @@ pub(crate) fn detect(
             std::cmp::Reverse(peak(m, inputs).0.unwrap_or(0)),
         )
     });
-    let victims: Vec<VictimReport> = matched
-        .iter()
-        .map(|(m, evidence, seen)| {
-            let at = m.ended_ns.or(m.last_seen_ns).unwrap_or(0);
-            let (bytes, source) = peak(m, inputs);
-            let (phase, phase_pid) = phase_of(m, inputs, at, phase_at);
-            VictimReport {
-                pid: m.pid,
-                name: m.name.clone(),
-                at_s: at as f64 / 1e9,
-                phase,
-                phase_pid,
-                direct_child: m.direct_child,
-                sigkill_seen: *seen,
-                evidence: *evidence,
-                peak_bytes: bytes,
-                peak_source: source,
-            }
-        })
-        .collect();
+    let victims = victims(&matched, inputs, phase_at);
     let matched_count = u64::try_from(matched.len()).unwrap_or(u64::MAX);
     // Known only where every victim is named, or every birth was seen.
     let kills_outside_tree = if has_counter
@@ -282,6 +182,139 @@ pub(crate) fn detect(
     };
     report.explanation = explain(&report, inputs);
     report
+}
+
+/// The kernel's record names every victim: nothing is guessed. The run's
+/// processes it names, the others it names, and the level.
+fn named_by_the_kernel<'a>(
+    inputs: &'a Inputs,
+    kills: &[KernelKill],
+) -> (Vec<Match<'a>>, Vec<OtherKill>, Level) {
+    let mut matched: Vec<Match> = Vec::new();
+    let mut other_kills = Vec::new();
+    for k in kills {
+        match inputs.members.iter().find(|m| m.is(k, RECORD_SLACK_NS)) {
+            Some(m) if !matched.iter().any(|(x, _, _)| x.pid == m.pid) => {
+                matched.push((m, Evidence::KernelLog, m.signal() == Some(libc::SIGKILL)));
+            }
+            Some(_) => {}
+            None => other_kills.push(OtherKill {
+                pid: k.pid,
+                name: k.name.clone(),
+                at_s: k.at_ns as f64 / 1e9,
+                memcg: k.memcg.clone(),
+            }),
+        }
+    }
+    let level = if matched.is_empty() {
+        Level::None
+    } else {
+        Level::Confirmed
+    };
+    (matched, other_kills, level)
+}
+
+/// The counter says that a process was killed, not which: a death at that
+/// time makes it likely, never confirmed. Without a counter, a `SIGKILL`
+/// with the container at its limit does.
+fn tied_by_the_counter<'a>(
+    inputs: &'a Inputs,
+    has_counter: bool,
+    counted: u64,
+) -> (Vec<Match<'a>>, Level) {
+    let counters = inputs.counters;
+    let mut matched: Vec<Match> = Vec::new();
+    let delay = DEATH_DELAY_NS.max(inputs.interval_ns.saturating_mul(5));
+    for (after, at, rise) in counters.kills() {
+        let mut here: Vec<&Member> = inputs
+            .members
+            .iter()
+            .filter(|m| !m.ended_otherwise())
+            .filter(|m| !matched.iter().any(|(x, _, _)| x.pid == m.pid))
+            .filter(|m| {
+                m.ended_ns.is_some_and(|end| {
+                    after < end
+                        && m.last_seen_ns.or(m.born_ns).unwrap_or(after) < at.saturating_add(delay)
+                })
+            })
+            .collect();
+        // The OOM killer picks the largest: seen SIGKILLs first, then size.
+        here.sort_by_key(|m| {
+            (
+                std::cmp::Reverse(m.signal() == Some(libc::SIGKILL)),
+                std::cmp::Reverse(peak(m, inputs).0.unwrap_or(0)),
+            )
+        });
+        for m in here
+            .into_iter()
+            .take(usize::try_from(rise).unwrap_or(usize::MAX))
+        {
+            let seen = m.signal() == Some(libc::SIGKILL);
+            let evidence = if seen {
+                Evidence::CounterAndSigkill
+            } else {
+                Evidence::CounterAndEnd
+            };
+            matched.push((m, evidence, seen));
+        }
+    }
+    let mut level = if !matched.is_empty() {
+        Level::Likely
+    } else if has_counter {
+        // The counter rose for nobody seen: a process that lived
+        // between two samples could have been it, unless every birth
+        // was seen.
+        if counted == 0 || inputs.tracking.is_ok() {
+            Level::None
+        } else {
+            Level::Unknown
+        }
+    } else {
+        Level::Unknown
+    };
+    // No counter to go by: a SIGKILL with the container at its limit.
+    if !has_counter {
+        if let Some(m) = inputs
+            .members
+            .iter()
+            .filter(|m| m.signal() == Some(libc::SIGKILL))
+            .max_by_key(|m| peak(m, inputs).0)
+        {
+            if inputs.container.is_some_and(|c| c.near_limit()) {
+                matched.push((m, Evidence::SigkillAtLimit, true));
+                level = Level::Likely;
+            }
+        }
+    }
+    (matched, level)
+}
+
+/// The victims as the JSON lists them, with the phase open when each ended.
+fn victims(
+    matched: &[Match],
+    inputs: &Inputs,
+    phase_at: &dyn Fn(Option<u32>, u64) -> Option<String>,
+) -> Vec<VictimReport> {
+    matched
+        .iter()
+        .map(|(m, evidence, seen)| {
+            let at = m.ended_ns.or(m.last_seen_ns).unwrap_or(0);
+            let (bytes, source) = peak(m, inputs);
+            let (phase, phase_pid) = phase_of(m, inputs, at, phase_at);
+            VictimReport {
+                pid: m.pid,
+                name: m.name.clone(),
+                at_s: at as f64 / 1e9,
+                phase,
+                phase_pid,
+                direct_child: m.direct_child,
+                sigkill_seen: *seen,
+                evidence: *evidence,
+                peak_bytes: bytes,
+                peak_source: source,
+            }
+        })
+        .collect()
 }
 
 /// The phase open when `m` ended, and whose it is: its own, else its
