@@ -643,145 +643,13 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
         let caption = top.is_none().then_some(title);
         let mut chart = axes(&main_area, caption, (x_max, time), (y_max, mem), true)?;
 
-        let shaded = bands(r);
-        for &(a, b, color, _) in &shaded {
-            let rect = [(a / time.divisor, 0.0), (b / time.divisor, y_max)];
-            chart
-                .draw_series(std::iter::once(Rectangle::new(rect, color.filled())))
-                .map_err(|e| e.to_string())?;
-        }
-        let px_per_x = f64::from(WIDTH - 120) / x_max;
-        for (a, b, color, label) in &shaded {
-            let Some(label) = label else { continue };
-            if (b - a) / time.divisor * px_per_x < 7.0 * label.len() as f64 {
-                continue;
-            }
-            // At the foot of its band (the legend covers the top left);
-            // evaluations one line up, clear of the epoch they sit in.
-            let dy = if *color == EVAL_SHADE { -18 } else { -3 };
-            let ink = if *color == EVAL_SHADE {
-                RGBColor(150, 90, 20)
-            } else {
-                RGBColor(70, 95, 130)
-            };
-            let style = TextStyle::from((FONT, 12).into_font())
-                .color(&ink)
-                .pos(Pos::new(HPos::Left, VPos::Bottom));
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((a / time.divisor, 0.0))
-                        + Text::new(label.clone(), (3, dy), style),
-                ))
-                .map_err(|e| e.to_string())?;
-        }
-        let mut swatches = Vec::new();
-        if r.phases.iter().any(|p| p.kind == "epoch") {
-            swatches.push((EPOCH_SHADES[0], "epochs (shaded)".to_string()));
-        }
-        if let Some(text) = evaluations_legend(r) {
-            swatches.push((EVAL_SHADE, text));
-        }
-        for (color, label) in swatches {
-            chart
-                .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
-                .map_err(|e| e.to_string())?
-                .label(label)
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 22, y + 6)], color.filled())
-                });
-        }
+        draw_bands(&mut chart, r, (x_max, time), y_max)?;
         if !own_panel {
             limit_line(&mut chart, r, x_max, (y_max, mem))?;
         }
         lines(&mut chart, &main_series, (x_max, time), mem)?;
-        for p in r.phase_channel.peaks.iter().take(MAX_PEAK_MARKS) {
-            let y = (p.peak_bytes as f64 / mem.divisor).min(y_max);
-            let at = peak_time(r, p);
-            let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
-                format!(" (pid {})", p.pid)
-            } else {
-                String::new()
-            };
-            let mut text = format!(
-                "{} peak {} in {}{pid}",
-                p.source,
-                units::bytes(p.peak_bytes),
-                p.label.replace(" / ", ", ")
-            );
-            let x = match at {
-                Some(t) => {
-                    text.push_str(&format!(", at {}", units::secs(t)));
-                    t / time.divisor
-                }
-                None => {
-                    // No sample inside the step: its span, and say so.
-                    text.push_str(&format!(
-                        " ({}–{}; no sample inside the step)",
-                        units::secs(p.start_s),
-                        units::secs(p.end_s)
-                    ));
-                    chart
-                        .draw_series(std::iter::once(PathElement::new(
-                            vec![(p.start_s / time.divisor, y), (p.end_s / time.divisor, y)],
-                            PEAK_STEP_COLOR.stroke_width(3),
-                        )))
-                        .map_err(|e| e.to_string())?;
-                    p.start_s / time.divisor
-                }
-            };
-            // The line stops at the marker; the label sits below it, beside
-            // the line, never across it.
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(x, 0.0), (x, y)],
-                    4,
-                    4,
-                    PEAK_STEP_COLOR.stroke_width(1),
-                ))
-                .map_err(|e| e.to_string())?;
-            let right_half = x > x_max * 0.6;
-            let anchor = if right_half { HPos::Right } else { HPos::Left };
-            let dx = if right_half { -9 } else { 9 };
-            let style = TextStyle::from((FONT, 13).into_font())
-                .color(&PEAK_STEP_COLOR)
-                .pos(Pos::new(anchor, VPos::Top));
-            label(&mut chart, (x, y), text, style, (dx, 6))?;
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y))
-                        + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
-                ))
-                .map_err(|e| e.to_string())?;
-        }
-        let (marks, _) = oom_marks(r);
-        for (i, (t, text)) in marks.iter().enumerate() {
-            let x = t / time.divisor;
-            let color = if text.starts_with("GPU") {
-                GPU_OOM_COLOR
-            } else {
-                OOM_COLOR
-            };
-            chart
-                .draw_series(LineSeries::new(
-                    vec![(x, 0.0), (x, y_max * 0.93)],
-                    color.stroke_width(2),
-                ))
-                .map_err(|e| e.to_string())?;
-            let right_half = x > x_max * 0.5;
-            let anchor = if right_half { HPos::Right } else { HPos::Left };
-            let dx = if right_half { -5 } else { 5 };
-            let style = TextStyle::from((FONT, 13).into_font().style(FontStyle::Bold))
-                .color(&color)
-                .pos(Pos::new(anchor, VPos::Top));
-            let row = 4 + 16 * (i % 4) as i32;
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y_max * 0.93))
-                        + Cross::new((0, 0), 5, color.stroke_width(2)),
-                ))
-                .map_err(|e| e.to_string())?;
-            self::label(&mut chart, (x, y_max), text.clone(), style, (dx, row))?;
-        }
+        peak_marks(&mut chart, r, (x_max, time), (y_max, mem))?;
+        oom_lines(&mut chart, r, (x_max, time), y_max)?;
         legend(&mut chart)?;
 
         footer
@@ -790,6 +658,170 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
+}
+
+/// The phases' bands behind the lines (epochs, evaluations), each labelled
+/// where it is wide enough, and their swatches in the legend.
+fn draw_bands<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    y_max: f64,
+) -> Result<(), String> {
+    let shaded = bands(r);
+    for &(a, b, color, _) in &shaded {
+        let rect = [(a / time.divisor, 0.0), (b / time.divisor, y_max)];
+        chart
+            .draw_series(std::iter::once(Rectangle::new(rect, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    let px_per_x = f64::from(WIDTH - 120) / x_max;
+    for (a, b, color, label) in &shaded {
+        let Some(label) = label else { continue };
+        if (b - a) / time.divisor * px_per_x < 7.0 * label.len() as f64 {
+            continue;
+        }
+        // At the foot of its band (the legend covers the top left);
+        // evaluations one line up, clear of the epoch they sit in.
+        let dy = if *color == EVAL_SHADE { -18 } else { -3 };
+        let ink = if *color == EVAL_SHADE {
+            RGBColor(150, 90, 20)
+        } else {
+            RGBColor(70, 95, 130)
+        };
+        let style = TextStyle::from((FONT, 12).into_font())
+            .color(&ink)
+            .pos(Pos::new(HPos::Left, VPos::Bottom));
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((a / time.divisor, 0.0))
+                    + Text::new(label.clone(), (3, dy), style),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut swatches = Vec::new();
+    if r.phases.iter().any(|p| p.kind == "epoch") {
+        swatches.push((EPOCH_SHADES[0], "epochs (shaded)".to_string()));
+    }
+    if let Some(text) = evaluations_legend(r) {
+        swatches.push((EVAL_SHADE, text));
+    }
+    for (color, label) in swatches {
+        chart
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+            .map_err(|e| e.to_string())?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 22, y + 6)], color.filled()));
+    }
+    Ok(())
+}
+
+/// The peak steps the command's trackers reported: a dashed line up to a
+/// marker, and what the peak was, in which step, when.
+fn peak_marks<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    (y_max, mem): (f64, AxisUnit),
+) -> Result<(), String> {
+    for p in r.phase_channel.peaks.iter().take(MAX_PEAK_MARKS) {
+        let y = (p.peak_bytes as f64 / mem.divisor).min(y_max);
+        let at = peak_time(r, p);
+        let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
+            format!(" (pid {})", p.pid)
+        } else {
+            String::new()
+        };
+        let mut text = format!(
+            "{} peak {} in {}{pid}",
+            p.source,
+            units::bytes(p.peak_bytes),
+            p.label.replace(" / ", ", ")
+        );
+        let x = match at {
+            Some(t) => {
+                text.push_str(&format!(", at {}", units::secs(t)));
+                t / time.divisor
+            }
+            None => {
+                // No sample inside the step: its span, and say so.
+                text.push_str(&format!(
+                    " ({}–{}; no sample inside the step)",
+                    units::secs(p.start_s),
+                    units::secs(p.end_s)
+                ));
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(p.start_s / time.divisor, y), (p.end_s / time.divisor, y)],
+                        PEAK_STEP_COLOR.stroke_width(3),
+                    )))
+                    .map_err(|e| e.to_string())?;
+                p.start_s / time.divisor
+            }
+        };
+        // The line stops at the marker; the label sits below it, beside
+        // the line, never across it.
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x, 0.0), (x, y)],
+                4,
+                4,
+                PEAK_STEP_COLOR.stroke_width(1),
+            ))
+            .map_err(|e| e.to_string())?;
+        let right_half = x > x_max * 0.6;
+        let anchor = if right_half { HPos::Right } else { HPos::Left };
+        let dx = if right_half { -9 } else { 9 };
+        let style = TextStyle::from((FONT, 13).into_font())
+            .color(&PEAK_STEP_COLOR)
+            .pos(Pos::new(anchor, VPos::Top));
+        label(chart, (x, y), text, style, (dx, 6))?;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y)) + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The OOM kills and the GPU out-of-memory failures, each a line at its
+/// time with what happened.
+fn oom_lines<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    y_max: f64,
+) -> Result<(), String> {
+    let (marks, _) = oom_marks(r);
+    for (i, (t, text)) in marks.iter().enumerate() {
+        let x = t / time.divisor;
+        let color = if text.starts_with("GPU") {
+            GPU_OOM_COLOR
+        } else {
+            OOM_COLOR
+        };
+        chart
+            .draw_series(LineSeries::new(
+                vec![(x, 0.0), (x, y_max * 0.93)],
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?;
+        let right_half = x > x_max * 0.5;
+        let anchor = if right_half { HPos::Right } else { HPos::Left };
+        let dx = if right_half { -5 } else { 5 };
+        let style = TextStyle::from((FONT, 13).into_font().style(FontStyle::Bold))
+            .color(&color)
+            .pos(Pos::new(anchor, VPos::Top));
+        let row = 4 + 16 * (i % 4) as i32;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y_max * 0.93)) + Cross::new((0, 0), 5, color.stroke_width(2)),
+            ))
+            .map_err(|e| e.to_string())?;
+        label(chart, (x, y_max), text.clone(), style, (dx, row))?;
+    }
+    Ok(())
 }
 
 fn footer_text(r: &RunReport) -> String {
