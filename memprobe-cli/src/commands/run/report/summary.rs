@@ -178,6 +178,20 @@ fn gpus(out: &mut Rows, r: &RunReport, why: &str) {
 /// `--gpu-exact`: each device's exact tree peak, the processes' own, the
 /// out-of-memory failures and the allocations not counted.
 fn gpu_exact(out: &mut Rows, x: &GpuExactReport) {
+    gpu_exact_devices(out, x);
+    gpu_exact_processes(out, x);
+    gpu_out_of_memory(out, x);
+    let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
+    if not_counted > 0 {
+        out.row(
+            "GPU not counted",
+            format!("{not_counted} allocation(s) passed through uncounted (see docs/gpu.md)"),
+        );
+    }
+}
+
+/// Each device's exact peak over the whole tree, and its largest process.
+fn gpu_exact_devices(out: &mut Rows, x: &GpuExactReport) {
     if x.devices.is_empty() {
         out.row(
             "GPU exact",
@@ -198,6 +212,11 @@ fn gpu_exact(out: &mut Rows, x: &GpuExactReport) {
             ),
         );
     }
+}
+
+/// The processes' own exact peaks (eight at most), with the context NVML
+/// adds.
+fn gpu_exact_processes(out: &mut Rows, x: &GpuExactReport) {
     for p in x
         .processes
         .iter()
@@ -234,6 +253,11 @@ fn gpu_exact(out: &mut Rows, x: &GpuExactReport) {
             ),
         );
     }
+}
+
+/// CUDA out-of-memory failures the interposer counted, the last of each
+/// process.
+fn gpu_out_of_memory(out: &mut Rows, x: &GpuExactReport) {
     // A GPU out-of-memory the program may have caught and survived
     // (PyTorch raises, a training loop retries with a smaller batch):
     // said whenever the interposer counted one.
@@ -263,13 +287,6 @@ fn gpu_exact(out: &mut Rows, x: &GpuExactReport) {
                 "{} allocation(s) failed with CUDA out-of-memory ({last})",
                 x.oom_failures
             ),
-        );
-    }
-    let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
-    if not_counted > 0 {
-        out.row(
-            "GPU not counted",
-            format!("{not_counted} allocation(s) passed through uncounted (see docs/gpu.md)"),
         );
     }
 }
