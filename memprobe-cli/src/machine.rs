@@ -3,8 +3,8 @@
 //! JSON schema: `docs/status-output.schema.json`.
 
 use crate::columns::render_rows;
+use crate::commands::SCHEMA_VERSION;
 use crate::gpu_readings::{self, GpuReading};
-use crate::report::SCHEMA_VERSION;
 use crate::unavailable;
 use crate::units;
 use memprobe_core::cgroup::{CgroupOptions, CgroupSampler};

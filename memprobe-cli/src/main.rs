@@ -4,32 +4,15 @@
 //! Prometheus. See docs/cli.md.
 
 mod args;
-mod child;
 mod columns;
 mod commands;
 mod exit;
-mod gpu_exact;
 mod gpu_readings;
 mod interval;
-mod kernel_log;
-mod live;
 mod machine;
-mod oom_kill;
-mod orphans;
-mod phase_channel;
-mod phase_log;
-mod phase_report;
-mod plot;
-mod process_events;
-mod process_lines;
-mod recording;
-mod report;
-mod sampling;
 mod say;
 mod signals;
-mod timeline;
-mod timeline_csv;
-mod tree_pss;
+mod terminal;
 mod unavailable;
 mod units;
 

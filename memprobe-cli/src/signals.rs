@@ -52,7 +52,7 @@ impl SigSet {
     }
 
     /// Blocks the set in the calling thread (threads spawned afterwards
-    /// inherit the mask, and so would a child: [`crate::child::spawn`]
+    /// inherit the mask, and so would a child: [`crate::commands::run::child::spawn`]
     /// clears it between fork and exec).
     pub(crate) fn block(&self) -> io::Result<()> {
         // SAFETY: valid set pointer; a null old-set pointer is allowed.

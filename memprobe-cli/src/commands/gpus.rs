@@ -5,9 +5,9 @@
 //! `unavailable.gpus`). Either way the status is [`NO_GPU`].
 
 use crate::args::GpusArgs;
+use crate::commands::SCHEMA_VERSION;
 use crate::exit;
 use crate::gpu_readings::{self, GpuReading};
-use crate::report::SCHEMA_VERSION;
 use crate::units;
 use serde::Serialize;
 use std::collections::BTreeMap;

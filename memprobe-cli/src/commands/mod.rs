@@ -1,4 +1,5 @@
-//! One module per subcommand; each `main` returns the exit status.
+//! One module per subcommand; each `main` returns the exit status. `run`
+//! is a folder: what only it uses lives there.
 
 pub(crate) mod gpus;
 pub(crate) mod run;
@@ -9,6 +10,10 @@ pub(crate) mod watch;
 use crate::exit;
 use serde::Serialize;
 use std::io::Write;
+
+/// The version of the JSON layout of every command (`run`'s document,
+/// `status`, `gpus`); bumped on any incompatible change.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Prints a reading on stdout, as pretty JSON when `json` or else as the
 /// text `table` makes; returns 0, or [`exit::FAILURE`] when it cannot be

@@ -3,7 +3,7 @@
 //! to init, and memprobe reaps it, with how it ended. Without this, a worker
 //! orphaned and then OOM-killed is reaped by init at once, unseen. No
 //! privilege needed: it is the fallback that works for everyone, where the
-//! kernel's process events ([`crate::process_events`]) need root.
+//! kernel's process events ([`crate::commands::run::process_events`]) need root.
 //!
 //! What the command sees: an orphan's `getppid()` is memprobe's pid, not 1,
 //! while memprobe runs (as under any service manager that is a subreaper).
@@ -48,7 +48,7 @@ pub(crate) fn inherited() -> Vec<u32> {
 }
 
 /// Reaps the orphans that have ended, leaving `root` (the command, reaped
-/// by [`crate::child::reap`] for its `ru_maxrss`) alone. memprobe spawns no
+/// by [`crate::commands::run::child::reap`] for its `ru_maxrss`) alone. memprobe spawns no
 /// other process: any other child is an orphan of the run's tree, except
 /// those in `inherited` (reaped too, as their parent would have, but not
 /// reported).

@@ -158,7 +158,7 @@ pub(crate) struct LinesReport {
 /// The chart's lines, named from the process records.
 pub(crate) fn report(
     lines: &ProcessLines,
-    processes: &[crate::recording::ProcessRecord],
+    processes: &[crate::commands::run::recording::ProcessRecord],
     seen: u64,
 ) -> LinesReport {
     LinesReport {

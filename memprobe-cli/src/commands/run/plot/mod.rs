@@ -12,8 +12,8 @@
 //! squeeze the program's to the bottom of the scale, the container gets a
 //! panel of its own above, with its own scale.
 
-use crate::phase_report::{PeakReport, PhaseReport};
-use crate::report::{command_line, PointReport, RunReport};
+use super::phase_report::{PeakReport, PhaseReport};
+use super::report::{command_line, PointReport, RunReport};
 use crate::units;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -643,145 +643,13 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
         let caption = top.is_none().then_some(title);
         let mut chart = axes(&main_area, caption, (x_max, time), (y_max, mem), true)?;
 
-        let shaded = bands(r);
-        for &(a, b, color, _) in &shaded {
-            let rect = [(a / time.divisor, 0.0), (b / time.divisor, y_max)];
-            chart
-                .draw_series(std::iter::once(Rectangle::new(rect, color.filled())))
-                .map_err(|e| e.to_string())?;
-        }
-        let px_per_x = f64::from(WIDTH - 120) / x_max;
-        for (a, b, color, label) in &shaded {
-            let Some(label) = label else { continue };
-            if (b - a) / time.divisor * px_per_x < 7.0 * label.len() as f64 {
-                continue;
-            }
-            // At the foot of its band (the legend covers the top left);
-            // evaluations one line up, clear of the epoch they sit in.
-            let dy = if *color == EVAL_SHADE { -18 } else { -3 };
-            let ink = if *color == EVAL_SHADE {
-                RGBColor(150, 90, 20)
-            } else {
-                RGBColor(70, 95, 130)
-            };
-            let style = TextStyle::from((FONT, 12).into_font())
-                .color(&ink)
-                .pos(Pos::new(HPos::Left, VPos::Bottom));
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((a / time.divisor, 0.0))
-                        + Text::new(label.clone(), (3, dy), style),
-                ))
-                .map_err(|e| e.to_string())?;
-        }
-        let mut swatches = Vec::new();
-        if r.phases.iter().any(|p| p.kind == "epoch") {
-            swatches.push((EPOCH_SHADES[0], "epochs (shaded)".to_string()));
-        }
-        if let Some(text) = evaluations_legend(r) {
-            swatches.push((EVAL_SHADE, text));
-        }
-        for (color, label) in swatches {
-            chart
-                .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
-                .map_err(|e| e.to_string())?
-                .label(label)
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 6), (x + 22, y + 6)], color.filled())
-                });
-        }
+        draw_bands(&mut chart, r, (x_max, time), y_max)?;
         if !own_panel {
             limit_line(&mut chart, r, x_max, (y_max, mem))?;
         }
         lines(&mut chart, &main_series, (x_max, time), mem)?;
-        for p in r.phase_channel.peaks.iter().take(MAX_PEAK_MARKS) {
-            let y = (p.peak_bytes as f64 / mem.divisor).min(y_max);
-            let at = peak_time(r, p);
-            let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
-                format!(" (pid {})", p.pid)
-            } else {
-                String::new()
-            };
-            let mut text = format!(
-                "{} peak {} in {}{pid}",
-                p.source,
-                units::bytes(p.peak_bytes),
-                p.label.replace(" / ", ", ")
-            );
-            let x = match at {
-                Some(t) => {
-                    text.push_str(&format!(", at {}", units::secs(t)));
-                    t / time.divisor
-                }
-                None => {
-                    // No sample inside the step: its span, and say so.
-                    text.push_str(&format!(
-                        " ({}–{}; no sample inside the step)",
-                        units::secs(p.start_s),
-                        units::secs(p.end_s)
-                    ));
-                    chart
-                        .draw_series(std::iter::once(PathElement::new(
-                            vec![(p.start_s / time.divisor, y), (p.end_s / time.divisor, y)],
-                            PEAK_STEP_COLOR.stroke_width(3),
-                        )))
-                        .map_err(|e| e.to_string())?;
-                    p.start_s / time.divisor
-                }
-            };
-            // The line stops at the marker; the label sits below it, beside
-            // the line, never across it.
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(x, 0.0), (x, y)],
-                    4,
-                    4,
-                    PEAK_STEP_COLOR.stroke_width(1),
-                ))
-                .map_err(|e| e.to_string())?;
-            let right_half = x > x_max * 0.6;
-            let anchor = if right_half { HPos::Right } else { HPos::Left };
-            let dx = if right_half { -9 } else { 9 };
-            let style = TextStyle::from((FONT, 13).into_font())
-                .color(&PEAK_STEP_COLOR)
-                .pos(Pos::new(anchor, VPos::Top));
-            label(&mut chart, (x, y), text, style, (dx, 6))?;
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y))
-                        + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
-                ))
-                .map_err(|e| e.to_string())?;
-        }
-        let (marks, _) = oom_marks(r);
-        for (i, (t, text)) in marks.iter().enumerate() {
-            let x = t / time.divisor;
-            let color = if text.starts_with("GPU") {
-                GPU_OOM_COLOR
-            } else {
-                OOM_COLOR
-            };
-            chart
-                .draw_series(LineSeries::new(
-                    vec![(x, 0.0), (x, y_max * 0.93)],
-                    color.stroke_width(2),
-                ))
-                .map_err(|e| e.to_string())?;
-            let right_half = x > x_max * 0.5;
-            let anchor = if right_half { HPos::Right } else { HPos::Left };
-            let dx = if right_half { -5 } else { 5 };
-            let style = TextStyle::from((FONT, 13).into_font().style(FontStyle::Bold))
-                .color(&color)
-                .pos(Pos::new(anchor, VPos::Top));
-            let row = 4 + 16 * (i % 4) as i32;
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y_max * 0.93))
-                        + Cross::new((0, 0), 5, color.stroke_width(2)),
-                ))
-                .map_err(|e| e.to_string())?;
-            self::label(&mut chart, (x, y_max), text.clone(), style, (dx, row))?;
-        }
+        peak_marks(&mut chart, r, (x_max, time), (y_max, mem))?;
+        oom_lines(&mut chart, r, (x_max, time), y_max)?;
         legend(&mut chart)?;
 
         footer
@@ -790,6 +658,170 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
+}
+
+/// The phases' bands behind the lines (epochs, evaluations), each labelled
+/// where it is wide enough, and their swatches in the legend.
+fn draw_bands<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    y_max: f64,
+) -> Result<(), String> {
+    let shaded = bands(r);
+    for &(a, b, color, _) in &shaded {
+        let rect = [(a / time.divisor, 0.0), (b / time.divisor, y_max)];
+        chart
+            .draw_series(std::iter::once(Rectangle::new(rect, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    let px_per_x = f64::from(WIDTH - 120) / x_max;
+    for (a, b, color, label) in &shaded {
+        let Some(label) = label else { continue };
+        if (b - a) / time.divisor * px_per_x < 7.0 * label.len() as f64 {
+            continue;
+        }
+        // At the foot of its band (the legend covers the top left);
+        // evaluations one line up, clear of the epoch they sit in.
+        let dy = if *color == EVAL_SHADE { -18 } else { -3 };
+        let ink = if *color == EVAL_SHADE {
+            RGBColor(150, 90, 20)
+        } else {
+            RGBColor(70, 95, 130)
+        };
+        let style = TextStyle::from((FONT, 12).into_font())
+            .color(&ink)
+            .pos(Pos::new(HPos::Left, VPos::Bottom));
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((a / time.divisor, 0.0))
+                    + Text::new(label.clone(), (3, dy), style),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut swatches = Vec::new();
+    if r.phases.iter().any(|p| p.kind == "epoch") {
+        swatches.push((EPOCH_SHADES[0], "epochs (shaded)".to_string()));
+    }
+    if let Some(text) = evaluations_legend(r) {
+        swatches.push((EVAL_SHADE, text));
+    }
+    for (color, label) in swatches {
+        chart
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+            .map_err(|e| e.to_string())?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 22, y + 6)], color.filled()));
+    }
+    Ok(())
+}
+
+/// The peak steps the command's trackers reported: a dashed line up to a
+/// marker, and what the peak was, in which step, when.
+fn peak_marks<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    (y_max, mem): (f64, AxisUnit),
+) -> Result<(), String> {
+    for p in r.phase_channel.peaks.iter().take(MAX_PEAK_MARKS) {
+        let y = (p.peak_bytes as f64 / mem.divisor).min(y_max);
+        let at = peak_time(r, p);
+        let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
+            format!(" (pid {})", p.pid)
+        } else {
+            String::new()
+        };
+        let mut text = format!(
+            "{} peak {} in {}{pid}",
+            p.source,
+            units::bytes(p.peak_bytes),
+            p.label.replace(" / ", ", ")
+        );
+        let x = match at {
+            Some(t) => {
+                text.push_str(&format!(", at {}", units::secs(t)));
+                t / time.divisor
+            }
+            None => {
+                // No sample inside the step: its span, and say so.
+                text.push_str(&format!(
+                    " ({}–{}; no sample inside the step)",
+                    units::secs(p.start_s),
+                    units::secs(p.end_s)
+                ));
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(p.start_s / time.divisor, y), (p.end_s / time.divisor, y)],
+                        PEAK_STEP_COLOR.stroke_width(3),
+                    )))
+                    .map_err(|e| e.to_string())?;
+                p.start_s / time.divisor
+            }
+        };
+        // The line stops at the marker; the label sits below it, beside
+        // the line, never across it.
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x, 0.0), (x, y)],
+                4,
+                4,
+                PEAK_STEP_COLOR.stroke_width(1),
+            ))
+            .map_err(|e| e.to_string())?;
+        let right_half = x > x_max * 0.6;
+        let anchor = if right_half { HPos::Right } else { HPos::Left };
+        let dx = if right_half { -9 } else { 9 };
+        let style = TextStyle::from((FONT, 13).into_font())
+            .color(&PEAK_STEP_COLOR)
+            .pos(Pos::new(anchor, VPos::Top));
+        label(chart, (x, y), text, style, (dx, 6))?;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y)) + TriangleMarker::new((0, 0), 6, PEAK_STEP_COLOR.filled()),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The OOM kills and the GPU out-of-memory failures, each a line at its
+/// time with what happened.
+fn oom_lines<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    y_max: f64,
+) -> Result<(), String> {
+    let (marks, _) = oom_marks(r);
+    for (i, (t, text)) in marks.iter().enumerate() {
+        let x = t / time.divisor;
+        let color = if text.starts_with("GPU") {
+            GPU_OOM_COLOR
+        } else {
+            OOM_COLOR
+        };
+        chart
+            .draw_series(LineSeries::new(
+                vec![(x, 0.0), (x, y_max * 0.93)],
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?;
+        let right_half = x > x_max * 0.5;
+        let anchor = if right_half { HPos::Right } else { HPos::Left };
+        let dx = if right_half { -5 } else { 5 };
+        let style = TextStyle::from((FONT, 13).into_font().style(FontStyle::Bold))
+            .color(&color)
+            .pos(Pos::new(anchor, VPos::Top));
+        let row = 4 + 16 * (i % 4) as i32;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y_max * 0.93)) + Cross::new((0, 0), 5, color.stroke_width(2)),
+            ))
+            .map_err(|e| e.to_string())?;
+        label(chart, (x, y_max), text.clone(), style, (dx, row))?;
+    }
+    Ok(())
 }
 
 fn footer_text(r: &RunReport) -> String {
@@ -839,269 +871,4 @@ fn footer_text(r: &RunReport) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn units_follow_the_range() {
-        assert_eq!(memory_unit(100 << 20).name, "MiB");
-        assert_eq!(memory_unit(3 << 30).name, "GiB");
-        assert_eq!(time_unit(30.0).name, "s");
-        assert_eq!(time_unit(3000.0).name, "min");
-        assert_eq!(time_unit(86_400.0).name, "h");
-    }
-
-    #[test]
-    fn ticks_have_no_float_noise() {
-        assert_eq!(tick(0.6000000000000001), "0.6");
-        assert_eq!(tick(2.0), "2");
-        assert_eq!(tick(0.125), "0.125");
-        assert_eq!(tick(-0.0), "0");
-    }
-
-    #[test]
-    fn phases_and_processes_on_the_chart() {
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
-        r.process_lines = crate::process_lines::LinesReport {
-            lines: (0..20u32)
-                .map(|i| crate::process_lines::DrawnLine {
-                    pid: 600 + i,
-                    name: "worker".to_string(),
-                    peak: u64::from(20 - i) << 20,
-                    points: vec![(0.0, 1 << 20), (0.03, u64::from(20 - i) << 20)],
-                })
-                .collect(),
-            processes: 40,
-        };
-        r.process_lines.lines.truncate(crate::process_lines::DRAWN);
-        let svg = render(&r).unwrap();
-        for needle in [
-            "epochs (shaded)",
-            "evaluations (shaded): stream",
-            "rss peak 900 MiB in epoch 1, step 13, at 0.02 s",
-            "pid 600 worker (peak 20.0 MiB)",
-            "10 more processes, grey (the 16 largest of 40 drawn)",
-            "epoch 2",
-        ] {
-            assert!(svg.contains(needle), "no {needle:?} in the SVG");
-        }
-        assert!(!svg.contains("pid 606 "), "only 6 processes are named");
-        // Three epochs and three streams shaded.
-        let shade = |c: RGBColor| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);
-        let bands = svg.matches(&shade(EPOCH_SHADES[0])).count()
-            + svg.matches(&shade(EPOCH_SHADES[1])).count();
-        assert_eq!(bands, 3 + 1, "3 epochs and the legend's swatch");
-        assert_eq!(svg.matches(&shade(EVAL_SHADE)).count(), 3 + 1);
-        // Without phases or workers, nothing of it.
-        let plain = crate::phase_report::tests::run_with_phases(0, 0);
-        let svg = render(&plain).unwrap();
-        assert!(!svg.contains("shaded") && !svg.contains("pid 6"));
-    }
-
-    /// The `<text>` elements of an SVG, as (x, y, text).
-    fn texts(svg: &str) -> Vec<(f64, f64, String)> {
-        svg.split("<text ")
-            .skip(1)
-            .map(|t| format!(" {t}"))
-            .filter_map(|t| {
-                let attr = |name: &str| -> Option<f64> {
-                    let at = t.find(&format!(" {name}=\""))? + name.len() + 3;
-                    t[at..].split('"').next()?.parse().ok()
-                };
-                let body = t.split('>').nth(1)?.split('<').next()?;
-                Some((attr("x")?, attr("y")?, body.trim().to_string()))
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_validation_phase_is_shaded_and_named_like_a_stream() {
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
-        for p in r.phases.iter_mut().filter(|p| p.kind == "stream") {
-            p.kind = "custom";
-            p.name = "validation".into();
-            p.label = p.label.replace("stream", "validation");
-        }
-        // Wide enough to be named.
-        r.duration_s = 0.036;
-        let svg = render(&r).unwrap();
-        assert!(
-            svg.contains("evaluations (shaded): validation"),
-            "no legend"
-        );
-        let shade = format!(
-            "fill=\"#{:02X}{:02X}{:02X}\"",
-            EVAL_SHADE.0, EVAL_SHADE.1, EVAL_SHADE.2
-        );
-        assert_eq!(svg.matches(&shade).count(), 3 + 1);
-        for name in ["test", "EVAL", "evaluation"] {
-            let mut p = r.phases[0].clone();
-            p.kind = "custom";
-            p.name = name.into();
-            assert!(is_evaluation(&p), "{name}");
-        }
-        let mut p = r.phases[0].clone();
-        p.kind = "custom";
-        p.name = "checkpoint".into();
-        assert!(!is_evaluation(&p));
-    }
-
-    #[test]
-    fn the_peak_step_is_marked_at_its_peak_and_its_label_is_clear_of_the_line() {
-        let r = crate::phase_report::tests::run_with_phases(3, 13);
-        let svg = render(&r).unwrap();
-        // The sample at the spike (16 ms) is inside step 13 (15-16 ms... the
-        // step's span) and its time is the label's.
-        let (x, y, text) = texts(&svg)
-            .into_iter()
-            .find(|t| t.2.starts_with("rss peak 900 MiB"))
-            .expect("the peak step's label");
-        assert!(text.ends_with("at 0.02 s"), "{text}");
-        // The dashed line (drawn as short segments) ends at the marker, and
-        // the label sits beside it: no line passes through the label.
-        let dashes: Vec<(f64, f64)> = svg
-            .split("<polyline")
-            .skip(1)
-            .filter(|p| p.contains("stroke=\"#96143C\""))
-            .filter_map(|p| p.split("points=\"").nth(1)?.split('"').next())
-            .flat_map(|pts| {
-                pts.split_whitespace()
-                    .filter_map(|xy| {
-                        let (a, b) = xy.split_once(',')?;
-                        Some((a.parse().ok()?, b.parse().ok()?))
-                    })
-                    .collect::<Vec<(f64, f64)>>()
-            })
-            .collect();
-        assert!(dashes.len() > 10, "no dashed line: {dashes:?}");
-        let line_x = dashes[0].0;
-        assert!(
-            dashes.iter().all(|d| d.0 == line_x),
-            "not one vertical line"
-        );
-        let top = dashes.iter().map(|d| d.1).fold(f64::MAX, f64::min);
-        assert!(
-            y >= top,
-            "the label starts above the line's top: {y} < {top}"
-        );
-        assert!((x - line_x).abs() >= 8.0, "label at {x}, line at {line_x}");
-        // Without a sample inside the step, the label says so.
-        let mut sparse = crate::phase_report::tests::run_with_phases(3, 13);
-        sparse.timeline.retain(|p| p.t_s < 0.010 || p.t_s > 0.020);
-        let svg = render(&sparse).unwrap();
-        assert!(svg.contains("no sample inside the step"), "not said");
-    }
-
-    #[test]
-    fn a_machine_sized_container_gets_its_own_panel() {
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
-        for p in &mut r.timeline {
-            p.cgroup_bytes = Some(9 << 30);
-        }
-        r.cgroup = Some(crate::report::CgroupReport {
-            version: "v2",
-            path: "/".into(),
-            limit_bytes: None,
-            start_bytes: Some(9 << 30),
-            end_bytes: Some(9 << 30),
-            peak_bytes: Some(9 << 30),
-            peak_fidelity: "sampled",
-            sampled_peak_bytes: Some(9 << 30),
-            sampled_peak_at_s: Some(0.0),
-            read_errors: 0,
-        });
-        let svg = render(&r).unwrap();
-        assert!(svg.contains(&format!("height=\"{}\"", HEIGHT + PANEL_HEIGHT)));
-        let ys: Vec<String> = texts(&svg)
-            .into_iter()
-            .filter(|t| t.2.starts_with("memory ("))
-            .map(|t| t.2)
-            .collect();
-        assert_eq!(ys, ["memory (GiB)", "memory (MiB)"], "two scales");
-        // The program's scale is its own: 900 MiB tall, not 9 GiB.
-        assert!(texts(&svg).iter().any(|t| t.2 == "1000" || t.2 == "800"));
-        // A container close to the program shares the scale.
-        let plain = render(&crate::phase_report::tests::run_with_phases(3, 13)).unwrap();
-        assert!(plain.contains(&format!("height=\"{HEIGHT}\"")));
-    }
-
-    #[test]
-    fn oom_kills_and_gpu_out_of_memory_are_marked_at_their_time() {
-        use crate::gpu_exact::{ExactProcess, ExactRecord, GpuExactReport};
-        let mut r = crate::phase_report::tests::run_with_phases(3, 13);
-        r.oom_kill = Some(crate::oom_kill::OomKillReport {
-            verdict: crate::oom_kill::Level::Confirmed,
-            counters: Some("memory.events"),
-            oom_kill_rise: Some(1),
-            oom_rise: Some(1),
-            oom_group_kill_rise: None,
-            kills_outside_tree: Some(0),
-            kernel_log: true,
-            kernel_log_unavailable: None,
-            other_kills: Vec::new(),
-            tracking: "process_events",
-            tracking_unavailable: None,
-            victims: vec![crate::oom_kill::VictimReport {
-                pid: 777,
-                name: "grow".into(),
-                at_s: 0.02,
-                phase: None,
-                phase_pid: None,
-                direct_child: true,
-                sigkill_seen: true,
-                evidence: crate::oom_kill::Evidence::KernelLog,
-                peak_bytes: Some(250 << 20),
-                peak_source: "rusage",
-            }],
-            container_peak_bytes: None,
-            container_limit_bytes: None,
-            explanation: None,
-        });
-        let exact = |at: Option<u64>| {
-            let mut x = ExactRecord {
-                library: "libmemprobe_interpose.so".into(),
-                processes: vec![ExactProcess {
-                    pid: 901,
-                    oom_failures: 2,
-                    last_oom_mono_ns: at,
-                    ..ExactProcess::default()
-                }],
-                ..ExactRecord::default()
-            };
-            x.place_in_run(1_000_000_000);
-            x
-        };
-        r.gpu_exact = Some(GpuExactReport::new(&exact(Some(1_030_000_000))));
-        assert_eq!(
-            r.gpu_exact.as_ref().unwrap().processes[0].last_oom_at_s,
-            Some(0.03)
-        );
-        let svg = render(&r).unwrap();
-        let t = texts(&svg);
-        let kill = t
-            .iter()
-            .find(|t| t.2 == "OOM kill (confirmed): pid 777 grow")
-            .expect("the kill's label");
-        let gpu = t
-            .iter()
-            .find(|t| t.2 == "GPU out of memory: 2 failed allocations (pid 901), the last here")
-            .expect("the GPU OOM's label");
-        // Later on the time axis.
-        assert!(gpu.0 > kill.0 - 1.0 || gpu.1 != kill.1, "{kill:?} {gpu:?}");
-        // Its time unknown: the footer says so.
-        r.gpu_exact = Some(GpuExactReport::new(&exact(None)));
-        let svg = render(&r).unwrap();
-        assert!(svg.contains("GPU out of memory: 2 failed allocations (pid 901), time unknown"));
-        // No verdict, no mark.
-        r.oom_kill.as_mut().unwrap().verdict = crate::oom_kill::Level::None;
-        assert!(!render(&r).unwrap().contains("OOM kill"));
-    }
-
-    #[test]
-    fn decimation_keeps_maxima() {
-        let pts: Vec<(f64, u64)> = (0..10_000).map(|i| (i as f64, (i % 97) as u64)).collect();
-        let d = decimate(&pts, 100);
-        assert!(d.len() <= 100);
-        assert_eq!(d.iter().map(|p| p.1).max(), Some(96));
-    }
-}
+mod tests;

@@ -17,7 +17,7 @@ pub(crate) struct Point {
     pub(crate) processes: u32,
     /// The cgroup's usage; `None` without a cgroup or when the read failed.
     pub(crate) cgroup: Option<u64>,
-    /// Each GPU's used memory, in [`Recording::gpus`](crate::recording::Recording::gpus) order; `None` when
+    /// Each GPU's used memory, in [`Recording::gpus`](crate::commands::run::recording::Recording::gpus) order; `None` when
     /// that read failed.
     pub(crate) gpus: Vec<Option<u64>>,
     /// With `--gpu-exact`: per device ordinal, the tree's exact peak since

@@ -9,7 +9,7 @@
 //! since; where it is refused the reason is kept,
 //! and the run falls back on what samples see, on the zombies they catch,
 //! and on the orphans memprobe reaps as their subreaper
-//! ([`crate::orphans`]), and the OOM verdict says that a process living
+//! ([`crate::commands::run::orphans`]), and the OOM verdict says that a process living
 //! between two samples could have been missed.
 //!
 //! The listener starts before the command is spawned, with memprobe itself

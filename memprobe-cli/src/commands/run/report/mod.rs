@@ -1,23 +1,23 @@
 //! The result of `run`: the JSON document (schema in
-//! `docs/run-output.schema.json`, fields in `docs/cli.md`) and the summary
-//! printed on stderr. Bytes are integers; times are seconds as f64.
+//! `docs/run-output.schema.json`, fields in `docs/cli.md`), built from the
+//! recording; the summary printed on stderr is in [`summary`].
+//! Bytes are integers; times are seconds as f64.
 
-use crate::child::ExitInfo;
-use crate::gpu_exact::GpuExactReport;
-use crate::oom_kill::OomKillReport;
-use crate::phase_report::{self, PhaseChannelReport, PhaseReport};
-use crate::recording::{PeakSource, ProcessRecord, Recording};
+use super::child::ExitInfo;
+use super::gpu_exact::GpuExactReport;
+use super::oom_kill::OomKillReport;
+use super::phase_report::{self, PhaseChannelReport, PhaseReport};
+use super::recording::{ProcessRecord, Recording};
+use super::tree_pss::PssReport;
+use crate::commands::SCHEMA_VERSION;
 use crate::signals::{self, SignalEvent};
-use crate::tree_pss::{self, PssReport};
-use crate::unavailable;
-use crate::units;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Duration;
 
-/// The version of the JSON layout; bumped on any incompatible change.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+mod summary;
+
+pub(crate) use summary::summary;
 
 fn s(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -72,7 +72,7 @@ pub(crate) struct RunReport {
     pub(crate) phases: Vec<PhaseReport>,
     pub(crate) phase_channel: PhaseChannelReport,
     /// Each of the largest processes over time (the chart's lines).
-    pub(crate) process_lines: crate::process_lines::LinesReport,
+    pub(crate) process_lines: crate::commands::run::process_lines::LinesReport,
 }
 
 #[derive(Debug, Serialize)]
@@ -363,7 +363,11 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             .collect(),
         phases,
         phase_channel,
-        process_lines: crate::process_lines::report(&rec.lines, &rec.processes, rec.processes_seen),
+        process_lines: crate::commands::run::process_lines::report(
+            &rec.lines,
+            &rec.processes,
+            rec.processes_seen,
+        ),
     }
 }
 
@@ -398,282 +402,11 @@ pub(crate) fn command_line(argv: &[String], max: usize) -> String {
     }
 }
 
-/// The end-of-run summary (several lines, each ending in a newline); with
-/// `verbose`, the whole reason of every source not measured.
-pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
-    let why = |name: &str| {
-        unavailable::shown(r.unavailable.get(name).map_or("", String::as_str), verbose)
-    };
-    let mut out = String::new();
-    let how = match (r.exit.code, &r.exit.signal_name) {
-        (Some(c), _) => format!("exited with code {c}"),
-        (None, Some(n)) => format!(
-            "was killed by {n}{} (status {})",
-            if r.exit.core_dumped {
-                ", core dumped"
-            } else {
-                ""
-            },
-            r.exit.status
-        ),
-        _ => "ended".to_string(),
-    };
-    let _ = writeln!(
-        out,
-        "memprobe: {} {how} after {}",
-        command_line(&r.command, 100),
-        units::secs(r.duration_s)
-    );
-    if let Some(text) = r.oom_kill.as_ref().and_then(|o| o.explanation.as_deref()) {
-        let _ = writeln!(out, "memprobe: {text}");
-    }
-    let row = |out: &mut String, label: &str, text: String| {
-        let _ = writeln!(out, "  {label:<22}{text}");
-    };
-    let most = format!(
-        "{} process{} at most",
-        r.tree.max_processes,
-        if r.tree.max_processes == 1 { "" } else { "es" }
-    );
-    row(
-        &mut out,
-        "peak tree RSS",
-        if r.tree.raised_to_a_process() {
-            format!(
-                "{}  (at least one of its processes' exact peak; samples saw {}, {most})",
-                units::bytes(r.tree.peak_rss_bytes),
-                units::bytes(r.tree.sampled_peak_bytes),
-            )
-        } else {
-            format!(
-                "{}{}  (sampled; {most})",
-                units::bytes(r.tree.peak_rss_bytes),
-                r.tree
-                    .peak_at_s
-                    .map(|t| format!(" at {}", units::secs(t)))
-                    .unwrap_or_default(),
-            )
-        },
-    );
-    if let Some(pss) = &r.pss {
-        for (label, text) in tree_pss::summary_rows(pss, r.tree.sampled_peak_bytes) {
-            row(&mut out, label, text);
-        }
-    }
-    match &r.peak_process {
-        Some(p) => {
-            let how = match p.peak_source {
-                s if s == PeakSource::Rusage.as_str()
-                    && p.rusage_includes_children == Some(false) =>
-                {
-                    "exact (wait4 ru_maxrss; it started no process)"
-                }
-                s if s == PeakSource::Rusage.as_str() => {
-                    "exact (wait4 ru_maxrss: this process or a child it waited for)"
-                }
-                _ => "exact (kernel VmHWM)",
-            };
-            row(
-                &mut out,
-                "peak single process",
-                format!(
-                    "{}  pid {} ({}), {how}",
-                    units::bytes(p.peak_rss_bytes),
-                    p.pid,
-                    p.name
-                ),
-            );
-        }
-        None => row(&mut out, "peak single process", "-".into()),
-    }
-    match &r.cgroup {
-        Some(c) => row(
-            &mut out,
-            &format!("container (cgroup {})", c.version),
-            format!(
-                "{} peak ({}), {} at start, limit {}",
-                units::opt_bytes(c.peak_bytes),
-                c.peak_fidelity,
-                units::opt_bytes(c.start_bytes),
-                c.limit_bytes.map_or_else(|| "none".into(), units::bytes),
-            ),
-        ),
-        None => row(
-            &mut out,
-            "container (cgroup)",
-            format!("unavailable: {}", why("cgroup")),
-        ),
-    }
-    if r.gpus.is_empty() {
-        row(
-            &mut out,
-            "GPUs",
-            if r.unavailable.contains_key("gpus") {
-                format!("unavailable: {}", why("gpus"))
-            } else {
-                "none".into()
-            },
-        );
-    }
-    for g in &r.gpus {
-        row(
-            &mut out,
-            &format!("GPU {}", g.index),
-            format!(
-                "{} peak of {} (sampled), this run's processes {} ({})",
-                units::opt_bytes(g.peak_used_bytes),
-                units::bytes(g.total_bytes),
-                units::opt_bytes(g.tree_peak_used_bytes),
-                g.name
-            ),
-        );
-    }
-    if let Some(x) = &r.gpu_exact {
-        if x.devices.is_empty() {
-            row(
-                &mut out,
-                "GPU exact",
-                "no device memory allocated through the driver (interposer loaded)".into(),
-            );
-        }
-        for d in &x.devices {
-            row(
-                &mut out,
-                &format!("GPU {} exact peak", d.index),
-                format!(
-                    "{} tree (exact, all processes at once), {} at end; largest process {}",
-                    units::bytes(d.tree_peak_bytes),
-                    units::bytes(d.tree_end_bytes),
-                    d.max_process_pid.map_or_else(
-                        || "-".into(),
-                        |pid| format!("pid {pid} {}", units::bytes(d.max_process_peak_bytes))
-                    ),
-                ),
-            );
-        }
-        for p in x
-            .processes
-            .iter()
-            .filter(|p| p.peak_bytes.iter().any(|&b| b > 0))
-            .take(8)
-        {
-            let per: Vec<String> = p
-                .peak_bytes
-                .iter()
-                .enumerate()
-                .filter(|(_, &b)| b > 0)
-                .map(|(d, &b)| format!("GPU {d} {}", units::bytes(b)))
-                .collect();
-            let context: Vec<String> = p
-                .context_bytes
-                .iter()
-                .enumerate()
-                .filter_map(|(d, c)| Some(format!("GPU {d} {}", units::bytes((*c)?))))
-                .collect();
-            row(
-                &mut out,
-                &format!("  pid {}", p.pid),
-                format!(
-                    "{} peak (exact){}{}",
-                    per.join(", "),
-                    if p.exited { ", ended" } else { "" },
-                    if context.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; context {} (NVML minus counted, sampled)",
-                            context.join(", ")
-                        )
-                    }
-                ),
-            );
-        }
-        // A GPU out-of-memory the program may have caught and survived
-        // (PyTorch raises, a training loop retries with a smaller batch):
-        // said whenever the interposer counted one.
-        if x.oom_failures > 0 {
-            let last = x
-                .processes
-                .iter()
-                .filter(|p| p.oom_failures > 0)
-                .map(|p| {
-                    let what = p.last_oom.as_ref().map_or_else(String::new, |o| {
-                        format!(
-                            ": last {} on {}{}",
-                            units::bytes(o.size_bytes),
-                            o.device.map_or_else(
-                                || "host pinned memory".into(),
-                                |d| format!("GPU {d}")
-                            ),
-                            o.api.map(|a| format!(" ({a})")).unwrap_or_default()
-                        )
-                    });
-                    format!("pid {} {}x{what}", p.pid, p.oom_failures)
-                })
-                .take(4)
-                .collect::<Vec<_>>()
-                .join("; ");
-            row(
-                &mut out,
-                "GPU out of memory",
-                format!(
-                    "{} allocation(s) failed with CUDA out-of-memory ({last})",
-                    x.oom_failures
-                ),
-            );
-        }
-        let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
-        if not_counted > 0 {
-            row(
-                &mut out,
-                "GPU not counted",
-                format!("{not_counted} allocation(s) passed through uncounted (see docs/gpu.md)"),
-            );
-        }
-    }
-    for sig in &r.signals {
-        row(
-            &mut out,
-            "signal",
-            format!(
-                "{} at {}, {}",
-                sig.name,
-                units::secs(sig.at_s),
-                if sig.forwarded {
-                    "forwarded to the child"
-                } else {
-                    "from the terminal (the child got it directly)"
-                }
-            ),
-        );
-    }
-    out.push_str(&phase_report::summary(r));
-    row(
-        &mut out,
-        "samples",
-        format!(
-            "{} every {}{}",
-            r.samples,
-            units::duration(Duration::from_secs_f64(r.interval_s)),
-            if r.missed_ticks > 0 {
-                format!(
-                    " ({} tick{} missed: the sampler fell behind)",
-                    r.missed_ticks,
-                    if r.missed_ticks == 1 { "" } else { "s" }
-                )
-            } else {
-                String::new()
-            }
-        ),
-    );
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::{CgroupRecord, GpuSeries};
-    use crate::timeline::Point;
+    use crate::commands::run::recording::{CgroupRecord, GpuSeries};
+    use crate::commands::run::timeline::Point;
     use memprobe_core::cgroup::CgroupVersion;
 
     /// A recording with everything a run can hold: two GPUs, a cgroup with
@@ -808,7 +541,7 @@ mod tests {
         );
         assert!(json["timeline"][3].get("cgroup_bytes").is_none());
 
-        let csv = crate::timeline_csv::render(&r);
+        let csv = crate::commands::run::timeline_csv::render(&r);
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
@@ -819,7 +552,7 @@ mod tests {
             Some("0.020000,106954752,2,316669952,3221225472,")
         );
 
-        let svg = crate::plot::render(&r).unwrap();
+        let svg = crate::commands::run::plot::render(&r).unwrap();
         for needle in [
             "GPU 0 used (Test GPU",
             "GPU 1 used",
@@ -838,7 +571,7 @@ mod tests {
 
     #[test]
     fn exact_gpu_figures_in_every_output_and_the_schema_agrees() {
-        use crate::gpu_exact::{ExactProcess, ExactRecord};
+        use crate::commands::run::gpu_exact::{ExactProcess, ExactRecord};
         let (mut rec, facts) = full();
         rec.gpu_exact = Some(ExactRecord {
             library: "/opt/memprobe/lib/libmemprobe_interpose.so".into(),
@@ -878,7 +611,7 @@ mod tests {
         assert_eq!(json["timeline"][1]["gpu_exact_peak_bytes"][1], 7 << 20);
         assert_eq!(json["timeline"][0]["gpu_exact_peak_bytes"][1], 0);
 
-        let csv = crate::timeline_csv::render(&r);
+        let csv = crate::commands::run::timeline_csv::render(&r);
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
@@ -890,7 +623,7 @@ mod tests {
         assert!(lines.next().unwrap().ends_with(",1048576,0"));
         assert!(lines.next().unwrap().ends_with(",3145728,7340032"));
 
-        let svg = crate::plot::render(&r).unwrap();
+        let svg = crate::commands::run::plot::render(&r).unwrap();
         assert!(
             svg.contains("GPU 1 exact, all processes of the run"),
             "no exact series"

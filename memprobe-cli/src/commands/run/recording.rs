@@ -2,8 +2,8 @@
 //! and each GPU, every process's exact peak, the container's and the GPUs'
 //! peaks.
 
+use super::timeline::{Point, Timeline};
 use crate::gpu_readings::GpuReading;
-use crate::timeline::{Point, Timeline};
 use memprobe_core::cgroup::{CgroupLocation, CgroupVersion};
 use memprobe_core::process::ProcessStatus;
 use memprobe_core::Sample;
@@ -104,7 +104,7 @@ impl ProcessRecord {
     }
 }
 
-/// An orphan of the tree memprobe reaped (see [`crate::orphans`]).
+/// An orphan of the tree memprobe reaped (see [`crate::commands::run::orphans`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OrphanEnd {
     pub(crate) pid: u32,
@@ -236,24 +236,24 @@ pub(crate) struct Recording {
     pub(crate) cgroup: Option<CgroupRecord>,
     pub(crate) gpus: Vec<GpuSeries>,
     /// With `--gpu-exact`: every process's and the tree's exact GPU figures.
-    pub(crate) gpu_exact: Option<crate::gpu_exact::ExactRecord>,
+    pub(crate) gpu_exact: Option<crate::commands::run::gpu_exact::ExactRecord>,
     /// With `--pss`: the tree's PSS and USS peaks and the reads' cost.
-    pub(crate) pss: Option<crate::tree_pss::PssReport>,
+    pub(crate) pss: Option<crate::commands::run::tree_pss::PssReport>,
     /// Orphans of the tree memprobe reaped as their subreaper.
     pub(crate) orphans: Vec<OrphanEnd>,
     /// The container's OOM event counters over the run.
-    pub(crate) oom_counters: crate::oom_kill::CounterLog,
+    pub(crate) oom_counters: crate::commands::run::oom_kill::CounterLog,
     /// Whether the kernel's OOM killer ended a process of the run (set
     /// after the child is reaped).
-    pub(crate) oom_kill: Option<crate::oom_kill::OomKillReport>,
+    pub(crate) oom_kill: Option<crate::commands::run::oom_kill::OomKillReport>,
     /// Source name -> why it was not measured.
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.
     pub(crate) missed_ticks: u64,
     /// The phases the command's trackers sent (None: no channel).
-    pub(crate) phases: Option<crate::phase_log::PhaseLog>,
+    pub(crate) phases: Option<crate::commands::run::phase_log::PhaseLog>,
     /// Each process's resident set over time, for the chart.
-    pub(crate) lines: crate::process_lines::ProcessLines,
+    pub(crate) lines: crate::commands::run::process_lines::ProcessLines,
 }
 
 /// At most this many process records are kept; beyond, the record with the

@@ -15,7 +15,7 @@
 //! The socket and its directory are removed when the receiver is finished
 //! or dropped, on every path out of `run`.
 
-use crate::phase_log::{BatchPeak, Event, Message, PhaseLog, SourceRecord};
+use super::phase_log::{BatchPeak, Event, Message, PhaseLog, SourceRecord};
 use memprobe_core::run_channel::{ENV, MAX_DATAGRAM, VERSION};
 use memprobe_core::PhaseKind;
 use serde::Deserialize;

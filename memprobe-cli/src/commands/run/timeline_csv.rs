@@ -8,7 +8,7 @@
 //! exact peak since the previous row). An empty cell is a reading that
 //! failed.
 
-use crate::report::RunReport;
+use super::report::RunReport;
 use std::fmt::Write as _;
 
 /// Renders the timeline of `r` as CSV text.

@@ -9,6 +9,7 @@
 //! resized and reset when the command ends. (A memprobe killed with SIGKILL
 //! leaves the region set; `reset` or `tput reset` restores the terminal.)
 
+use crate::terminal::{terminal_size, truncate};
 use crate::units;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,29 +61,6 @@ impl LiveState {
             s.push_str(&format!("  container {}", units::bytes(cg)));
         }
         s
-    }
-}
-
-/// Whether file descriptor `fd` is a terminal.
-pub(crate) fn is_tty(fd: libc::c_int) -> bool {
-    // SAFETY: isatty has no memory preconditions.
-    unsafe { libc::isatty(fd) == 1 }
-}
-
-/// (columns, rows) of the terminal on `fd`, if it is one.
-pub(crate) fn terminal_size(fd: libc::c_int) -> Option<(usize, usize)> {
-    // SAFETY: winsize is plain data.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes a winsize into the valid pointer.
-    let rc = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) };
-    (rc == 0 && ws.ws_col > 0).then(|| (usize::from(ws.ws_col), usize::from(ws.ws_row)))
-}
-
-/// Cuts `s` to at most `width` characters.
-pub(crate) fn truncate(s: &str, width: usize) -> &str {
-    match s.char_indices().nth(width) {
-        Some((i, _)) => &s[..i],
-        None => s,
     }
 }
 
@@ -160,14 +138,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn line_and_truncation() {
+    fn line_shows_tree_peak_and_container() {
         let s = LiveState::new();
         s.publish(3 << 20, 2, None);
         s.publish(1 << 20, 2, Some(5 << 30));
         let line = s.line(Duration::from_millis(1500));
         assert!(line.contains("tree 1.00 MiB  peak 3.00 MiB"), "{line}");
         assert!(line.contains("container 5.00 GiB"), "{line}");
-        assert_eq!(truncate("héllo", 2), "hé");
-        assert_eq!(truncate("hi", 10), "hi");
     }
 }

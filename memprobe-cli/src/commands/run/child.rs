@@ -20,7 +20,7 @@ pub(crate) struct SpawnError {
 
 /// Starts `argv` with inherited stdio, environment and process group;
 /// `oom_score_adj`: the value the child gets back when memprobe shielded
-/// itself from the OOM killer (see [`crate::oom_kill::shield_self`]).
+/// itself from the OOM killer (see [`crate::commands::run::oom_kill::shield_self`]).
 pub(crate) fn spawn(
     argv: &[OsString],
     env: &[(OsString, Option<OsString>)],

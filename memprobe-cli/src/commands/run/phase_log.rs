@@ -1,5 +1,5 @@
 //! What `memprobe run` keeps of the phases its command's trackers sent over
-//! the run channel ([`crate::phase_channel`]), in bounded memory:
+//! the run channel ([`super::phase_channel`]), in bounded memory:
 //!
 //! - every epoch, experience, stream and custom phase (up to
 //!   [`MAX_PHASES`], custom ones up to [`MAX_CUSTOM_PHASES`]) with its
@@ -43,7 +43,7 @@ pub(crate) struct SourceRecord {
     pub(crate) delta_peaked: u64,
 }
 
-/// A message, decoded (by [`crate::phase_channel`]).
+/// A message, decoded (by [`super::phase_channel`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Message {
     pub(crate) pid: u32,

@@ -8,9 +8,9 @@
 //! peaks, exact where its tracker measures them so). Steps appear as
 //! aggregates: per phase, how many and which step held each source's peak.
 
-use crate::phase_log::{Phase, PhaseLog, SourceRecord, StepAggregate, StepPeak};
-use crate::report::RunReport;
-use crate::timeline::Timeline;
+use super::phase_log::{Phase, PhaseLog, SourceRecord, StepAggregate, StepPeak};
+use super::report::RunReport;
+use super::timeline::Timeline;
 use crate::units;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -672,11 +672,11 @@ fn phase_table(r: &RunReport) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::child::ExitInfo;
-    use crate::phase_log::{Event, Message};
-    use crate::recording::Recording;
-    use crate::report::{build, summary as run_summary, RunFacts};
-    use crate::timeline::Point;
+    use crate::commands::run::child::ExitInfo;
+    use crate::commands::run::phase_log::{Event, Message};
+    use crate::commands::run::recording::Recording;
+    use crate::commands::run::report::{build, summary as run_summary, RunFacts};
+    use crate::commands::run::timeline::Point;
     use memprobe_core::PhaseKind;
     use std::time::Duration;
 
@@ -802,7 +802,7 @@ pub(crate) mod tests {
             signals: Vec::new(),
             memprobe_cpu_s: 0.01,
         };
-        crate::report::add_rusage(&mut rec, &facts, None);
+        crate::commands::run::report::add_rusage(&mut rec, &facts, None);
         build(&rec, &facts)
     }
 

@@ -16,16 +16,16 @@
 //! A process's exact peak is the last `VmHWM` read while it lived; a spike in
 //! the last interval before a worker exits is the one thing this can miss
 //! (the direct child is covered by `wait4`'s `ru_maxrss`, see
-//! [`crate::child::reap`]).
+//! [`crate::commands::run::child::reap`]).
 
-use crate::gpu_exact::Watcher;
+use super::gpu_exact::Watcher;
+use super::kernel_log::KernelLog;
+use super::live::LiveState;
+use super::oom_kill::ZombieWatch;
+use super::recording::{CgroupRecord, GpuSeries, Recording};
+use super::timeline::Point;
+use super::tree_pss::{PssPoint, PssRecord};
 use crate::gpu_readings::{self, GpuReading};
-use crate::kernel_log::KernelLog;
-use crate::live::LiveState;
-use crate::oom_kill::ZombieWatch;
-use crate::recording::{CgroupRecord, GpuSeries, Recording};
-use crate::timeline::Point;
-use crate::tree_pss::{PssPoint, PssRecord};
 use memprobe_core::cgroup::CgroupSampler;
 use memprobe_core::tree::ProcessTree;
 use memprobe_core::Sampler;
@@ -109,7 +109,8 @@ impl State {
         let cgroup = match setup.cgroup {
             Ok(c) => {
                 rec.cgroup = Some(CgroupRecord::new(c.location()));
-                rec.oom_counters = crate::oom_kill::CounterLog::new(c.location().version);
+                rec.oom_counters =
+                    crate::commands::run::oom_kill::CounterLog::new(c.location().version);
                 Some(c)
             }
             Err(why) => {
@@ -184,15 +185,17 @@ impl State {
     /// Reaps the tree's orphans that ended (memprobe is their subreaper)
     /// and keeps how each ended.
     fn reap_orphans(&mut self, now: u64) {
-        for o in crate::orphans::reap(self.tree.root(), &self.inherited) {
+        for o in crate::commands::run::orphans::reap(self.tree.root(), &self.inherited) {
             self.rec.ended_with(o.pid, o.wait_status);
-            if self.rec.orphans.len() < crate::recording::MAX_ORPHANS {
-                self.rec.orphans.push(crate::recording::OrphanEnd {
-                    pid: o.pid,
-                    name: o.name,
-                    ended_ns: now,
-                    wait_status: o.wait_status,
-                });
+            if self.rec.orphans.len() < crate::commands::run::recording::MAX_ORPHANS {
+                self.rec
+                    .orphans
+                    .push(crate::commands::run::recording::OrphanEnd {
+                        pid: o.pid,
+                        name: o.name,
+                        ended_ns: now,
+                        wait_status: o.wait_status,
+                    });
             }
         }
     }

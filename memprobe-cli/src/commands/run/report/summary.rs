@@ -1,0 +1,332 @@
+//! The end-of-run summary on stderr: a headline (the command, how it ended,
+//! after how long), the OOM verdict's paragraph when there is one, then one
+//! row per figure: the tree, the largest process, the container, the GPUs,
+//! the signals, the phases, the samples.
+
+use super::{command_line, RunReport};
+use crate::commands::run::gpu_exact::GpuExactReport;
+use crate::commands::run::phase_report;
+use crate::commands::run::recording::PeakSource;
+use crate::commands::run::tree_pss;
+use crate::unavailable;
+use crate::units;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// The summary as it is written: lines of its own, and rows of a label and
+/// its figures.
+struct Rows(String);
+
+impl Rows {
+    fn line(&mut self, text: &str) {
+        let _ = writeln!(self.0, "memprobe: {text}");
+    }
+
+    fn row(&mut self, label: &str, text: String) {
+        let _ = writeln!(self.0, "  {label:<22}{text}");
+    }
+}
+
+/// The end-of-run summary (several lines, each ending in a newline); with
+/// `verbose`, the whole reason of every source not measured.
+pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
+    let why = |name: &str| {
+        unavailable::shown(r.unavailable.get(name).map_or("", String::as_str), verbose)
+    };
+    let mut out = Rows(String::new());
+    out.line(&headline(r));
+    if let Some(text) = r.oom_kill.as_ref().and_then(|o| o.explanation.as_deref()) {
+        out.line(text);
+    }
+    tree(&mut out, r);
+    peak_process(&mut out, r);
+    container(&mut out, r, &why("cgroup"));
+    gpus(&mut out, r, &why("gpus"));
+    if let Some(x) = &r.gpu_exact {
+        gpu_exact(&mut out, x);
+    }
+    signals(&mut out, r);
+    out.0.push_str(&phase_report::summary(r));
+    samples(&mut out, r);
+    out.0
+}
+
+/// The command, how it ended, and after how long.
+fn headline(r: &RunReport) -> String {
+    let how = match (r.exit.code, &r.exit.signal_name) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(n)) => format!(
+            "was killed by {n}{} (status {})",
+            if r.exit.core_dumped {
+                ", core dumped"
+            } else {
+                ""
+            },
+            r.exit.status
+        ),
+        _ => "ended".to_string(),
+    };
+    format!(
+        "{} {how} after {}",
+        command_line(&r.command, 100),
+        units::secs(r.duration_s)
+    )
+}
+
+/// The tree's peak RSS (and, with `--pss`, its PSS and USS).
+fn tree(out: &mut Rows, r: &RunReport) {
+    let most = format!(
+        "{} process{} at most",
+        r.tree.max_processes,
+        if r.tree.max_processes == 1 { "" } else { "es" }
+    );
+    out.row(
+        "peak tree RSS",
+        if r.tree.raised_to_a_process() {
+            format!(
+                "{}  (at least one of its processes' exact peak; samples saw {}, {most})",
+                units::bytes(r.tree.peak_rss_bytes),
+                units::bytes(r.tree.sampled_peak_bytes),
+            )
+        } else {
+            format!(
+                "{}{}  (sampled; {most})",
+                units::bytes(r.tree.peak_rss_bytes),
+                r.tree
+                    .peak_at_s
+                    .map(|t| format!(" at {}", units::secs(t)))
+                    .unwrap_or_default(),
+            )
+        },
+    );
+    if let Some(pss) = &r.pss {
+        for (label, text) in tree_pss::summary_rows(pss, r.tree.sampled_peak_bytes) {
+            out.row(label, text);
+        }
+    }
+}
+
+/// The process with the largest exact peak, and where that peak comes from.
+fn peak_process(out: &mut Rows, r: &RunReport) {
+    let Some(p) = &r.peak_process else {
+        out.row("peak single process", "-".into());
+        return;
+    };
+    let how = match p.peak_source {
+        s if s == PeakSource::Rusage.as_str() && p.rusage_includes_children == Some(false) => {
+            "exact (wait4 ru_maxrss; it started no process)"
+        }
+        s if s == PeakSource::Rusage.as_str() => {
+            "exact (wait4 ru_maxrss: this process or a child it waited for)"
+        }
+        _ => "exact (kernel VmHWM)",
+    };
+    out.row(
+        "peak single process",
+        format!(
+            "{}  pid {} ({}), {how}",
+            units::bytes(p.peak_rss_bytes),
+            p.pid,
+            p.name
+        ),
+    );
+}
+
+/// The container's peak, usage at start and limit, or why it is unknown.
+fn container(out: &mut Rows, r: &RunReport, why: &str) {
+    match &r.cgroup {
+        Some(c) => out.row(
+            &format!("container (cgroup {})", c.version),
+            format!(
+                "{} peak ({}), {} at start, limit {}",
+                units::opt_bytes(c.peak_bytes),
+                c.peak_fidelity,
+                units::opt_bytes(c.start_bytes),
+                c.limit_bytes.map_or_else(|| "none".into(), units::bytes),
+            ),
+        ),
+        None => out.row("container (cgroup)", format!("unavailable: {why}")),
+    }
+}
+
+/// Each GPU's sampled peak and the run's share of it, or why there is none.
+fn gpus(out: &mut Rows, r: &RunReport, why: &str) {
+    if r.gpus.is_empty() {
+        out.row(
+            "GPUs",
+            if r.unavailable.contains_key("gpus") {
+                format!("unavailable: {why}")
+            } else {
+                "none".into()
+            },
+        );
+    }
+    for g in &r.gpus {
+        out.row(
+            &format!("GPU {}", g.index),
+            format!(
+                "{} peak of {} (sampled), this run's processes {} ({})",
+                units::opt_bytes(g.peak_used_bytes),
+                units::bytes(g.total_bytes),
+                units::opt_bytes(g.tree_peak_used_bytes),
+                g.name
+            ),
+        );
+    }
+}
+
+/// `--gpu-exact`: each device's exact tree peak, the processes' own, the
+/// out-of-memory failures and the allocations not counted.
+fn gpu_exact(out: &mut Rows, x: &GpuExactReport) {
+    gpu_exact_devices(out, x);
+    gpu_exact_processes(out, x);
+    gpu_out_of_memory(out, x);
+    let not_counted: u64 = x.processes.iter().map(|p| p.not_counted_calls).sum();
+    if not_counted > 0 {
+        out.row(
+            "GPU not counted",
+            format!("{not_counted} allocation(s) passed through uncounted (see docs/gpu.md)"),
+        );
+    }
+}
+
+/// Each device's exact peak over the whole tree, and its largest process.
+fn gpu_exact_devices(out: &mut Rows, x: &GpuExactReport) {
+    if x.devices.is_empty() {
+        out.row(
+            "GPU exact",
+            "no device memory allocated through the driver (interposer loaded)".into(),
+        );
+    }
+    for d in &x.devices {
+        out.row(
+            &format!("GPU {} exact peak", d.index),
+            format!(
+                "{} tree (exact, all processes at once), {} at end; largest process {}",
+                units::bytes(d.tree_peak_bytes),
+                units::bytes(d.tree_end_bytes),
+                d.max_process_pid.map_or_else(
+                    || "-".into(),
+                    |pid| format!("pid {pid} {}", units::bytes(d.max_process_peak_bytes))
+                ),
+            ),
+        );
+    }
+}
+
+/// The processes' own exact peaks (eight at most), with the context NVML
+/// adds.
+fn gpu_exact_processes(out: &mut Rows, x: &GpuExactReport) {
+    for p in x
+        .processes
+        .iter()
+        .filter(|p| p.peak_bytes.iter().any(|&b| b > 0))
+        .take(8)
+    {
+        let per: Vec<String> = p
+            .peak_bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b > 0)
+            .map(|(d, &b)| format!("GPU {d} {}", units::bytes(b)))
+            .collect();
+        let context: Vec<String> = p
+            .context_bytes
+            .iter()
+            .enumerate()
+            .filter_map(|(d, c)| Some(format!("GPU {d} {}", units::bytes((*c)?))))
+            .collect();
+        out.row(
+            &format!("  pid {}", p.pid),
+            format!(
+                "{} peak (exact){}{}",
+                per.join(", "),
+                if p.exited { ", ended" } else { "" },
+                if context.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; context {} (NVML minus counted, sampled)",
+                        context.join(", ")
+                    )
+                }
+            ),
+        );
+    }
+}
+
+/// CUDA out-of-memory failures the interposer counted, the last of each
+/// process.
+fn gpu_out_of_memory(out: &mut Rows, x: &GpuExactReport) {
+    // A GPU out-of-memory the program may have caught and survived
+    // (PyTorch raises, a training loop retries with a smaller batch):
+    // said whenever the interposer counted one.
+    if x.oom_failures > 0 {
+        let last = x
+            .processes
+            .iter()
+            .filter(|p| p.oom_failures > 0)
+            .map(|p| {
+                let what = p.last_oom.as_ref().map_or_else(String::new, |o| {
+                    format!(
+                        ": last {} on {}{}",
+                        units::bytes(o.size_bytes),
+                        o.device
+                            .map_or_else(|| "host pinned memory".into(), |d| format!("GPU {d}")),
+                        o.api.map(|a| format!(" ({a})")).unwrap_or_default()
+                    )
+                });
+                format!("pid {} {}x{what}", p.pid, p.oom_failures)
+            })
+            .take(4)
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.row(
+            "GPU out of memory",
+            format!(
+                "{} allocation(s) failed with CUDA out-of-memory ({last})",
+                x.oom_failures
+            ),
+        );
+    }
+}
+
+/// Each signal memprobe saw, and whether it was forwarded.
+fn signals(out: &mut Rows, r: &RunReport) {
+    for sig in &r.signals {
+        out.row(
+            "signal",
+            format!(
+                "{} at {}, {}",
+                sig.name,
+                units::secs(sig.at_s),
+                if sig.forwarded {
+                    "forwarded to the child"
+                } else {
+                    "from the terminal (the child got it directly)"
+                }
+            ),
+        );
+    }
+}
+
+/// How many samples, how often, and the ticks missed.
+fn samples(out: &mut Rows, r: &RunReport) {
+    out.row(
+        "samples",
+        format!(
+            "{} every {}{}",
+            r.samples,
+            units::duration(Duration::from_secs_f64(r.interval_s)),
+            if r.missed_ticks > 0 {
+                format!(
+                    " ({} tick{} missed: the sampler fell behind)",
+                    r.missed_ticks,
+                    if r.missed_ticks == 1 { "" } else { "s" }
+                )
+            } else {
+                String::new()
+            }
+        ),
+    );
+}
