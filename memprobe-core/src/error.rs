@@ -49,7 +49,7 @@ impl ErrorKind {
     ];
 
     /// A short lowercase name, used in messages.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             ErrorKind::InvalidArgument => "invalid argument",
             ErrorKind::InvalidId => "invalid id",

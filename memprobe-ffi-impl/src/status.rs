@@ -1,8 +1,7 @@
 //! Status codes: explicit values, never reused.
 
 use memprobe_core::ErrorKind;
-use std::ffi::{c_char, CString};
-use std::sync::LazyLock;
+use std::ffi::c_char;
 
 /// The result of a fallible call. Values are explicit and never reused; a
 /// new failure mode gets a new number.
@@ -66,11 +65,12 @@ impl memprobe_status {
     }
 
     /// The status's name. Only the statuses of the boundary itself are
-    /// named here; a status that reports a core error kind is named by
-    /// `ErrorKind::as_str`, so each name is spelled once (the Python, Go
-    /// and Julia bindings keep their own tables of values, checked against
-    /// the header by tests/tests/bindings_cover_header.rs).
-    fn text(self) -> &'static str {
+    /// named here; a status that reports a core error kind takes the
+    /// kind's name (`ErrorKind::as_str`), so each name is spelled once (the
+    /// Python, Go and Julia bindings keep their own tables of values,
+    /// checked against the header by tests/tests/bindings_cover_header.rs).
+    /// `const`, so that the C strings are built at compile time.
+    const fn text(self) -> &'static str {
         use memprobe_status::*;
         match self {
             Ok => "ok",
@@ -79,19 +79,17 @@ impl memprobe_status {
             BufferTooSmall => "buffer too small",
             Panic => "panic",
             OutOfMemory => "out of memory",
-            InvalidArgument | InvalidId | WrongOrder | Unavailable | Unsupported
-            | PermissionDenied | Io | Parse | GpuLost | Internal => {
-                self.kind().map_or("unknown status", ErrorKind::as_str)
-            }
+            InvalidArgument => ErrorKind::InvalidArgument.as_str(),
+            InvalidId => ErrorKind::InvalidId.as_str(),
+            WrongOrder => ErrorKind::WrongOrder.as_str(),
+            Unavailable => ErrorKind::Unavailable.as_str(),
+            Unsupported => ErrorKind::Unsupported.as_str(),
+            PermissionDenied => ErrorKind::PermissionDenied.as_str(),
+            Io => ErrorKind::Io.as_str(),
+            Parse => ErrorKind::Parse.as_str(),
+            GpuLost => ErrorKind::GpuLost.as_str(),
+            Internal => ErrorKind::Internal.as_str(),
         }
-    }
-
-    /// The core error kind this status reports, if any: the inverse of
-    /// [`Self::from_kind`], found from it (no second table).
-    fn kind(self) -> Option<ErrorKind> {
-        ErrorKind::ALL
-            .into_iter()
-            .find(|&k| Self::from_kind(k) == self)
     }
 
     /// Every status, in value order (a test checks the order).
@@ -122,20 +120,38 @@ impl memprobe_status {
     }
 }
 
-/// The NUL-terminated names, built once from [`memprobe_status::text`].
-static NAMES: LazyLock<Vec<CString>> = LazyLock::new(|| {
-    memprobe_status::ALL
-        .into_iter()
-        .map(|s| CString::new(s.text()).unwrap_or_default())
-        .collect()
-});
+/// Room for the longest name and its NUL.
+const NAME_ROOM: usize = 24;
+
+/// The names as NUL-terminated strings, in value order, built at compile
+/// time from [`memprobe_status::text`] (no allocation, no lazy
+/// initialisation: `memprobe_status_name` stays safe in a forked child).
+static NAMES: [[u8; NAME_ROOM]; memprobe_status::ALL.len()] = {
+    let mut names = [[0u8; NAME_ROOM]; memprobe_status::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        let text = memprobe_status::ALL[i].text().as_bytes();
+        assert!(
+            text.len() < NAME_ROOM,
+            "a status name longer than NAME_ROOM"
+        );
+        let mut j = 0;
+        while j < text.len() {
+            assert!(text[j] != 0);
+            names[i][j] = text[j];
+            j += 1;
+        }
+        i += 1;
+    }
+    names
+};
 
 /// A static, NUL-terminated name for a status value (`"ok"`, `"null pointer"`,
 /// ...); `"unknown status"` for values this version does not know. Never NULL.
 #[no_mangle]
 pub extern "C" fn memprobe_status_name(status: u32) -> *const c_char {
     match memprobe_status::from_u32(status) {
-        Some(s) => NAMES[s as usize].as_ptr(),
+        Some(s) => NAMES[s as usize].as_ptr().cast(),
         None => c"unknown status".as_ptr(),
     }
 }
@@ -176,7 +192,6 @@ mod tests {
         for k in ErrorKind::ALL {
             let s = memprobe_status::from_kind(k);
             assert!(seen.insert(s as u32), "{k:?} shares a status");
-            assert_eq!(s.kind(), Some(k));
             assert_eq!(name(s as u32), k.as_str());
         }
         assert_eq!(name(memprobe_status::WrongOrder as u32), "wrong call order");
