@@ -142,7 +142,7 @@ crates:
 # the interposer and the command on any machine with Rust (setup.py finds
 # rust/). Committed files only (git archive HEAD). Output: build/sdist/.
 SDIST_RUST = Cargo.toml Cargo.lock LICENSE-MIT LICENSE-APACHE memprobe-core memprobe-gpu memprobe-metrics \
-	memprobe-ffi memprobe-cli memprobe-interpose tests
+	memprobe-ffi-impl memprobe-ffi memprobe-cli memprobe-interpose tests
 sdist:
 	@$(PYTHON) -c 'import setuptools, setuptools_rust' 2>/dev/null || { echo "make sdist: setuptools and setuptools-rust are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install setuptools setuptools-rust" >&2; exit 1; }
 	rm -rf $(BUILD)/sdist
@@ -192,7 +192,7 @@ bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-metrics --bench scrape
 	$(CARGO) bench -j$(JOBS) -p memprobe-interpose --bench interpose_overhead
 
-# Regenerates include/memprobe.h from memprobe-ffi (then commit it).
+# Regenerates include/memprobe.h from memprobe-ffi-impl (then commit it).
 header:
 	MEMPROBE_BLESS=1 $(CARGO) test -j$(JOBS) -p memprobe-tests --test header -- header_is_up_to_date
 

@@ -1,15 +1,9 @@
-//! Sets the SONAME of libmemprobe.so: `libmemprobe.so.<major>` from 1.0 on,
-//! `libmemprobe.so.0.<minor>` before (every 0.x minor may break the ABI).
+//! Gives libmemprobe.so the SONAME that memprobe-ffi-impl's build script
+//! computed (and that its `memprobe_soname()` returns).
 
 fn main() {
-    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").expect("cargo sets it");
-    let minor = std::env::var("CARGO_PKG_VERSION_MINOR").expect("cargo sets it");
-    let soname = if major == "0" {
-        format!("libmemprobe.so.0.{minor}")
-    } else {
-        format!("libmemprobe.so.{major}")
-    };
+    let soname =
+        std::env::var("DEP_MEMPROBE_SONAME").expect("memprobe-ffi-impl's build script sets it");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
-    println!("cargo:rustc-env=MEMPROBE_SONAME={soname}");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -33,8 +33,23 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order (the C library maps each to its
+    /// status and names the status after it).
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::InvalidArgument,
+        ErrorKind::InvalidId,
+        ErrorKind::WrongOrder,
+        ErrorKind::Unavailable,
+        ErrorKind::Unsupported,
+        ErrorKind::PermissionDenied,
+        ErrorKind::Io,
+        ErrorKind::Parse,
+        ErrorKind::GpuLost,
+        ErrorKind::Internal,
+    ];
+
     /// A short lowercase name, used in messages.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             ErrorKind::InvalidArgument => "invalid argument",
             ErrorKind::InvalidId => "invalid id",
@@ -112,3 +127,17 @@ impl std::error::Error for Error {}
 
 /// The result type of memprobe.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    #[test]
+    fn all_lists_the_kinds_in_declaration_order_with_distinct_names() {
+        let mut names = std::collections::HashSet::new();
+        for (i, k) in ErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(k as usize, i, "{k:?}");
+            assert!(names.insert(k.as_str()), "{k:?} shares its name");
+        }
+    }
+}

@@ -18,11 +18,11 @@
 //! `MEMPROBE_FUZZ_SECONDS=600 cargo test --release -p memprobe-tests --test fuzz_abi -- --nocapture`.
 //! A failing seed is printed; add it to the corpus once fixed.
 
-use memprobe::source::{memprobe_sample, memprobe_source, memprobe_source_info};
-use memprobe::status::memprobe_status;
-use memprobe::trace::memprobe_trace;
-use memprobe::tracker::{memprobe_phase_record, memprobe_tracker};
-use memprobe::window::{memprobe_delta, memprobe_window};
+use memprobe_ffi_impl::source::{memprobe_sample, memprobe_source, memprobe_source_info};
+use memprobe_ffi_impl::status::memprobe_status;
+use memprobe_ffi_impl::trace::memprobe_trace;
+use memprobe_ffi_impl::tracker::{memprobe_phase_record, memprobe_tracker};
+use memprobe_ffi_impl::window::{memprobe_delta, memprobe_window};
 use std::ffi::{c_char, c_void, CString};
 use std::time::{Duration, Instant};
 
@@ -256,14 +256,14 @@ fn check(seed: u64, step: usize, what: &str, st: memprobe_status) {
 
 fn last_error() -> String {
     // SAFETY: memprobe_last_error never returns NULL.
-    unsafe { std::ffi::CStr::from_ptr(memprobe::boundary::memprobe_last_error()) }
+    unsafe { std::ffi::CStr::from_ptr(memprobe_ffi_impl::boundary::memprobe_last_error()) }
         .to_string_lossy()
         .into_owned()
 }
 
 /// Runs one sequence; returns the number of calls made.
 fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
-    use memprobe::*;
+    use memprobe_ffi_impl::*;
     let mut rng = Rng(seed | 1);
     let mut p = Pool::default();
     let counter = Box::new(0u64);
@@ -1368,7 +1368,7 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
 fn live_handles() -> (u64, u64, u64, u64) {
     let (mut s, mut w, mut t, mut k) = (0, 0, 0, 0);
     assert_eq!(
-        memprobe::memprobe_debug_live_handles(&mut s, &mut w, &mut t, &mut k),
+        memprobe_ffi_impl::memprobe_debug_live_handles(&mut s, &mut w, &mut t, &mut k),
         memprobe_status::Ok
     );
     (s, w, t, k)
@@ -1399,7 +1399,7 @@ fn fuzz_c_abi_call_sequences() {
         0,
         0,
         "gpu_configure",
-        memprobe::gpu::memprobe_gpu_configure(1, nvml.as_ptr(), std::ptr::null()),
+        memprobe_ffi_impl::gpu::memprobe_gpu_configure(1, nvml.as_ptr(), std::ptr::null()),
     );
     let budget = Duration::from_secs(
         std::env::var("MEMPROBE_FUZZ_SECONDS")
@@ -1422,11 +1422,11 @@ fn fuzz_c_abi_call_sequences() {
         calls += run_seed(seed, 300, &fake_nvml);
         extra += 1;
     }
-    memprobe::monitor::memprobe_monitor_stop();
+    memprobe_ffi_impl::monitor::memprobe_monitor_stop();
     assert_eq!(live_handles(), (0, 0, 0, 0), "handles leaked");
     let mut devices = u64::MAX;
     assert_eq!(
-        memprobe::gpu::memprobe_gpu_debug_live_devices(&mut devices),
+        memprobe_ffi_impl::gpu::memprobe_gpu_debug_live_devices(&mut devices),
         memprobe_status::Ok
     );
     assert_eq!(devices, 0, "GPU device handles leaked");

@@ -1,4 +1,4 @@
-//! include/memprobe.h is exactly what cbindgen generates from memprobe-ffi,
+//! include/memprobe.h is exactly what cbindgen generates from memprobe-ffi-impl,
 //! compiles alone and twice-included as C99 and C++17 with strict warnings,
 //! and its version macros match Cargo.toml.
 
@@ -6,7 +6,7 @@ use memprobe_tests::{root, scratch, STRICT};
 use std::process::Command;
 
 fn generate() -> String {
-    let crate_dir = root().join("memprobe-ffi");
+    let crate_dir = root().join("memprobe-ffi-impl");
     let config =
         cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
     let bindings = cbindgen::Builder::new()

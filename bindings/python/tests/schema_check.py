@@ -3,7 +3,14 @@ type, const, enum, properties, required, additionalProperties, items,
 anyOf, $ref into $defs, minimum — the same subset as the Rust checker
 (memprobe-cli/tests/cli/schema.rs). A keyword outside it is an error, so a
 schema cannot silently use something this checker ignores. Standalone (no
-pytest, no memprobe): scripts/gpu-validate-oom.py uses it too."""
+pytest, no memprobe): scripts/gpu-validate-oom.py uses it too.
+
+Why two checkers rather than one: this one runs where there is no Rust
+toolchain (the GPU validation script on a GPU host, the tests of an
+installed wheel), the Rust one where there may be no Python (`cargo test`,
+the CLI's unit tests); calling one from the other would make each suite
+depend on the other's toolchain. Both refuse keywords outside the subset,
+so neither can pass a schema the other would check differently."""
 
 from __future__ import annotations
 

@@ -4,6 +4,11 @@
 //! outside that subset is an error, so the schema cannot silently use
 //! something this checker ignores. Shared by the integration tests and the
 //! crate's unit tests (included with `#[path]`).
+//!
+//! bindings/python/tests/schema_check.py is its Python twin, kept on
+//! purpose: `cargo test` must not need Python, and the Python tests (of an
+//! installed wheel) and scripts/gpu-validate-oom.py (on a GPU host) must not
+//! need cargo. Both refuse keywords outside the same subset.
 
 #![allow(dead_code)]
 

@@ -5,6 +5,7 @@ use crate::status::memprobe_status;
 use memprobe_core::Error;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Once};
 
@@ -74,8 +75,13 @@ fn install_panic_hook() {
 }
 
 fn set_last_error(message: String) {
-    let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = Some(c));
+    LAST_ERROR.with(|e| *e.borrow_mut() = Some(c_string(&message)));
+}
+
+/// `s` as a C string; a NUL inside (which C would read as the end) becomes
+/// a space.
+pub(crate) fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', " ")).unwrap_or_default()
 }
 
 /// Runs an entry point's body: maps errors to a status and message, catches
@@ -314,6 +320,98 @@ pub(crate) fn check_flags(flags: u32, known: u32, what: &str) -> FfiResult {
         ));
     }
     Ok(())
+}
+
+/// Reads a caller's versioned struct: at least this library's size, and
+/// any bytes beyond it zero (fields of a newer header left unset). The
+/// caller promises (the documented contract of the entry points) that a
+/// non-NULL `p` points at `struct_size` readable bytes starting with a
+/// `uint32_t struct_size`.
+pub(crate) fn versioned<'a, T>(p: *const T, what: &str) -> FfiResult<Option<&'a T>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's struct starts with its size.
+    let size = unsafe { *p.cast::<u32>() } as usize;
+    let ours = std::mem::size_of::<T>();
+    if size < ours {
+        return Err(FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!(
+                "{what}.struct_size is {size}, this library's {what} has {ours} bytes: set \
+                 struct_size = sizeof({what})"
+            ),
+        ));
+    }
+    if size > 4096 {
+        return Err(FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!("{what}.struct_size {size} is not a size of {what}"),
+        ));
+    }
+    // SAFETY: the caller promised `size` readable bytes.
+    let extra = unsafe { std::slice::from_raw_parts(p.cast::<u8>().add(ours), size - ours) };
+    if extra.iter().any(|&b| b != 0) {
+        return Err(FfiError::new(
+            memprobe_status::InvalidArgument,
+            format!(
+                "{what} comes from a newer memprobe.h and sets fields this library ({}) \
+                 does not know",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ));
+    }
+    // SAFETY: at least size_of::<T>() readable bytes, as checked.
+    Ok(Some(unsafe { &*p }))
+}
+
+/// Writes to a caller's file descriptor (never closed by memprobe), never
+/// raising SIGPIPE.
+pub(crate) struct FdWriter(i32);
+
+impl FdWriter {
+    /// Checks that `fd` is open for writing now, so that a closed or
+    /// read-only descriptor is refused when it is given rather than
+    /// failing unseen later. Errors after this (the caller closes it) are
+    /// reported by the writes.
+    pub(crate) fn new(fd: i32) -> Result<FdWriter, FfiError> {
+        let bad =
+            |why: &str| FfiError::new(memprobe_status::InvalidArgument, format!("fd {fd} {why}"));
+        if fd < 0 {
+            return Err(bad("is negative"));
+        }
+        // SAFETY: F_GETFL only reads the descriptor's flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(bad("is not an open file descriptor"));
+        }
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            return Err(bad("is open for reading only"));
+        }
+        Ok(FdWriter(fd))
+    }
+}
+
+impl Write for FdWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A pipe or socket whose reader is gone fails the write (EPIPE, an
+        // IO status) instead of killing the host with SIGPIPE.
+        memprobe_core::fd_write::write_no_sigpipe(self.0, buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An optional report writer: 0 or -1 is none, else [`FdWriter::new`]'s
+/// checks, with `what` (the option's name) in the message.
+pub(crate) fn fd_writer(fd: i32, what: &str) -> FfiResult<Option<Box<dyn Write + Send>>> {
+    match fd {
+        0 | -1 => Ok(None),
+        fd => FdWriter::new(fd)
+            .map(|w| Some(Box::new(w) as Box<dyn Write + Send>))
+            .map_err(|e| FfiError::new(e.status, format!("{what}: {}", e.message))),
+    }
 }
 
 #[cfg(test)]

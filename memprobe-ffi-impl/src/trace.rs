@@ -1,7 +1,7 @@
 //! Traces (fastai's GPUMemTrace) through the C ABI.
 
 use crate::boundary::{
-    check_flags, copy_out, entry_point, free_point, opt_text, out, FfiError, UserData,
+    check_flags, copy_out, entry_point, free_point, opt_text, out, FdWriter, UserData,
 };
 use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{memprobe_source, sources};
@@ -189,44 +189,6 @@ pub extern "C" fn memprobe_trace_set_silent(
         get(trace)?.lock()?.set_silent(silent);
         Ok(())
     })
-}
-
-/// Writes to a caller's file descriptor (never closed by memprobe), never
-/// raising SIGPIPE.
-pub(crate) struct FdWriter(i32);
-
-impl FdWriter {
-    /// Checks that `fd` is open for writing now, so that a closed or
-    /// read-only descriptor is refused when it is given rather than
-    /// failing unseen later. Errors after this (the caller closes it) are
-    /// reported by the writes.
-    pub(crate) fn new(fd: i32) -> Result<FdWriter, FfiError> {
-        let bad =
-            |why: &str| FfiError::new(memprobe_status::InvalidArgument, format!("fd {fd} {why}"));
-        if fd < 0 {
-            return Err(bad("is negative"));
-        }
-        // SAFETY: F_GETFL only reads the descriptor's flags.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(bad("is not an open file descriptor"));
-        }
-        if flags & libc::O_ACCMODE == libc::O_RDONLY {
-            return Err(bad("is open for reading only"));
-        }
-        Ok(FdWriter(fd))
-    }
-}
-
-impl Write for FdWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // A pipe or socket whose reader is gone fails the write (EPIPE, an
-        // IO status) instead of killing the host with SIGPIPE.
-        memprobe_core::fd_write::write_no_sigpipe(self.0, buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Sends printed reports to file descriptor `fd` (not closed by memprobe;

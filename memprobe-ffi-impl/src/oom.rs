@@ -1,17 +1,17 @@
 //! Out-of-memory reports through the C ABI (memprobe-core's `oom_report`,
 //! with memprobe-gpu's GPU part and driver trigger).
 
-use crate::boundary::{entry_point, opt_text, out, FfiError, FfiResult, UserData};
+use crate::boundary::{
+    c_string, entry_point, fd_writer, opt_text, out, versioned, FfiError, FfiResult, UserData,
+};
 use crate::handle::get;
 use crate::status::memprobe_status;
-use crate::trace::FdWriter;
 use crate::tracker::memprobe_tracker;
 use memprobe_core::oom_report::{
     CacheFigures, FailedAllocation, OomCallback, OomLocation, OomReportOptions, OomTrigger,
     OomTriggers, DEFAULT_KEEP_ENDED,
 };
-use std::ffi::{c_char, c_void, CString};
-use std::io::Write;
+use std::ffi::{c_char, c_void};
 
 /// `memprobe_oom_report_options.triggers` bit: the GPU driver failing a
 /// counted allocation with CUDA_ERROR_OUT_OF_MEMORY, seen by memprobe's
@@ -149,62 +149,6 @@ pub struct memprobe_oom_status {
     /// MEMPROBE_STATUS_OK, or the status of the last report's failed write
     /// (its message is not kept).
     pub last_write_status: u32,
-}
-
-/// Reads a caller's versioned struct: at least this library's size, and
-/// any bytes beyond it zero (fields of a newer header left unset). The
-/// caller promises (the documented contract of the entry points) that a
-/// non-NULL `p` points at `struct_size` readable bytes starting with a
-/// `uint32_t struct_size`.
-fn versioned<'a, T>(p: *const T, what: &str) -> FfiResult<Option<&'a T>> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: the caller's struct starts with its size.
-    let size = unsafe { *p.cast::<u32>() } as usize;
-    let ours = std::mem::size_of::<T>();
-    if size < ours {
-        return Err(FfiError::new(
-            memprobe_status::InvalidArgument,
-            format!(
-                "{what}.struct_size is {size}, this library's {what} has {ours} bytes: set \
-                 struct_size = sizeof({what})"
-            ),
-        ));
-    }
-    if size > 4096 {
-        return Err(FfiError::new(
-            memprobe_status::InvalidArgument,
-            format!("{what}.struct_size {size} is not a size of {what}"),
-        ));
-    }
-    // SAFETY: the caller promised `size` readable bytes.
-    let extra = unsafe { std::slice::from_raw_parts(p.cast::<u8>().add(ours), size - ours) };
-    if extra.iter().any(|&b| b != 0) {
-        return Err(FfiError::new(
-            memprobe_status::InvalidArgument,
-            format!(
-                "{what} comes from a newer memprobe.h and sets fields this library ({}) \
-                 does not know",
-                env!("CARGO_PKG_VERSION")
-            ),
-        ));
-    }
-    // SAFETY: at least size_of::<T>() readable bytes, as checked.
-    Ok(Some(unsafe { &*p }))
-}
-
-fn fd_writer(fd: i32, what: &str) -> FfiResult<Option<Box<dyn Write + Send>>> {
-    match fd {
-        0 | -1 => Ok(None),
-        fd => FdWriter::new(fd)
-            .map(|w| Some(Box::new(w) as Box<dyn Write + Send>))
-            .map_err(|e| FfiError::new(e.status, format!("{what}: {}", e.message))),
-    }
-}
-
-fn c_string(s: &str) -> CString {
-    CString::new(s.replace('\0', " ")).unwrap_or_default()
 }
 
 fn options_from_c(o: &memprobe_oom_report_options) -> FfiResult<OomReportOptions> {

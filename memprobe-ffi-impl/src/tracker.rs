@@ -1,13 +1,12 @@
 //! The training-loop tracker through the C ABI.
 
 use crate::boundary::{
-    entry_point, free_point, opt_out, opt_out_array, opt_text, out, text, FfiError, FfiResult,
-    UserData,
+    entry_point, free_point, opt_out, opt_out_array, opt_text, out, text, FdWriter, FfiError,
+    FfiResult, UserData,
 };
 use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
-use crate::trace::FdWriter;
 use crate::window::memprobe_delta;
 use memprobe_core::leak::LeakPolicy;
 use memprobe_core::lock::Lock;
