@@ -6,6 +6,7 @@ use super::protocol::Outgoing;
 use super::sender::RunChannel;
 #[cfg(doc)]
 use super::ENV;
+use crate::observer::{PhaseBegun, PhaseObserver};
 use crate::phase::PhaseKind;
 use crate::sink::Record;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +99,27 @@ impl Hook {
                 c.close(self.tracker);
             }
         }
+    }
+}
+
+/// The run channel observes every phase of its tracker.
+impl PhaseObserver for Hook {
+    fn on_phase_begin(&mut self, phase: &PhaseBegun<'_>) {
+        self.begin(
+            phase.kind,
+            phase.name,
+            || phase.index(),
+            phase.depth,
+            phase.t_ns,
+        );
+    }
+
+    fn on_phase_end(&mut self, record: &Record, next: bool) {
+        self.end(record, next);
+    }
+
+    fn on_tracker_drop(&mut self) {
+        self.close();
     }
 }
 
