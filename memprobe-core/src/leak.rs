@@ -3,6 +3,10 @@
 //! clears the flag. When a cache release runs at an epoch's end, the reading
 //! taken after it is used: a leak is what stays once caches are emptied.
 
+use crate::observer::PhaseObserver;
+use crate::phase::PhaseKind;
+use crate::sink::Record;
+
 /// The rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeakPolicy {
@@ -21,6 +25,55 @@ pub struct LeakStatus {
     pub streak: u32,
     /// Growth of the last ended epoch's end over the previous one's, bytes.
     pub last_growth: i64,
+}
+
+/// The leak trends of a tracker's sources under its rule: an observer of
+/// its epochs, which writes each epoch record's `leaks`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LeakTrends {
+    policy: Option<LeakPolicy>,
+    per_source: Vec<LeakTracker>,
+}
+
+impl LeakTrends {
+    /// Trends starting now for `sources` sources under `policy` (`None`:
+    /// none are followed).
+    pub(crate) fn new(policy: Option<LeakPolicy>, sources: usize) -> LeakTrends {
+        LeakTrends {
+            policy,
+            per_source: vec![LeakTracker::default(); sources],
+        }
+    }
+
+    /// The trend of source `index`, if there is such a source.
+    pub(crate) fn status(&self, index: usize) -> Option<LeakStatus> {
+        self.per_source.get(index).map(LeakTracker::status)
+    }
+}
+
+impl PhaseObserver for LeakTrends {
+    fn on_phase_record(&mut self, record: &mut Record) {
+        let Some(policy) = self.policy else {
+            return;
+        };
+        if record.phase.as_ref().map(|p| p.kind) != Some(PhaseKind::Epoch) {
+            return;
+        }
+        // A leak is what stays after the caches are emptied: when a
+        // release ran at this epoch's end, use the reading after it.
+        let after = record.releases.last().map(|e| &e.after);
+        let leaks = self
+            .per_source
+            .iter_mut()
+            .zip(&record.sources)
+            .enumerate()
+            .map(|(i, (t, d))| {
+                let end = after.and_then(|a| a.get(i).copied()).unwrap_or(d.used_end);
+                t.observe(&policy, end)
+            })
+            .collect();
+        record.leaks = leaks;
+    }
 }
 
 #[derive(Debug, Clone, Default)]

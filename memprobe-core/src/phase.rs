@@ -29,6 +29,18 @@ impl PhaseKind {
         }
     }
 
+    /// The kind [`as_str`](Self::as_str) names, if any.
+    pub fn from_name(name: &str) -> Option<PhaseKind> {
+        Some(match name {
+            "step" => PhaseKind::Step,
+            "epoch" => PhaseKind::Epoch,
+            "experience" => PhaseKind::Experience,
+            "stream" => PhaseKind::Stream,
+            "custom" => PhaseKind::Custom,
+            _ => return None,
+        })
+    }
+
     /// Nesting rank: a phase may only begin inside phases of a higher rank
     /// (custom phases have none and nest anywhere).
     pub(crate) fn rank(self) -> Option<u8> {

@@ -1,12 +1,15 @@
-//! The training-loop tracker: phases (step, epoch, experience, stream,
-//! custom) as nested peak windows, one record per ended phase, sinks, cache
-//! release policies, out-of-memory recovery and leak trends. It unifies
-//! Avalanche's per-phase maxima, fastai's PeakMemMetric and robo_orchard's
-//! ClearCacheHook.
+//! The training-loop tracker: a stack of phases (step, epoch, experience,
+//! stream, custom) as nested peak windows, one record per ended phase,
+//! sinks, cache release policies and out-of-memory recovery. Its
+//! boundaries are told to its observers (observer.rs): the run channel,
+//! the leak trends, the out-of-memory report, and any the caller adds. It
+//! unifies Avalanche's per-phase maxima, fastai's PeakMemMetric and
+//! robo_orchard's ClearCacheHook.
 
 use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
-use crate::leak::{LeakPolicy, LeakStatus, LeakTracker};
+use crate::leak::{LeakPolicy, LeakStatus, LeakTrends};
+use crate::observer::{Observers, PhaseBegun, PhaseObserver};
 use crate::oom_report::{
     self, FailedAllocation, OomLocation, OomOutcome, OomReportOptions, OomReporter, OomTrigger,
     OpenPhase,
@@ -111,13 +114,11 @@ pub struct Tracker {
     releasers: Vec<Releaser>,
     policies: Vec<ReleasePolicy>,
     releases_fired: u64,
-    leak_policy: Option<LeakPolicy>,
-    leaks: Vec<LeakTracker>,
     last: HashMap<PhaseKind, Record>,
-    /// Phase boundaries and records for `memprobe run` (see run_channel.rs).
-    run: Hook,
-    /// Out-of-memory report (oom_report.rs), when configured.
-    oom: Option<OomReporter>,
+    /// Told every boundary: from the start the run channel's end
+    /// (run_channel/hook.rs) and the leak trends (leak.rs); the
+    /// out-of-memory report (oom_report) when configured; and any added.
+    observers: Observers,
 }
 
 impl Tracker {
@@ -135,12 +136,20 @@ impl Tracker {
             releasers: Vec::new(),
             policies: Vec::new(),
             releases_fired: 0,
-            leak_policy: None,
-            leaks: vec![LeakTracker::default(); sources.len()],
             last: HashMap::new(),
-            run: Hook::new(),
-            oom: None,
+            observers: {
+                let mut o = Observers::default();
+                o.add(Box::new(Hook::new()));
+                o.add(Box::new(LeakTrends::new(None, sources.len())));
+                o
+            },
         })
+    }
+
+    /// Tells `observer` every phase boundary from now on, after the
+    /// observers added before it (see [`PhaseObserver`]).
+    pub fn add_observer(&mut self, observer: Box<dyn PhaseObserver>) {
+        self.observers.add(observer);
     }
 
     /// The sources, in order.
@@ -160,7 +169,9 @@ impl Tracker {
     /// instead of the one `memprobe run` names in
     /// [`MEMPROBE_RUN_CHANNEL`](crate::run_channel::ENV) (`None`: nowhere).
     pub fn set_run_channel(&mut self, channel: Option<Arc<RunChannel>>) {
-        self.run.set(channel);
+        if let Some(h) = self.observers.get_mut::<Hook>() {
+            h.set(channel);
+        }
     }
 
     /// Sends every record (and release) to `sink` too.
@@ -212,16 +223,17 @@ impl Tracker {
         if policy.is_some_and(|p| p.epochs == 0) {
             return Err(Error::invalid("a leak policy needs at least 1 epoch"));
         }
-        self.leak_policy = policy;
-        self.leaks = vec![LeakTracker::default(); self.sources.len()];
+        if let Some(t) = self.observers.get_mut::<LeakTrends>() {
+            *t = LeakTrends::new(policy, self.sources.len());
+        }
         Ok(())
     }
 
     /// The leak trend of source `index`.
     pub fn leak_status(&self, index: usize) -> Result<LeakStatus> {
-        self.leaks
-            .get(index)
-            .map(LeakTracker::status)
+        self.observers
+            .get::<LeakTrends>()
+            .and_then(|t| t.status(index))
             .ok_or_else(|| self.bad_index(index))
     }
 
@@ -281,9 +293,15 @@ impl Tracker {
         };
         self.stack.push(Open { kind, name, window });
         let (top, depth) = (self.stack.last().expect("pushed"), self.stack.len() - 1);
-        let index = || *self.counters.get(&(kind, top.name.clone())).unwrap_or(&0);
-        let t_ns = top.window.started_at_ns();
-        self.run.begin(kind, &top.name, index, depth, t_ns);
+        let counters = &self.counters;
+        let index = || *counters.get(&(kind, top.name.clone())).unwrap_or(&0);
+        self.observers.begin(&PhaseBegun {
+            kind,
+            name: &top.name,
+            depth,
+            t_ns: top.window.started_at_ns(),
+            index: &index,
+        });
         Ok(())
     }
 
@@ -319,7 +337,7 @@ impl Tracker {
         }
         let depth = self.stack.len();
         let record = self.finish_phase(kind, name, started, deltas, depth);
-        self.run.end(&record, false);
+        self.observers.end(&record, false);
         Ok(record)
     }
 
@@ -344,19 +362,25 @@ impl Tracker {
         let depth = self.stack.len() - 1;
         let record = self.finish_phase(kind, name_s.clone(), started, deltas, depth);
         if !release {
-            self.run.end(&record, true);
+            self.observers.end(&record, true);
             return Ok(record);
         }
         // A release must run between the phases, not inside the next one:
         // the next phase restarts once the release ran (finish_phase). Should
         // that restart fail, the next phase keeps the start the boundary
         // gave it, the release inside it: nothing is lost.
-        self.run.end(&record, false);
+        self.observers.end(&record, false);
         let top = self.stack.last_mut().expect("still open");
         let _ = top.window.reset();
         let t_ns = top.window.started_at_ns();
         let index = *self.counters.get(&(kind, name_s.clone())).unwrap_or(&0);
-        self.run.begin(kind, &name_s, || index, depth, t_ns);
+        self.observers.begin(&PhaseBegun {
+            kind,
+            name: &name_s,
+            depth,
+            t_ns,
+            index: &|| index,
+        });
         Ok(record)
     }
 
@@ -389,33 +413,11 @@ impl Tracker {
             let event = self.release(reason, Some((kind, index)), gc);
             record.releases.push(event);
         }
-        if kind == PhaseKind::Epoch {
-            if let Some(policy) = self.leak_policy {
-                // A leak is what stays after the caches are emptied: when a
-                // release ran at this epoch's end, use the reading after it.
-                let after = record.releases.last().map(|e| e.after.clone());
-                record.leaks = self
-                    .leaks
-                    .iter_mut()
-                    .zip(&record.sources)
-                    .enumerate()
-                    .map(|(i, (t, d))| {
-                        let end = after
-                            .as_ref()
-                            .and_then(|a| a.get(i).copied())
-                            .unwrap_or(d.used_end);
-                        t.observe(&policy, end)
-                    })
-                    .collect();
-            }
-        }
+        self.observers.record(&mut record);
         for s in &self.sinks {
             s.on_record(&record);
         }
         self.last.insert(kind, record.clone());
-        if let Some(r) = &self.oom {
-            r.on_record(&record);
-        }
         record
     }
 
@@ -530,8 +532,7 @@ impl Tracker {
     /// write that fails is kept in the report's status.
     fn report_retries_exhausted(&self, retries: u32) {
         if !self
-            .oom
-            .as_ref()
+            .oom_reporter()
             .is_some_and(|r| r.accepts(OomTrigger::Caller))
         {
             return;
@@ -561,12 +562,17 @@ impl Tracker {
         &mut self,
         options: Option<OomReportOptions>,
     ) -> Result<Option<OomReporter>> {
-        oom_report::configure(&mut self.oom, options, &self.sources)
+        let mut slot = self.observers.take::<OomReporter>();
+        let done = oom_report::configure(&mut slot, options, &self.sources);
+        if let Some(r) = slot {
+            self.observers.add(Box::new(r));
+        }
+        done
     }
 
     /// The configured out-of-memory reporter.
     pub fn oom_reporter(&self) -> Option<&OomReporter> {
-        self.oom.as_ref()
+        self.observers.get::<OomReporter>()
     }
 
     /// Reports an allocation that failed for lack of memory: the first one
@@ -577,7 +583,7 @@ impl Tracker {
     /// [`ErrorKind::WrongOrder`] when no report is configured for the
     /// failure's trigger; a destination's write error.
     pub fn report_oom(&self, failed: FailedAllocation) -> Result<OomOutcome> {
-        oom_report::report(self.oom.as_ref(), failed, || self.open_phases_now())
+        oom_report::report(self.oom_reporter(), failed, || self.open_phases_now())
     }
 
     /// The open phases, outermost first, each source's peak so far (read
@@ -598,8 +604,6 @@ impl Tracker {
 impl Drop for Tracker {
     fn drop(&mut self) {
         let _ = self.finish_sinks();
-        if let Some(r) = self.oom.take() {
-            r.close();
-        }
+        self.observers.drop_all();
     }
 }

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::lock::Lock;
+use crate::observer::PhaseObserver;
 use crate::sample::{monotonic_ns, SourceInfo};
 use crate::sink::Record;
 use crate::sinks::AtomicFile;
@@ -410,6 +411,17 @@ impl OomReporter {
             self.shared.state.lock()?.last_error = Some(e.clone());
         }
         done
+    }
+}
+
+/// The reporter keeps its tracker's ended phases, and closes with it.
+impl PhaseObserver for OomReporter {
+    fn on_phase_end(&mut self, record: &Record, _next: bool) {
+        self.on_record(record);
+    }
+
+    fn on_tracker_drop(&mut self) {
+        self.close();
     }
 }
 

@@ -4,10 +4,12 @@
 //! thread that decodes what the command's trackers send into a
 //! [`PhaseLog`].
 //!
-//! Anything can arrive on a socket: datagrams that are not messages (not
-//! JSON, missing fields, names longer than a tracker allows), longer than
-//! the largest message, or of a version this memprobe does not read are
-//! counted and skipped, never a crash. The sender's pid is taken from the
+//! The messages are decoded by the run channel's protocol module
+//! (memprobe-core's `run_channel::protocol`, the one the senders encode
+//! with). Anything can arrive on a socket: datagrams that are not messages
+//! (not JSON, missing fields, names longer than a tracker allows), longer
+//! than the largest message, or of a version this memprobe does not read
+//! are counted and skipped, never a crash. The sender's pid is taken from the
 //! kernel (`SCM_CREDENTIALS`, as this process's pid namespace sees it)
 //! when it is there, so it matches the tree's pids even when the command
 //! runs in a pid namespace of its own.
@@ -15,10 +17,9 @@
 //! The socket and its directory are removed when the receiver is finished
 //! or dropped, on every path out of `run`.
 
-use super::phase_log::{BatchPeak, Event, Message, PhaseLog, SourceRecord};
-use memprobe_core::run_channel::{ENV, MAX_DATAGRAM, VERSION};
-use memprobe_core::PhaseKind;
-use serde::Deserialize;
+use super::phase_log::PhaseLog;
+use memprobe_core::run_channel::protocol::{self, Unreadable};
+use memprobe_core::run_channel::{ENV, MAX_DATAGRAM};
 use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -38,10 +39,6 @@ const POLL: Duration = Duration::from_millis(25);
 /// At most this many datagrams are drained after the command ended (a
 /// process left behind could keep sending forever).
 const MAX_DRAIN: usize = 100_000;
-/// The longest name a tracker sends (its rule: 1 to 64 printable bytes).
-const MAX_NAME: usize = 64;
-/// More sources than fit in the largest message are refused.
-const MAX_SOURCES: usize = MAX_DATAGRAM / 64;
 
 /// The private directory and the socket in it, removed on drop.
 #[derive(Debug)]
@@ -243,7 +240,11 @@ fn receive(sock: &UnixDatagram, log: &Mutex<PhaseLog>, stop: &AtomicBool) {
                 let decoded = if d.truncated {
                     Err(Unreadable::Oversized)
                 } else {
-                    decode(&buf[..d.len], d.pid)
+                    // The kernel's pid, when known, over the one written.
+                    protocol::decode(&buf[..d.len]).map(|mut m| {
+                        m.pid = d.pid.unwrap_or(m.pid);
+                        m
+                    })
                 };
                 let mut l = lock(log);
                 match decoded {
@@ -277,284 +278,12 @@ fn receive(sock: &UnixDatagram, log: &Mutex<PhaseLog>, stop: &AtomicBool) {
     }
 }
 
-/// Why a datagram was skipped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unreadable {
-    /// Not a message: not JSON, missing or malformed fields.
-    Garbled,
-    /// Longer than any message.
-    Oversized,
-    /// A message of another version.
-    Version,
-}
-
-#[derive(Deserialize)]
-struct Versioned {
-    v: u32,
-}
-
-#[derive(Deserialize)]
-struct Wire {
-    ev: String,
-    pid: u32,
-    tracker: u64,
-    seq: u64,
-    #[serde(default)]
-    dropped: u64,
-    #[serde(default)]
-    dropped_steps: u64,
-    kind: String,
-    name: String,
-    index: u64,
-    depth: u32,
-    t_ns: Option<u64>,
-    last: Option<u64>,
-    count: Option<u64>,
-    started_ns: Option<u64>,
-    ended_ns: Option<u64>,
-    #[serde(default)]
-    next: bool,
-    #[serde(default)]
-    releases: u64,
-    #[serde(default)]
-    sources: Vec<WireSource>,
-    #[serde(default)]
-    truncated: bool,
-}
-
-#[derive(Deserialize)]
-struct WireSource {
-    name: String,
-    kind: String,
-    fidelity: String,
-    used_start: u64,
-    used_end: u64,
-    peak: u64,
-    delta_used: i64,
-    delta_peaked: u64,
-    /// In a `steps` message: the step that held the peak.
-    index: Option<u64>,
-    started_ns: Option<u64>,
-    ended_ns: Option<u64>,
-}
-
-fn kind_of(s: &str) -> Option<PhaseKind> {
-    Some(match s {
-        "step" => PhaseKind::Step,
-        "epoch" => PhaseKind::Epoch,
-        "experience" => PhaseKind::Experience,
-        "stream" => PhaseKind::Stream,
-        "custom" => PhaseKind::Custom,
-        _ => return None,
-    })
-}
-
-fn name_ok(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_NAME && !s.chars().any(char::is_control)
-}
-
-/// Decodes one datagram; `pid` (the kernel's view of the sender), when
-/// known, replaces the one the message carries.
-pub(crate) fn decode(bytes: &[u8], pid: Option<u32>) -> Result<Message, Unreadable> {
-    let v: Versioned = serde_json::from_slice(bytes).map_err(|_| Unreadable::Garbled)?;
-    if v.v != VERSION {
-        return Err(Unreadable::Version);
-    }
-    let w: Wire = serde_json::from_slice(bytes).map_err(|_| Unreadable::Garbled)?;
-    let kind = kind_of(&w.kind).ok_or(Unreadable::Garbled)?;
-    let short = |s: &str| {
-        (s.len() <= MAX_NAME)
-            .then_some(())
-            .ok_or(Unreadable::Garbled)
-    };
-    if !name_ok(&w.name) || w.sources.len() > MAX_SOURCES {
-        return Err(Unreadable::Garbled);
-    }
-    let mut sources = Vec::with_capacity(w.sources.len());
-    let mut steps = Vec::new();
-    for s in w.sources {
-        if !name_ok(&s.name) {
-            return Err(Unreadable::Garbled);
-        }
-        short(&s.kind)?;
-        short(&s.fidelity)?;
-        let at = match (s.index, s.started_ns, s.ended_ns) {
-            (Some(i), Some(a), Some(b)) if a <= b => Some((i, a, b)),
-            (None, None, None) => None,
-            _ => return Err(Unreadable::Garbled),
-        };
-        let record = SourceRecord {
-            name: s.name,
-            kind: s.kind,
-            fidelity: s.fidelity,
-            used_start: s.used_start,
-            used_end: s.used_end,
-            peak: s.peak,
-            delta_used: s.delta_used,
-            delta_peaked: s.delta_peaked,
-        };
-        match at {
-            Some((index, start, end)) => steps.push(BatchPeak {
-                index,
-                start_ns: start,
-                end_ns: end,
-                source: record,
-            }),
-            None => sources.push(record),
-        }
-    }
-    let event = match (w.ev.as_str(), w.t_ns, w.started_ns, w.ended_ns) {
-        ("begin", Some(t_ns), _, _) => Event::Begin { t_ns },
-        ("end", _, Some(started_ns), Some(ended_ns))
-            if ended_ns >= started_ns && steps.is_empty() =>
-        {
-            Event::End {
-                started_ns,
-                ended_ns,
-                next: w.next,
-                releases: w.releases,
-                sources,
-                truncated: w.truncated,
-            }
-        }
-        ("steps", _, Some(started_ns), Some(ended_ns))
-            if ended_ns >= started_ns
-                && kind == PhaseKind::Step
-                && sources.is_empty()
-                && w.count.is_some_and(|c| c > 0)
-                && w.last.is_some_and(|l| l >= w.index)
-                && steps
-                    .iter()
-                    .all(|p| (w.index..=w.last.unwrap_or(0)).contains(&p.index)) =>
-        {
-            Event::Steps {
-                last: w.last.unwrap_or(w.index),
-                count: w.count.unwrap_or(1),
-                started_ns,
-                ended_ns,
-                next: w.next,
-                releases: w.releases,
-                peaks: steps,
-                truncated: w.truncated,
-            }
-        }
-        _ => return Err(Unreadable::Garbled),
-    };
-    Ok(Message {
-        pid: pid.unwrap_or(w.pid),
-        tracker: w.tracker,
-        seq: w.seq,
-        dropped: w.dropped,
-        dropped_steps: w.dropped_steps,
-        kind,
-        name: w.name,
-        index: w.index,
-        depth: w.depth,
-        event,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const BEGIN: &str = r#"{"v":1,"ev":"begin","pid":4242,"tracker":1,"seq":0,"dropped":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}"#;
     const END: &str = r#"{"v":1,"ev":"end","pid":4242,"tracker":1,"seq":7,"dropped":2,"kind":"step","name":"step","index":3,"depth":1,"started_ns":81240000000,"ended_ns":81250000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":373293056,"delta_used":0,"delta_peaked":268435456}],"truncated":false}"#;
-
-    #[test]
-    fn messages_decode() {
-        let m = decode(BEGIN.as_bytes(), None).unwrap();
-        assert_eq!(
-            (m.pid, m.kind, m.event),
-            (
-                4242,
-                PhaseKind::Epoch,
-                Event::Begin {
-                    t_ns: 81_234_567_890
-                }
-            )
-        );
-        let m = decode(END.as_bytes(), Some(99)).unwrap();
-        assert_eq!((m.pid, m.seq, m.dropped, m.index), (99, 7, 2, 3));
-        let Event::End { sources, next, .. } = m.event else {
-            panic!()
-        };
-        assert!(next);
-        assert_eq!(sources[0].peak, 373_293_056);
-        // Fields added within a version are ignored.
-        let more = END.replace(r#""v":1,"#, r#""v":1,"later":[1,2],"#);
-        assert!(decode(more.as_bytes(), None).is_ok());
-    }
-
-    const STEPS: &str = r#"{"v":1,"ev":"steps","pid":4242,"tracker":1,"seq":8,"dropped":3,"dropped_steps":40,"kind":"step","name":"step","index":4,"depth":1,"last":9,"count":6,"started_ns":81250000000,"ended_ns":81262000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":109051904,"delta_used":0,"delta_peaked":4194304,"index":7,"started_ns":81256000000,"ended_ns":81258000000}],"truncated":false}"#;
-
-    #[test]
-    fn batches_of_steps_decode_and_bad_ones_are_counted() {
-        let m = decode(STEPS.as_bytes(), None).unwrap();
-        assert_eq!((m.dropped, m.dropped_steps, m.index), (3, 40, 4));
-        let Event::Steps {
-            last, count, peaks, ..
-        } = m.event
-        else {
-            panic!()
-        };
-        assert_eq!((last, count, peaks.len()), (9, 6, 1));
-        assert_eq!((peaks[0].index, peaks[0].source.peak), (7, 109_051_904));
-        for bad in [
-            STEPS.replace(r#""last":9"#, r#""last":3"#),
-            STEPS.replace(r#""count":6"#, r#""count":0"#),
-            STEPS.replace(r#""index":7"#, r#""index":12"#),
-            STEPS.replace(r#","started_ns":81256000000"#, ""),
-            STEPS.replace(r#""kind":"step","name""#, r#""kind":"epoch","name""#),
-            // A step's peak in an end message.
-            END.replace(
-                r#""delta_peaked":268435456}"#,
-                r#""delta_peaked":1,"index":3,"started_ns":1,"ended_ns":2}"#,
-            ),
-        ] {
-            assert_eq!(
-                decode(bad.as_bytes(), None).err(),
-                Some(Unreadable::Garbled),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn anything_else_is_counted_never_a_crash() {
-        let garbled = [
-            String::new(),
-            "not json".into(),
-            "{".into(),
-            "[1,2]".into(),
-            r#"{"v":"1"}"#.into(),
-            r#"{"v":1}"#.into(),
-            BEGIN.replace(r#""t_ns""#, r#""x_ns""#),
-            BEGIN.replace("\"epoch\",\"name\"", "\"era\",\"name\""),
-            BEGIN.replace(
-                r#""name":"epoch""#,
-                &format!(r#""name":"{}""#, "n".repeat(65)),
-            ),
-            BEGIN.replace(r#""name":"epoch""#, r#""name":"a\nb""#),
-            BEGIN.replace(r#""ev":"begin""#, r#""ev":"middle""#),
-            END.replace(r#""started_ns":81240000000"#, r#""started_ns":91240000000"#),
-            END.replace(r#""pid":4242"#, r#""pid":-1"#),
-            END.replace(r#""peak":373293056"#, r#""peak":-5"#),
-        ];
-        for g in &garbled {
-            assert_eq!(
-                decode(g.as_bytes(), None).err(),
-                Some(Unreadable::Garbled),
-                "{g}"
-            );
-        }
-        assert_eq!(
-            decode(&[0xff, 0xfe, 0, 1], None).err(),
-            Some(Unreadable::Garbled)
-        );
-        let v2 = BEGIN.replace(r#""v":1"#, r#""v":2"#);
-        assert_eq!(decode(v2.as_bytes(), None).err(), Some(Unreadable::Version));
-    }
 
     #[test]
     fn the_receiver_counts_garbage_reads_what_is_queued_and_cleans_up() {

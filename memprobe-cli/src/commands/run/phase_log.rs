@@ -30,72 +30,9 @@ pub(crate) const RECENT: usize = 64;
 /// are counted as not kept.
 pub(crate) const MAX_TRACKERS: usize = 4096;
 
-/// One source of an ended phase's record, as its tracker measured it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SourceRecord {
-    pub(crate) name: String,
-    pub(crate) kind: String,
-    pub(crate) fidelity: String,
-    pub(crate) used_start: u64,
-    pub(crate) used_end: u64,
-    pub(crate) peak: u64,
-    pub(crate) delta_used: i64,
-    pub(crate) delta_peaked: u64,
-}
-
-/// A message, decoded (by [`super::phase_channel`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Message {
-    pub(crate) pid: u32,
-    pub(crate) tracker: u64,
-    pub(crate) seq: u64,
-    pub(crate) dropped: u64,
-    /// Steps in the dropped messages that were batches of steps.
-    pub(crate) dropped_steps: u64,
-    pub(crate) kind: PhaseKind,
-    pub(crate) name: String,
-    pub(crate) index: u64,
-    pub(crate) depth: u32,
-    pub(crate) event: Event,
-}
-
-/// What happened, with its times (`CLOCK_MONOTONIC` ns).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Event {
-    Begin {
-        t_ns: u64,
-    },
-    End {
-        started_ns: u64,
-        ended_ns: u64,
-        next: bool,
-        releases: u64,
-        sources: Vec<SourceRecord>,
-        truncated: bool,
-    },
-    /// Steps `index..=last` ended (`count` of them), the first starting at
-    /// `started_ns`, the last ending at `ended_ns`; per source, the step
-    /// with the largest peak.
-    Steps {
-        last: u64,
-        count: u64,
-        started_ns: u64,
-        ended_ns: u64,
-        next: bool,
-        releases: u64,
-        peaks: Vec<BatchPeak>,
-        truncated: bool,
-    },
-}
-
-/// In a batch of steps: the step with the largest peak of one source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct BatchPeak {
-    pub(crate) index: u64,
-    pub(crate) start_ns: u64,
-    pub(crate) end_ns: u64,
-    pub(crate) source: SourceRecord,
-}
+// The messages as the run channel's protocol decodes them: one definition
+// for both ends.
+pub(crate) use memprobe_core::run_channel::protocol::{Event, Message, SourceRecord};
 
 /// The step with the largest peak of one source, within some scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -622,6 +559,7 @@ impl PhaseLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memprobe_core::run_channel::protocol::BatchPeak;
 
     const MS: u64 = 1_000_000;
 

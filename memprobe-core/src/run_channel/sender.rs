@@ -1,131 +1,19 @@
-//! The channel from a traced program to `memprobe run`: every
-//! [`Tracker`](crate::Tracker) sends its phase boundaries and records to
-//! the Unix datagram socket named by [`ENV`] (`MEMPROBE_RUN_CHANNEL`), one
-//! JSON object per datagram, so the run's summary, JSON and chart can show
-//! the program's epochs and steps.
-//!
-//! The training thread is never blocked or slowed for it, and nothing sent
-//! is lost without being counted:
-//!
-//! - the variable is read once per process, at the first phase boundary;
-//!   unset, a boundary costs one atomic load;
-//! - the socket is unbound and non-blocking (`SOCK_DGRAM | SOCK_CLOEXEC |
-//!   SOCK_NONBLOCK`), connected to the receiver once when it exists (which
-//!   spares the kernel a path lookup per message) and otherwise given the
-//!   address at each send; each datagram goes out with one `send` (or
-//!   `sendto`) with `MSG_DONTWAIT | MSG_NOSIGNAL`;
-//! - steps are batched: the ends of consecutive steps of a tracker are
-//!   folded into one `steps` message (how many, the first and last step's
-//!   numbers and times, and per source the step with the largest peak),
-//!   sent once the batch spans [`BATCH_NS`] or holds [`BATCH_STEPS`] steps,
-//!   and before any other message of its tracker (so a step never arrives
-//!   after the epoch that held it). A step that lasts longer than
-//!   [`BATCH_NS`] goes out alone, at its end;
-//! - when the receiver's queue is full (`EAGAIN`, `ENOBUFS`) a message is
-//!   kept, in order, and sent before the next one (by any tracker of the
-//!   process), when a tracker is dropped and at the process's exit (an
-//!   `atexit` handler; a program that leaves through `_exit`, or Go's
-//!   `os.Exit`, must drop its trackers first). Those two wait for the
-//!   receiver up to [`FLUSH_WAIT`]. At most [`MAX_PENDING`] messages are
-//!   kept: beyond it a batch of steps is dropped first, a boundary only
-//!   when no batch is left to drop;
-//! - a message dropped (the queue over its bound, the receiver gone, the
-//!   process killed before its exit) is counted, and every later message
-//!   carries the counts (`dropped`, and `dropped_steps`: the steps in the
-//!   batches among them), so the receiver knows what it lost;
-//! - once the receiver is gone (`ENOENT`, `ECONNREFUSED`, `ENOTCONN`), the
-//!   next [`GONE_SKIP`] messages are counted as dropped without a system
-//!   call; a receiver bound at the path later is reached by address;
-//! - nothing is printed, nothing panics.
-//!
-//! A forked child keeps the socket (datagrams need no connection) and sends
-//! with its own pid (taken again after each fork, which the fork handlers
-//! count: no `getpid` per message); its counters start again at 0 and what
-//! the parent had kept is not sent twice.
-//! The times are `CLOCK_MONOTONIC` nanoseconds, which the receiver shares.
-//!
-//! # Messages (version [`VERSION`])
-//!
-//! Every message has `"v"` (the version), `"ev"` (`"begin"`, `"end"` or
-//! `"steps"`), `"pid"`, `"tracker"` (the tracker's number in its process,
-//! from 1), `"seq"` (the message's number in its process, from 0, dropped
-//! ones included), `"dropped"` (messages of this process dropped before
-//! this one was sent), `"dropped_steps"` (the steps in those of them that
-//! were batches), `"kind"` (`step`, `epoch`, `experience`, `stream`,
-//! `custom`), `"name"` (the kind's name, or a custom phase's), `"index"`
-//! (the phase's number among its kind and name, from 0) and `"depth"`
-//! (phases enclosing it). Then:
-//!
-//! - `begin`: `"t_ns"`, when the phase began;
-//! - `end`: `"started_ns"`, `"ended_ns"`, `"next"` (true when a phase of
-//!   the same kind and name, numbered `index + 1`, began at `ended_ns`:
-//!   [`Tracker::next`](crate::Tracker::next) ends one phase and begins the
-//!   next), `"releases"` (cache releases fired at its end), `"sources"`
-//!   (per source: `name`, `kind`, `fidelity`, `used_start`, `used_end`,
-//!   `peak`, `delta_used`, `delta_peaked`, in bytes) and `"truncated"` (true
-//!   when sources were left out to keep the datagram under
-//!   [`MAX_DATAGRAM`] bytes; at least 90 sources always fit, about 300 usually);
-//! - `steps` (kind `step`): `"index"` is the first step's number,
-//!   `"last"` the last's, `"count"` how many ended; `"started_ns"` the
-//!   first's start, `"ended_ns"` the last's end; `"next"` as for `end`
-//!   (after the last); `"releases"` their sum; `"sources"`: per source the
-//!   step with the largest peak, its record as in `end` plus the step's
-//!   `"index"`, `"started_ns"` and `"ended_ns"`.
-//!
-//! ```text
-//! {"v":1,"ev":"begin","pid":4242,"tracker":1,"seq":0,"dropped":0,"dropped_steps":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}
-//! {"v":1,"ev":"end","pid":4242,"tracker":1,"seq":7,"dropped":0,"dropped_steps":0,"kind":"step","name":"step","index":3,"depth":1,"started_ns":81240000000,"ended_ns":81250000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":373293056,"delta_used":0,"delta_peaked":268435456}],"truncated":false}
-//! {"v":1,"ev":"steps","pid":4242,"tracker":1,"seq":8,"dropped":0,"dropped_steps":0,"kind":"step","name":"step","index":4,"depth":1,"last":9,"count":6,"started_ns":81250000000,"ended_ns":81262000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":109051904,"delta_used":0,"delta_peaked":4194304,"index":7,"started_ns":81256000000,"ended_ns":81258000000}],"truncated":false}
-//! ```
+//! [`RunChannel`]: the socket a traced program sends its messages on,
+//! what it keeps while the receiver's queue is full, the counts of what it
+//! dropped, its flush at the process's exit, and its behaviour across a
+//! fork (see the module [`run_channel`](super)).
 
-use crate::delta::SourceDelta;
+use super::batch::Batch;
+use super::protocol::{encode, Head, Outgoing};
+use super::{ENV, FLUSH_WAIT, GONE_SKIP, MAX_PENDING};
 use crate::error::{Error, Result};
 use crate::fork::GateGuard;
-use crate::phase::PhaseKind;
-use crate::sink::Record;
-use crate::sinks::json;
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
-
-/// The environment variable naming the socket: set by `memprobe run` for
-/// the command it runs (and so for that command's children).
-pub const ENV: &str = "MEMPROBE_RUN_CHANNEL";
-
-/// The version of the messages (`"v"`); bumped on incompatible changes
-/// (fields and events may be added within a version).
-pub const VERSION: u32 = 1;
-
-/// No datagram is longer than this many bytes (sources beyond it are left
-/// out and `"truncated"` says so).
-pub const MAX_DATAGRAM: usize = 60 * 1024;
-
-/// Messages counted as dropped, without a system call, after the receiver
-/// was found gone: a dead parent costs a training loop almost nothing.
-pub const GONE_SKIP: u64 = 256;
-
-/// A batch of steps is sent once it spans this long (first step's start to
-/// last step's end), in nanoseconds.
-pub const BATCH_NS: u64 = 20_000_000;
-
-/// ... or once it holds this many steps.
-pub const BATCH_STEPS: u64 = 4096;
-
-/// At most this many messages are kept while the receiver's queue is full.
-pub const MAX_PENDING: usize = 1024;
-
-/// How long a dropped tracker, or the process's exit, waits for the
-/// receiver to take what was kept.
-pub const FLUSH_WAIT: Duration = Duration::from_secs(1);
-
-/// One encoded source entry is at most this long (a 64-byte name with each
-/// byte escaped as `\u00XX`, and eight numbers, and a step's three); the
-/// encoder stops adding sources before it could pass [`MAX_DATAGRAM`].
-const MAX_SOURCE_ENTRY: usize = 720;
 
 /// A message kept until the receiver's queue has room.
 #[derive(Debug)]
@@ -133,86 +21,6 @@ struct Kept {
     text: String,
     /// The steps it carries (a batch), else 0: a boundary.
     steps: u64,
-}
-
-/// The steps of one tracker not sent yet.
-#[derive(Debug)]
-struct Batch {
-    tracker: u64,
-    name: String,
-    depth: u32,
-    count: u64,
-    first: u64,
-    last: u64,
-    started_ns: u64,
-    ended_ns: u64,
-    /// Whether a step began when (or after) the last one ended.
-    next: bool,
-    releases: u64,
-    truncated: bool,
-    /// Per source, the step with the largest peak: its record, number and
-    /// times.
-    peaks: Vec<(SourceDelta, u64, u64, u64)>,
-}
-
-impl Batch {
-    fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// Whether a step of `name` at `depth` belongs in this batch.
-    fn fits(&self, name: &str, depth: u32) -> bool {
-        self.is_empty() || (self.name == name && self.depth == depth)
-    }
-
-    fn add(&mut self, record: &Record, name: &str, index: u64, depth: u32, next: bool) {
-        if self.is_empty() {
-            self.name.clear();
-            self.name.push_str(name);
-            self.depth = depth;
-            self.first = index;
-            self.started_ns = record.started_at_ns;
-            self.releases = 0;
-            self.truncated = false;
-            self.peaks.clear();
-        }
-        self.count += 1;
-        self.last = index;
-        self.ended_ns = record.ended_at_ns;
-        self.next = next;
-        self.releases += record.releases.len() as u64;
-        for (i, d) in record.sources.iter().enumerate() {
-            // The same sources in the same order at every step: found at
-            // its place without a search, its name copied only once.
-            let at = match self.peaks.get(i) {
-                Some(p) if p.0.name == d.name => Some(i),
-                _ => self.peaks.iter().position(|p| p.0.name == d.name),
-            };
-            match at {
-                Some(j) => {
-                    let p = &mut self.peaks[j];
-                    if d.peak > p.0.peak {
-                        p.0.clone_from(d);
-                        (p.1, p.2, p.3) = (index, record.started_at_ns, record.ended_at_ns);
-                    }
-                }
-                None => {
-                    self.peaks
-                        .push((d.clone(), index, record.started_at_ns, record.ended_at_ns))
-                }
-            }
-        }
-    }
-
-    /// Whether it should go out now.
-    fn due(&self) -> bool {
-        self.count >= BATCH_STEPS || self.ended_ns.saturating_sub(self.started_ns) >= BATCH_NS
-    }
-
-    fn clear(&mut self) {
-        self.count = 0;
-        self.next = false;
-    }
 }
 
 /// What a channel keeps between sends: messages waiting for room, and each
@@ -599,7 +407,7 @@ impl RunChannel {
         if let Some((pid, seq)) = self.number(steps) {
             let head = self.head(pid, tracker, seq);
             let Queue { batches, buf, .. } = &mut *q;
-            encode_batch(buf, &head, &batches[i]);
+            encode(buf, &head, &batches[i].outgoing());
             self.deliver(q, steps);
         }
         q.batches[i].clear();
@@ -607,14 +415,14 @@ impl RunChannel {
 
     /// Numbers, encodes and sends one event of `tracker` (never blocks),
     /// after the tracker's steps.
-    fn emit(&self, tracker: u64, event: &Event<'_>) {
+    pub(super) fn emit(&self, tracker: u64, event: &Outgoing<'_>) {
         let _gate = GateGuard::enter();
         self.pid_now();
         let mut q = self.lock();
         self.emit_locked(&mut q, tracker, event);
     }
 
-    fn emit_locked(&self, q: &mut Queue, tracker: u64, event: &Event<'_>) {
+    fn emit_locked(&self, q: &mut Queue, tracker: u64, event: &Outgoing<'_>) {
         self.send_batch(q, tracker);
         if let Some((pid, seq)) = self.number(0) {
             encode(&mut q.buf, &self.head(pid, tracker, seq), event);
@@ -624,32 +432,19 @@ impl RunChannel {
 
     /// A step-level event of `tracker`: a step's end (folded into its
     /// batch) or a step's begin (sent at once when nothing is batched).
-    fn step(&self, tracker: u64, event: &Event<'_>) {
+    pub(super) fn step(&self, tracker: u64, event: &Outgoing<'_>) {
         let _gate = GateGuard::enter();
         self.pid_now();
         let mut q = self.lock();
         let i = match q.batches.iter().position(|b| b.tracker == tracker) {
             Some(i) => i,
             None => {
-                q.batches.push(Batch {
-                    tracker,
-                    name: String::new(),
-                    depth: 0,
-                    count: 0,
-                    first: 0,
-                    last: 0,
-                    started_ns: 0,
-                    ended_ns: 0,
-                    next: false,
-                    releases: 0,
-                    truncated: false,
-                    peaks: Vec::new(),
-                });
+                q.batches.push(Batch::new(tracker));
                 q.batches.len() - 1
             }
         };
         match *event {
-            Event::Begin { name, depth, .. } => {
+            Outgoing::Begin { name, depth, .. } => {
                 if q.batches[i].count > 0 && q.batches[i].fits(name, depth) {
                     // The step after the last one batched: the receiver
                     // opens it at the batch's end.
@@ -658,7 +453,7 @@ impl RunChannel {
                     self.emit_locked(&mut q, tracker, event);
                 }
             }
-            Event::End { record, next } => {
+            Outgoing::End { record, next } => {
                 let (name, index, depth) = match &record.phase {
                     Some(p) => (p.name.as_str(), p.index, p.depth),
                     None => (record.label.as_str(), 0, 0),
@@ -671,12 +466,14 @@ impl RunChannel {
                     self.send_batch(&mut q, tracker);
                 }
             }
+            // Not made by a tracker: sent as it is.
+            Outgoing::Steps { .. } => self.emit_locked(&mut q, tracker, event),
         }
     }
 
     /// A tracker is gone: its steps and what was kept go out now, waiting
     /// up to [`FLUSH_WAIT`] for room.
-    fn close(&self, tracker: u64) {
+    pub(super) fn close(&self, tracker: u64) {
         self.flush_where(FLUSH_WAIT, |t| t == tracker);
         let _gate = GateGuard::enter();
         self.lock().batches.retain(|b| b.tracker != tracker);
@@ -697,229 +494,18 @@ fn current_pid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
-/// The fields every message starts with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Head {
-    pub(crate) pid: u32,
-    pub(crate) tracker: u64,
-    pub(crate) seq: u64,
-    pub(crate) dropped: u64,
-    pub(crate) dropped_steps: u64,
-}
-
-/// What a message says.
-#[derive(Debug)]
-pub(crate) enum Event<'a> {
-    /// A phase began at `t_ns`.
-    Begin {
-        kind: PhaseKind,
-        name: &'a str,
-        index: u64,
-        depth: u32,
-        t_ns: u64,
-    },
-    /// A phase ended with `record`; with `next`, its successor began.
-    End { record: &'a Record, next: bool },
-}
-
-fn encode_head(buf: &mut String, head: &Head, ev: &str, kind: PhaseKind, name: &str) {
-    buf.clear();
-    let _ = write!(
-        buf,
-        r#"{{"v":{VERSION},"ev":"{ev}","pid":{},"tracker":{},"seq":{},"dropped":{},"dropped_steps":{},"kind":"#,
-        head.pid, head.tracker, head.seq, head.dropped, head.dropped_steps
-    );
-    json::string(buf, kind.as_str());
-    buf.push_str(",\"name\":");
-    json::string(buf, name);
-}
-
-/// Encodes `event` as one JSON object into `buf` (cleared first).
-pub(crate) fn encode(buf: &mut String, head: &Head, event: &Event<'_>) {
-    match *event {
-        Event::Begin {
-            kind,
-            name,
-            index,
-            depth,
-            t_ns,
-        } => {
-            encode_head(buf, head, "begin", kind, name);
-            let _ = write!(buf, r#","index":{index},"depth":{depth},"t_ns":{t_ns}}}"#);
-        }
-        Event::End { record, next } => {
-            let (kind, name, index, depth) = match &record.phase {
-                Some(p) => (p.kind, p.name.as_str(), p.index, p.depth),
-                None => (PhaseKind::Custom, record.label.as_str(), 0, 0),
-            };
-            encode_head(buf, head, "end", kind, name);
-            let _ = write!(
-                buf,
-                r#","index":{index},"depth":{depth},"started_ns":{},"ended_ns":{},"next":{next},"releases":{},"sources":["#,
-                record.started_at_ns,
-                record.ended_at_ns,
-                record.releases.len()
-            );
-            let mut truncated = false;
-            for (i, d) in record.sources.iter().enumerate() {
-                if buf.len() + MAX_SOURCE_ENTRY + 32 > MAX_DATAGRAM {
-                    truncated = true;
-                    break;
-                }
-                if i > 0 {
-                    buf.push(',');
-                }
-                json::source(buf, d);
-            }
-            let _ = write!(buf, r#"],"truncated":{truncated}}}"#);
-        }
-    }
-}
-
-/// Encodes a batch of steps as one `steps` message into `buf`.
-fn encode_batch(buf: &mut String, head: &Head, b: &Batch) {
-    encode_head(buf, head, "steps", PhaseKind::Step, &b.name);
-    let _ = write!(
-        buf,
-        r#","index":{},"depth":{},"last":{},"count":{},"started_ns":{},"ended_ns":{},"next":{},"releases":{},"sources":["#,
-        b.first, b.depth, b.last, b.count, b.started_ns, b.ended_ns, b.next, b.releases
-    );
-    let mut truncated = b.truncated;
-    for (i, (d, index, started, ended)) in b.peaks.iter().enumerate() {
-        if buf.len() + MAX_SOURCE_ENTRY + 32 > MAX_DATAGRAM {
-            truncated = true;
-            break;
-        }
-        if i > 0 {
-            buf.push(',');
-        }
-        json::source(buf, d);
-        buf.pop();
-        let _ = write!(
-            buf,
-            r#","index":{index},"started_ns":{started},"ended_ns":{ended}}}"#
-        );
-    }
-    let _ = write!(buf, r#"],"truncated":{truncated}}}"#);
-}
-
-/// Where a tracker sends: the channel named by the environment, or one the
-/// caller chose (or none).
-#[derive(Debug)]
-enum Target {
-    Env,
-    Chosen(Option<Arc<RunChannel>>),
-}
-
-/// A tracker's end of the channel: its number and where it sends.
-#[derive(Debug)]
-pub(crate) struct Hook {
-    tracker: u64,
-    target: Target,
-    /// Whether anything was handed to a channel (its steps go out at drop).
-    used: bool,
-}
-
-impl Hook {
-    /// The next tracker's hook, sending where [`ENV`] says.
-    pub(crate) fn new() -> Hook {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Hook {
-            tracker: NEXT.fetch_add(1, Ordering::Relaxed),
-            target: Target::Env,
-            used: false,
-        }
-    }
-
-    /// Sends to `channel` from now on (`None`: nowhere); what went to the
-    /// previous one is sent there first.
-    pub(crate) fn set(&mut self, channel: Option<Arc<RunChannel>>) {
-        self.close();
-        self.target = Target::Chosen(channel);
-    }
-
-    /// A phase began (`index` is asked only when a message is sent).
-    pub(crate) fn begin(
-        &mut self,
-        kind: PhaseKind,
-        name: &str,
-        index: impl FnOnce() -> u64,
-        depth: usize,
-        t_ns: u64,
-    ) {
-        let Some(c) = channel(&self.target) else {
-            return;
-        };
-        self.used = true;
-        let event = Event::Begin {
-            kind,
-            name,
-            index: index(),
-            depth: u32::try_from(depth).unwrap_or(u32::MAX),
-            t_ns,
-        };
-        if kind == PhaseKind::Step {
-            c.step(self.tracker, &event);
-        } else {
-            c.emit(self.tracker, &event);
-        }
-    }
-
-    /// A phase ended with `record`; with `next`, the next one began.
-    pub(crate) fn end(&mut self, record: &Record, next: bool) {
-        let Some(c) = channel(&self.target) else {
-            return;
-        };
-        self.used = true;
-        let event = Event::End { record, next };
-        if record
-            .phase
-            .as_ref()
-            .is_some_and(|p| p.kind == PhaseKind::Step)
-        {
-            c.step(self.tracker, &event);
-        } else {
-            c.emit(self.tracker, &event);
-        }
-    }
-
-    /// Sends this tracker's steps and what its channel kept.
-    fn close(&mut self) {
-        if std::mem::take(&mut self.used) {
-            if let Some(c) = channel(&self.target) {
-                c.close(self.tracker);
-            }
-        }
-    }
-}
-
-impl Drop for Hook {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
-
-fn channel(target: &Target) -> Option<&RunChannel> {
-    match target {
-        Target::Env => RunChannel::from_env(),
-        Target::Chosen(c) => c.as_deref(),
-    }
-}
-
-impl Default for Hook {
-    fn default() -> Self {
-        Hook::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::delta::SourceDelta;
     use crate::error::ErrorKind;
     use crate::phase::PhaseInfo;
+    use crate::phase::PhaseKind;
+    use crate::run_channel::{Hook, BATCH_NS, MAX_DATAGRAM};
     use crate::sample::{PeakFidelity, SourceKind};
+    use crate::sink::Record;
     use std::os::unix::net::UnixDatagram;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     fn record(sources: usize, name: &str) -> Record {
@@ -945,81 +531,6 @@ mod tests {
         r
     }
 
-    const HEAD: Head = Head {
-        pid: 4242,
-        tracker: 3,
-        seq: 9,
-        dropped: 2,
-        dropped_steps: 1,
-    };
-
-    #[test]
-    fn begin_and_end_encode_exactly() {
-        let mut buf = String::new();
-        encode(
-            &mut buf,
-            &HEAD,
-            &Event::Begin {
-                kind: PhaseKind::Custom,
-                name: "a \"quoted\"\\name\u{1}é",
-                index: 4,
-                depth: 2,
-                t_ns: 123,
-            },
-        );
-        assert_eq!(
-            buf,
-            r#"{"v":1,"ev":"begin","pid":4242,"tracker":3,"seq":9,"dropped":2,"dropped_steps":1,"kind":"custom","name":"a \"quoted\"\\name\u0001é","index":4,"depth":2,"t_ns":123}"#
-        );
-        encode(
-            &mut buf,
-            &HEAD,
-            &Event::End {
-                record: &record(1, "rss"),
-                next: true,
-            },
-        );
-        assert_eq!(
-            buf,
-            r#"{"v":1,"ev":"end","pid":4242,"tracker":3,"seq":9,"dropped":2,"dropped_steps":1,"kind":"step","name":"step","index":17,"depth":1,"started_ns":1000,"ended_ns":2000,"next":true,"releases":0,"sources":[{"name":"rss0","kind":"process","fidelity":"exact","used_start":100,"used_end":120,"peak":300,"delta_used":20,"delta_peaked":180}],"truncated":false}"#
-        );
-    }
-
-    #[test]
-    fn a_huge_record_is_cut_under_the_bound_and_says_so() {
-        let long = "x".repeat(60);
-        let mut buf = String::new();
-        encode(
-            &mut buf,
-            &HEAD,
-            &Event::End {
-                record: &record(2000, &long),
-                next: false,
-            },
-        );
-        assert!(buf.len() <= MAX_DATAGRAM, "{}", buf.len());
-        assert!(
-            buf.ends_with(r#"],"truncated":true}"#),
-            "{}",
-            &buf[buf.len() - 40..]
-        );
-        let kept = buf.matches("\"fidelity\"").count();
-        assert!(kept > 100 && kept < 2000, "{kept}");
-        // The longest escaped name still fits one entry.
-        let worst = "\u{1}".repeat(64);
-        let mut one = String::new();
-        encode(
-            &mut one,
-            &HEAD,
-            &Event::End {
-                record: &record(1, &worst[..63]),
-                next: false,
-            },
-        );
-        let entry_len = one.len() - one.find("[{").unwrap();
-        assert!(entry_len < MAX_SOURCE_ENTRY, "{entry_len}");
-    }
-
     fn bound(tag: &str) -> (std::path::PathBuf, UnixDatagram) {
         let dir =
             std::env::temp_dir().join(format!("memprobe-run-channel-{}-{tag}", std::process::id()));
@@ -1030,8 +541,8 @@ mod tests {
         (path, sock)
     }
 
-    fn begin_event() -> Event<'static> {
-        Event::Begin {
+    fn begin_event() -> Outgoing<'static> {
+        Outgoing::Begin {
             kind: PhaseKind::Epoch,
             name: "epoch",
             index: 0,
