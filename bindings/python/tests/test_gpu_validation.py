@@ -79,19 +79,21 @@ def test_dry_run_passes_every_part_that_can_run_without_a_gpu(tmp_path):
 
 def test_a_failing_part_never_stops_the_others(tmp_path):
     b = _bundle(tmp_path)
-    # An interposer that is no library: the interposer part, which loads the
-    # bundle's, fails; the run part after it (whose memprobe finds the
-    # interposer beside its real binary) still runs and passes.
-    (b / "lib" / "libmemprobe_interpose.so").unlink()
-    (b / "lib" / "libmemprobe_interpose.so").write_text("not a library\n")
+    # A memprobe command that only fails: the run part fails; the parts
+    # after it still run (and say they are skipped without a GPU).
+    (b / "bin" / "memprobe").unlink()
+    (b / "bin" / "memprobe").write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    (b / "bin" / "memprobe").chmod(0o755)
     out = tmp_path / "out"
-    r = _run("--dry-run", "--bundle", str(b), "--parts", "interpose,run,env,torch", str(out))
+    r = _run("--dry-run", "--bundle", str(b), str(out))
     assert r.returncode == 1, r.stdout[-3000:]
     doc = json.loads((out / "gpu-validation.json").read_text())
     outcomes = {k: v["outcome"] for k, v in doc["parts"].items()}
-    assert outcomes == {"env": "passed", "torch": "skipped", "interpose": "failed", "run": "passed"}, outcomes
+    assert outcomes == {"env": "passed", "torch": "skipped", "interpose": "passed", "run": "failed",
+                        "oom": "skipped", "nvml": "skipped", "cpp": "skipped"}, outcomes
     assert doc["passed"] is False
     assert "did not pass" in (out / "gpu-validation.md").read_text()
+    assert "===== cpp: rc 77" in (out / "gpu-validation.log").read_text()
 
 
 def test_the_budget_bounds_the_run(tmp_path):
