@@ -506,12 +506,14 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Unreadable> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::phase::PhaseInfo;
     use crate::sample::{PeakFidelity, SourceKind};
 
-    fn record(sources: usize, name: &str) -> Record {
+    /// A step's record over `sources` process sources named `{name}{i}`
+    /// (the sender's tests use it too).
+    pub(crate) fn record(sources: usize, name: &str) -> Record {
         let deltas = (0..sources)
             .map(|i| {
                 SourceDelta::new(

@@ -497,39 +497,15 @@ fn current_pid() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delta::SourceDelta;
     use crate::error::ErrorKind;
     use crate::phase::PhaseInfo;
     use crate::phase::PhaseKind;
+    use crate::run_channel::protocol::tests::record;
     use crate::run_channel::{Hook, BATCH_NS, MAX_DATAGRAM};
-    use crate::sample::{PeakFidelity, SourceKind};
     use crate::sink::Record;
     use std::os::unix::net::UnixDatagram;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-
-    fn record(sources: usize, name: &str) -> Record {
-        let deltas = (0..sources)
-            .map(|i| {
-                SourceDelta::new(
-                    &format!("{name}{i}"),
-                    SourceKind::Process,
-                    PeakFidelity::Exact,
-                    100,
-                    120,
-                    300 + i as u64,
-                )
-            })
-            .collect();
-        let mut r = Record::new("step", 1_000, 2_000, deltas);
-        r.phase = Some(PhaseInfo {
-            kind: PhaseKind::Step,
-            name: "step".into(),
-            index: 17,
-            depth: 1,
-        });
-        r
-    }
 
     fn bound(tag: &str) -> (std::path::PathBuf, UnixDatagram) {
         let dir =
