@@ -10,7 +10,7 @@
 //! # Which variables ([`LAUNCHERS`], in order of precedence)
 //!
 //! 1. `RANK`, `LOCAL_RANK`, `WORLD_SIZE`: torchrun
-//!    (`torch.distributed.run`), Accelerate, DeepSpeed, Lightning's DDP;
+//!    (`torch.distributed.run`), Accelerate, DeepSpeed;
 //! 2. `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
 //!    `OMPI_COMM_WORLD_SIZE`: Open MPI's `mpirun`;
 //! 3. `PMI_RANK`, `PMI_SIZE`: MPICH and Intel MPI (Hydra), Slurm's PMI
