@@ -86,8 +86,16 @@ pub(crate) fn after_pid(ranks: Option<RankFields>) -> String {
     ranks.map_or_else(String::new, |r| format!(", rank {}", r.rank))
 }
 
-/// Per rank: the highest value seen, and the pid (and step) it came from.
-type PerRank = BTreeMap<u32, (u64, u32, Option<String>)>;
+/// One rank's highest value seen, and the pid (and step) it came from.
+#[derive(Debug, Clone)]
+struct Best {
+    bytes: u64,
+    pid: u32,
+    step: Option<String>,
+}
+
+/// Per rank, its [`Best`].
+type PerRank = BTreeMap<u32, Best>;
 
 /// What one comparison line gathers while the phases are read.
 struct Group {
@@ -100,13 +108,14 @@ struct Group {
 
 impl Group {
     fn add(&mut self, rank: u32, bytes: u64, pid: u32, step: Option<String>) {
+        let new = Best { bytes, pid, step };
         match self.per_rank.entry(rank) {
             std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert((bytes, pid, step));
+                v.insert(new);
             }
             std::collections::btree_map::Entry::Occupied(mut o) => {
-                if bytes > o.get().0 {
-                    o.insert((bytes, pid, step));
+                if bytes > o.get().bytes {
+                    o.insert(new);
                 }
             }
         }
@@ -118,13 +127,13 @@ impl Group {
             return None;
         }
         // Ties go to the lowest rank (the map is in rank order).
-        let mut max: Option<(u32, &(u64, u32, Option<String>))> = None;
-        let mut min: Option<(u32, &(u64, u32, Option<String>))> = None;
+        let mut max: Option<(u32, &Best)> = None;
+        let mut min: Option<(u32, &Best)> = None;
         for (&rank, v) in &self.per_rank {
-            if max.map_or(true, |(_, m)| v.0 > m.0) {
+            if max.map_or(true, |(_, m)| v.bytes > m.bytes) {
                 max = Some((rank, v));
             }
-            if min.map_or(true, |(_, m)| v.0 < m.0) {
+            if min.map_or(true, |(_, m)| v.bytes < m.bytes) {
                 min = Some((rank, v));
             }
         }
@@ -136,14 +145,15 @@ impl Group {
             fidelity: self.fidelity,
             ranks: self.per_rank.len() as u32,
             max_rank,
-            max_pid: hi.1,
-            max_bytes: hi.0,
-            max_step: hi.2.clone(),
+            max_pid: hi.pid,
+            max_bytes: hi.bytes,
+            max_step: hi.step.clone(),
             min_rank,
-            min_pid: lo.1,
-            min_bytes: lo.0,
-            min_step: lo.2.clone(),
-            spread_percent: (lo.0 > 0).then(|| (hi.0 - lo.0) as f64 * 100.0 / lo.0 as f64),
+            min_pid: lo.pid,
+            min_bytes: lo.bytes,
+            min_step: lo.step.clone(),
+            spread_percent: (lo.bytes > 0)
+                .then(|| (hi.bytes - lo.bytes) as f64 * 100.0 / lo.bytes as f64),
         })
     }
 }
