@@ -15,7 +15,13 @@
 //!    `OMPI_COMM_WORLD_SIZE`: Open MPI's `mpirun`;
 //! 3. `PMI_RANK`, `PMI_SIZE`: MPICH and Intel MPI (Hydra), Slurm's PMI
 //!    (no local rank);
-//! 4. `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`: Slurm's `srun`.
+//! 4. `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`: Slurm's `srun`;
+//! 5. `NODE_RANK`, `LOCAL_RANK`, `WORLD_SIZE` with no `RANK`: Lightning's
+//!    own launcher (`Trainer(strategy="ddp")` started as a plain script),
+//!    which numbers processes per node. On node 0 (`NODE_RANK=0`) the
+//!    rank is the local rank; on another node the rank depends on the
+//!    processes per node, which no variable gives, so the process has
+//!    none.
 //!
 //! The innermost launcher comes first: torchrun started by `srun` sets
 //! `RANK` per worker where `SLURM_PROCID` numbers the node's one task.
@@ -72,9 +78,12 @@ impl Ranks {
     /// [`Ranks::from_env`].
     pub fn from_vars(get: impl Fn(&str) -> Option<OsString>) -> Option<Ranks> {
         let set = |name: &str| get(name).filter(|v| !v.is_empty());
-        let (rank_var, local_var, size_var) = LAUNCHERS
+        let Some((rank_var, local_var, size_var)) = LAUNCHERS
             .into_iter()
-            .find(|(rank, _, _)| set(rank).is_some())?;
+            .find(|(rank, _, _)| set(rank).is_some())
+        else {
+            return Ranks::from_node_local(&set);
+        };
         let rank = number(&set(rank_var)?)?;
         let world_size = number(&set(size_var)?)?;
         if rank >= world_size {
@@ -87,6 +96,21 @@ impl Ranks {
         Some(Ranks {
             rank,
             local_rank,
+            world_size,
+        })
+    }
+}
+
+impl Ranks {
+    /// Lightning's launcher (the fifth family): a node's rank and a local
+    /// rank; the job's rank is known on node 0 only.
+    fn from_node_local(set: &impl Fn(&str) -> Option<OsString>) -> Option<Ranks> {
+        let node = number(&set("NODE_RANK")?)?;
+        let local = number(&set("LOCAL_RANK")?)?;
+        let world_size = number(&set("WORLD_SIZE")?)?;
+        (node == 0 && local < world_size).then_some(Ranks {
+            rank: local,
+            local_rank: Some(local),
             world_size,
         })
     }
@@ -224,6 +248,33 @@ mod tests {
             _ => None,
         });
         assert_eq!(odd, None);
+    }
+
+    #[test]
+    fn lightnings_launcher_gives_ranks_on_node_0_only() {
+        let node = |n: &'static str, local: &'static str| {
+            from(&[("NODE_RANK", n), ("LOCAL_RANK", local), ("WORLD_SIZE", "4")])
+        };
+        assert_eq!(node("0", "0"), ranks(0, Some(0), 4));
+        assert_eq!(node("0", "3"), ranks(3, Some(3), 4));
+        // Another node: the processes per node are not known.
+        assert_eq!(node("1", "0"), None);
+        // Not below the world size, garbage, or a variable missing.
+        assert_eq!(node("0", "4"), None);
+        assert_eq!(node("0", "x"), None);
+        assert_eq!(node("x", "0"), None);
+        assert_eq!(from(&[("NODE_RANK", "0"), ("LOCAL_RANK", "1")]), None);
+        // Any launcher that sets a rank comes first.
+        assert_eq!(
+            from(&[
+                ("NODE_RANK", "0"),
+                ("LOCAL_RANK", "1"),
+                ("WORLD_SIZE", "4"),
+                ("SLURM_PROCID", "2"),
+                ("SLURM_NTASKS", "4"),
+            ]),
+            ranks(2, None, 4)
+        );
     }
 
     #[test]
