@@ -241,7 +241,9 @@ class LoopPeaks:
 
     # --- what is logged -----------------------------------------------------------
 
-    def report(self, *, interval: bool = True, trainer_names: bool = True) -> Tuple[Dict[str, float], Dict[str, int]]:
+    def report(
+        self, *, interval: bool = True, last_step: bool = True, trainer_names: bool = True
+    ) -> Tuple[Dict[str, float], Dict[str, int]]:
         """What to log now: ``({"<prefix><source>/<phase>_peak": ..., ...},
         {"train_mem_cpu_alloc_delta": ..., ...})``. The first holds the last
         step, the interval since the previous report (``interval``: this
@@ -252,7 +254,7 @@ class LoopPeaks:
         all-reduce: every rank must call at the same point."""
         phases = self.phases
         records: List[Record] = []
-        if self._last_step is not None:
+        if self._last_step is not None and last_step:
             records.append(("step", self.count("step") - 1, self._last_step))
             self._last_step = None
         if interval:
