@@ -13,14 +13,16 @@ from memprobe.integrations.avalanche import MaxRAM
 from memprobe.integrations.lightning import MemprobeHooks
 from memprobe.integrations.phases import PhasePeaks
 
-FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "avalanche", "jax")
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "avalanche", "jax", "transformers", "accelerate")
 
 
 def test_importing_memprobe_and_integrations_imports_no_framework():
     code = (
         "import sys, memprobe, memprobe.integrations.lightning, "
         "memprobe.integrations.avalanche, memprobe.integrations.torch, "
-        "memprobe.integrations.phases, memprobe.integrations.jax\n"
+        "memprobe.integrations.phases, memprobe.integrations.jax, "
+        "memprobe.integrations.transformers, memprobe.integrations.accelerate, "
+        "memprobe.integrations.loop, memprobe.integrations.trainer_stages, memprobe.integrations._ranks\n"
         f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])"
     )
     r = run_python(code, env={"PYTHONPATH": str(SITE)})
