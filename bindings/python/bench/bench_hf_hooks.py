@@ -13,7 +13,7 @@ calls per hook are included (about 0.1 µs).
 A whole-run wall-time comparison cannot resolve 1 % on a shared machine;
 the hooks' own time can. Figures: docs/bindings-benchmarks.md.
 
-    python bench/bench_hf_hooks.py [--rounds 3] [--steps 300] [--hidden 256] [--logging-steps 50] [--per-hook]
+    python bench/bench_hf_hooks.py [--rounds 3] [--steps 300] [--hidden 256] [--logging-steps 50] [--per-hook] [--clock wall|cpu]
 
 Needs torch, transformers (< 5 with torch 2.5) and accelerate, and memprobe:
 the installed package, else this checkout's source tree with the library of
@@ -39,6 +39,11 @@ import torch  # noqa: E402
 
 #: --per-hook: each hook's calls, total and median time, on stderr.
 PER_HOOK = False
+#: --clock: wall time (perf_counter_ns), or the main thread's CPU time
+#: (thread_time_ns: what a hook costs without the preemptions of a loaded
+#: machine; torch runs one thread here, so a step's CPU time is the thread's).
+CLOCKS: Dict[str, Callable[[], int]] = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+CLOCK = [time.perf_counter_ns]
 HOOKS = ("on_init_end", "on_train_begin", "on_epoch_begin", "on_step_end", "on_epoch_end", "on_log", "on_train_end")
 
 
@@ -49,7 +54,7 @@ class Timed:
         self.ns: Dict[str, List[int]] = {}
 
     def wrap(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-        clock = time.perf_counter_ns
+        clock = CLOCK[0]
         out = self.ns.setdefault(name, [])
 
         def timed(*a: Any, **kw: Any) -> Any:
@@ -123,7 +128,7 @@ def trainer_run(args: argparse.Namespace, with_memprobe: bool) -> Dict[str, floa
 
     class StepClock(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, *a: Any, **kw: Any) -> None:
-            stamps.append(time.perf_counter_ns())
+            stamps.append(CLOCK[0]())
 
     timer = Timed()
     callbacks: List[Any] = [StepClock()]
@@ -174,7 +179,7 @@ def accelerate_run(args: argparse.Namespace, with_memprobe: bool) -> Dict[str, f
         opt.step()
         opt.zero_grad()
         step()
-        stamps.append(time.perf_counter_ns())
+        stamps.append(CLOCK[0]())
     if with_memprobe:
         timer.wrap(probe.loop.stage_end, "stage_end")("train")
     probe.close()
@@ -190,7 +195,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--logging-steps", type=int, default=50)
     p.add_argument("--per-hook", action="store_true", help="each hook's calls and times, on stderr")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall (perf_counter_ns) or the thread's CPU time")
     args = p.parse_args()
+    CLOCK[0] = CLOCKS[args.clock]
     global PER_HOOK
     PER_HOOK = args.per_hook
     torch.set_num_threads(1)
@@ -208,7 +215,7 @@ def main() -> None:
             f"{name}: hooks {hooks:.1f} µs per typical step ({each}; mean over every step {mean:.1f}), "
             f"median step {step:.0f} µs: {100 * hooks / step:.2f} % of this step, {100 * hooks / 4000:.2f} % of a 4 ms step; "
             f"once per run (stage begin and end, with their garbage collection) {once:.0f} ms "
-            f"({args.steps} steps, log every {args.logging_steps}, {args.rounds} rounds)"
+            f"({args.steps} steps, log every {args.logging_steps}, {args.rounds} rounds, {args.clock} clock)"
         )
 
 
