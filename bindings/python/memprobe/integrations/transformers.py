@@ -73,7 +73,7 @@ def _log_kind(logs: Dict[str, Any]) -> Tuple[str, str]:
     if "train_runtime" in logs and "train_loss" in logs:
         return "train", "train"
     for key in logs:
-        if key.endswith("_runtime") and not key.startswith("train"):
+        if key.endswith("_runtime") and key != "train_runtime":
             return "eval", key[: -len("_runtime")]
     return "interval", ""
 
