@@ -13,7 +13,8 @@ calls per hook are included (about 0.1 µs).
 A whole-run wall-time comparison cannot resolve 1 % on a shared machine;
 the hooks' own time can. Figures: docs/bindings-benchmarks.md.
 
-    python bench/bench_hf_hooks.py [--rounds 3] [--steps 300] [--hidden 256] [--logging-steps 50] [--per-hook] [--clock wall|cpu]
+    python bench/bench_hf_hooks.py [--rounds 3] [--steps 300] [--hidden 256] [--logging-steps 50]
+                                   [--per-hook] [--clock wall|cpu]
 
 Needs torch, transformers (< 5 with torch 2.5) and accelerate, and memprobe:
 the installed package, else this checkout's source tree with the library of
@@ -91,7 +92,8 @@ class Timed:
                 typical += sum(calls) / steps / 1e3
         if PER_HOOK:
             for k, v in self.ns.items():
-                print(f"  {k}: {len(v)} calls, {sum(v) / 1e3:.0f} µs in all, median {statistics.median(v) / 1e3:.1f} µs", file=sys.stderr)
+                med = statistics.median(v) / 1e3
+                print(f"  {k}: {len(v)} calls, {sum(v) / 1e3:.0f} µs in all, median {med:.1f} µs", file=sys.stderr)
         return {"hooks_us_per_step": per_step / steps / 1e3, "typical_us": typical, "once_ms": per_run / 1e6}
 
 
@@ -150,7 +152,8 @@ def trainer_run(args: argparse.Namespace, with_memprobe: bool) -> Dict[str, floa
             dataloader_num_workers=0,
             log_level="error",
         )
-        trainer = Trainer(model=Net(args.hidden), args=targs, train_dataset=Rows(args.steps * args.batch, args.hidden), callbacks=callbacks)
+        data = Rows(args.steps * args.batch, args.hidden)
+        trainer = Trainer(model=Net(args.hidden), args=targs, train_dataset=data, callbacks=callbacks)
         trainer.train()
     gaps = [b - a for a, b in zip(stamps, stamps[1:])][args.steps // 10 :]
     once = ["on_init_end", "on_train_begin", "on_train_end", "on_log:last"]
@@ -195,7 +198,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--logging-steps", type=int, default=50)
     p.add_argument("--per-hook", action="store_true", help="each hook's calls and times, on stderr")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall (perf_counter_ns) or the thread's CPU time")
+    p.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall", help="wall (perf_counter_ns) or the thread's CPU time"
+    )
     args = p.parse_args()
     CLOCK[0] = CLOCKS[args.clock]
     global PER_HOOK
@@ -204,7 +209,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     print(describe(memprobe), f"torch {torch.__version__}, {os.cpu_count()} CPUs", file=sys.stderr)
-    for name, run in (("transformers Trainer + MemprobeCallback", trainer_run), ("accelerate loop + MemprobeAccelerate", accelerate_run)):
+    runs = (
+        ("transformers Trainer + MemprobeCallback", trainer_run),
+        ("accelerate loop + MemprobeAccelerate", accelerate_run),
+    )
+    for name, run in runs:
         rows = [run(args, True) for _ in range(args.rounds)]
         hooks = statistics.median(r["typical_us"] for r in rows)
         mean = statistics.median(r["hooks_us_per_step"] for r in rows)
@@ -213,7 +222,8 @@ def main() -> None:
         each = ", ".join("%.1f" % r["typical_us"] for r in rows)
         print(
             f"{name}: hooks {hooks:.1f} µs per typical step ({each}; mean over every step {mean:.1f}), "
-            f"median step {step:.0f} µs: {100 * hooks / step:.2f} % of this step, {100 * hooks / 4000:.2f} % of a 4 ms step; "
+            f"median step {step:.0f} µs: {100 * hooks / step:.2f} % of this step, "
+            f"{100 * hooks / 4000:.2f} % of a 4 ms step; "
             f"once per run (stage begin and end, with their garbage collection) {once:.0f} ms "
             f"({args.steps} steps, log every {args.logging_steps}, {args.rounds} rounds, {args.clock} clock)"
         )

@@ -86,7 +86,11 @@ class LoopPeaks:
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
     ):
-        for name, n in (("release_every_n_steps", release_every_n_steps), ("release_every_n_epochs", release_every_n_epochs)):
+        schedule = (
+            ("release_every_n_steps", release_every_n_steps),
+            ("release_every_n_epochs", release_every_n_epochs),
+        )
+        for name, n in schedule:
             if n is not None and n < 1:
                 raise ValueError(f"{name} must be >= 1 (or None: never)")
         self._sources = None if sources is None else list(sources) if not isinstance(sources, Source) else [sources]

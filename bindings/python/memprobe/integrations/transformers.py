@@ -147,7 +147,9 @@ class MemprobeTrainerHooks:
             callbacks.remove(self)
             callbacks.insert(0, self)
 
-    def _add(self, args: Any, target: Dict[str, Any], metrics: Dict[str, float], named: Dict[str, int]) -> Dict[str, float]:
+    def _add(
+        self, args: Any, target: Dict[str, Any], metrics: Dict[str, float], named: Dict[str, int]
+    ) -> Dict[str, float]:
         out: Dict[str, float] = dict(metrics)
         if self.trainer_metrics:
             # With the Trainer's own tracker on, its values keep its names
@@ -199,10 +201,14 @@ class MemprobeTrainerHooks:
             self._eval_named = eval_named
         added = self._add(args, logs, metrics, named)
         history = getattr(state, "log_history", None)
-        if history and isinstance(history[-1], dict) and all(history[-1].get(k) == v for k, v in logs.items() if k not in added):
-            history[-1].update(added)
+        # Trainer.log appended its copy of this log before calling on_log.
+        last = history[-1] if history else None
+        if isinstance(last, dict) and all(last.get(k) == v for k, v in logs.items() if k not in added):
+            last.update(added)
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: Optional[Dict[str, Any]] = None, **kwargs: Any
+    ) -> None:
         if not self._eval_ended:
             # An evaluation that logged nothing: it ends here.
             self.loop.eval_end(stage=not self._in_train)
@@ -216,7 +222,9 @@ class MemprobeTrainerHooks:
                 self._add(args, metrics, {}, named)
         self._eval_ended = False
 
-    def on_predict(self, args: Any, state: Any, control: Any, metrics: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+    def on_predict(
+        self, args: Any, state: Any, control: Any, metrics: Optional[Dict[str, Any]] = None, **kwargs: Any
+    ) -> None:
         self.loop.stage_end("test")
         m, named = self.loop.report(interval=False)
         if metrics is not None:
