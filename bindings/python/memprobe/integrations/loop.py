@@ -184,14 +184,19 @@ class LoopPeaks:
 
     def stage_end(self, stage: str) -> List[Delta]:
         """Ends a stage (one never begun measures from the previous
-        boundary of the step window: the last step's end). Its Trainer-named
-        metrics go with the next :meth:`report`."""
+        boundary of the step window: the end of the last step, evaluation or
+        stage). Its Trainer-named metrics go with the next :meth:`report`."""
         self.init_end()
         if self.stage_gc:
             gc.collect()
         phases = self.phases
         key = f"stage:{stage}"
-        deltas = phases.end(key) if phases.is_open(key) else phases.end("step")
+        if phases.is_open(key):
+            deltas = phases.end(key)
+            # What follows (a standalone evaluation, a prediction) begins here.
+            phases.start("step")
+        else:
+            deltas = phases.end("step")
         self._ended(stage, deltas, True, stage)
         return deltas
 
