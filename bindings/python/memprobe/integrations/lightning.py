@@ -29,6 +29,12 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
 ``callback.history`` keeps every ended phase, every step included, whatever
 is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes.
 
+Ranks (DDP and the other strategies over ``torch.distributed``): with a
+process group of several ranks, every value logged is the maximum across
+ranks (one all-reduce of a few int64s at each log, never per step), so rank
+0's loggers show the rank that used the most; ``callback.history`` keeps
+this rank's own phases and ``callback.ranks.history`` the maxima logged.
+
 Out-of-memory reports: ``MemprobeCallback(oom_report="oom.json")`` keeps
 the phases in a :class:`memprobe.Tracker` and attaches PyTorch's
 out-of-memory observer to its report
@@ -53,6 +59,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 from ..sources import Source
 from ..units import MiB
 from ..windows import Delta
+from ._ranks import RankMaxima
 from .phases import PhasePeaks, check_unit
 
 
@@ -136,6 +143,8 @@ class MemprobeHooks:
         self._counts = {"step": 0, "epoch": 0, "validation": 0}
         # The highest step peak per source since the last step log.
         self._steps_peak: List[int] = []
+        #: This rank, the world size and the maxima logged (several ranks).
+        self.ranks = RankMaxima()
 
     @property
     def phases(self) -> PhasePeaks:
@@ -188,7 +197,8 @@ class MemprobeHooks:
         if self.keep_history:
             self.history.append((phase, index, deltas))
         if log and pl_module is not None:
-            metrics = self.phases.metrics(phase, deltas, prefix=self.prefix, unit=self.unit)
+            logged, _ = self.ranks.reduce(phase, index, deltas)
+            metrics = self.phases.metrics(phase, logged, prefix=self.prefix, unit=self.unit)
             self._log(pl_module, metrics, on_step=on_step)
         return deltas
 
@@ -239,6 +249,8 @@ class MemprobeHooks:
             self._steps_peak = [max(a, b) for a, b in zip(self._steps_peak, peaks)]
         if log and pl_module is not None:
             scale = MiB if self.unit == "MiB" else 1
+            # The maxima across ranks (one all-reduce; unchanged with one rank).
+            deltas, self._steps_peak = self.ranks.reduce("step", self._counts["step"] - 1, deltas, self._steps_peak)
             metrics = self.phases.metrics("step", deltas, prefix=self.prefix, unit=self.unit)
             for name, peak in zip(self.phases.names(), self._steps_peak):
                 metrics[f"{self.prefix}{name}/steps_peak"] = peak / scale
