@@ -1030,7 +1030,9 @@ typedef void (*memprobe_record_fn)(const memprobe_phase_record *record, const me
 typedef int32_t (*memprobe_step_fn)(void *user_data);
 
 /**
- * What memprobe_tracker_run_oom_retry did.
+ * What memprobe_tracker_run_oom_retry did: the OOM retry's result (not an
+ * OOM report). Its old name, memprobe_oom_report, is a deprecated typedef
+ * until 0.3.0 (the header's trailer).
  */
 typedef struct {
   /**
@@ -1045,7 +1047,7 @@ typedef struct {
    * Bytes freed by the releases, summed over sources.
    */
   uint64_t freed_bytes;
-} memprobe_oom_report;
+} memprobe_oom_retry_result;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1823,7 +1825,7 @@ memprobe_status memprobe_tracker_leak_status(const memprobe_tracker *tracker, si
  * returns another value fails the call (UNAVAILABLE). Bytes freed per
  * source go to `freed[0..n_freed]` when not NULL.
  */
-memprobe_status memprobe_tracker_run_oom_retry(memprobe_tracker *tracker, memprobe_step_fn step, void *user_data, uint32_t max_retries, memprobe_oom_report *out, uint64_t *freed, size_t n_freed);
+memprobe_status memprobe_tracker_run_oom_retry(memprobe_tracker *tracker, memprobe_step_fn step, void *user_data, uint32_t max_retries, memprobe_oom_retry_result *out, uint64_t *freed, size_t n_freed);
 
 /**
  * Opens a peak window over `sources[0..n_sources]`. Windows are concurrent,
@@ -1872,3 +1874,22 @@ memprobe_status memprobe_window_free(memprobe_window *window);
 #endif  // __cplusplus
 
 #endif  /* MEMPROBE_H */
+
+#ifndef MEMPROBE_H_DEPRECATED
+#define MEMPROBE_H_DEPRECATED
+#if defined(__GNUC__) || defined(__clang__)
+#define MEMPROBE_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define MEMPROBE_DEPRECATED(msg)
+#endif
+
+/**
+ * Deprecated (0.2.0), removed in 0.3.0: the old name of
+ * memprobe_oom_retry_result, the result of memprobe_tracker_run_oom_retry
+ * (the OOM retry; the OOM report is memprobe_tracker_set_oom_report's).
+ * Using it warns with GCC and Clang.
+ */
+typedef memprobe_oom_retry_result memprobe_oom_report
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_retry_result; removed in 0.3.0");
+
+#endif  /* MEMPROBE_H_DEPRECATED */

@@ -107,7 +107,7 @@ static int32_t always_oom(void *user_data) {
 
 static void retries_exhausted(memprobe_tracker *t) {
     memprobe_oom_report_options o;
-    memprobe_oom_report r;
+    memprobe_oom_retry_result r;
     memprobe_oom_status st;
     FILE *f;
     char buf[65536];

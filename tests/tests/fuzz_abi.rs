@@ -698,7 +698,7 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                 }
                 28 => {
                     let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
-                    let mut r = tracker::memprobe_oom_report::default();
+                    let mut r = tracker::memprobe_oom_retry_result::default();
                     let sc = &mut *step_counter as *mut u64 as *mut c_void;
                     call!(
                         "tracker_run_oom_retry",
@@ -743,15 +743,15 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                 }
                 34 => {
                     let h = pick(&mut rng, &p.trackers, &p) as *mut memprobe_tracker;
-                    let mut o: oom::memprobe_oom_report_options = std::mem::zeroed();
+                    let mut o: oom_report::memprobe_oom_report_options = std::mem::zeroed();
                     o.struct_size = match rng.below(8) {
                         0 => rng.below(64) as u32,
-                        _ => std::mem::size_of::<oom::memprobe_oom_report_options>() as u32,
+                        _ => std::mem::size_of::<oom_report::memprobe_oom_report_options>() as u32,
                     };
                     o.triggers = match rng.below(6) {
                         0 => rng.next() as u32,
-                        1 => oom::MEMPROBE_OOM_TRIGGER_DRIVER,
-                        _ => oom::MEMPROBE_OOM_TRIGGER_CALLER,
+                        1 => oom_report::MEMPROBE_OOM_TRIGGER_DRIVER,
+                        _ => oom_report::MEMPROBE_OOM_TRIGGER_CALLER,
                     };
                     // Random names stay inside the scratch directory.
                     let path = match rng.below(5) {
@@ -781,7 +781,7 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                     };
                     call!(
                         "tracker_set_oom_report",
-                        oom::memprobe_tracker_set_oom_report(h, arg)
+                        oom_report::memprobe_tracker_set_oom_report(h, arg)
                     );
                 }
                 35 => {
@@ -796,7 +796,7 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                         0 => {
                             call!(
                                 "tracker_report_oom",
-                                oom::memprobe_tracker_report_oom(
+                                oom_report::memprobe_tracker_report_oom(
                                     h,
                                     device,
                                     rng.next(),
@@ -805,7 +805,7 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                             );
                         }
                         1 => {
-                            let caches = [oom::memprobe_oom_cache {
+                            let caches = [oom_report::memprobe_oom_cache {
                                 device: rng.below(70) as u32,
                                 valid: rng.below(16) as u32,
                                 reserved_bytes: rng.next(),
@@ -813,9 +813,9 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                                 releasable_bytes: rng.next(),
                             }];
                             let by = text(&mut rng);
-                            let mut e: oom::memprobe_oom_event = std::mem::zeroed();
+                            let mut e: oom_report::memprobe_oom_event = std::mem::zeroed();
                             e.struct_size = if rng.chance(90) {
-                                std::mem::size_of::<oom::memprobe_oom_event>() as u32
+                                std::mem::size_of::<oom_report::memprobe_oom_event>() as u32
                             } else {
                                 rng.below(48) as u32
                             };
@@ -840,11 +840,11 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                             };
                             call!(
                                 "tracker_report_oom_event",
-                                oom::memprobe_tracker_report_oom_event(h, arg)
+                                oom_report::memprobe_tracker_report_oom_event(h, arg)
                             );
                         }
                         2 => {
-                            let mut st = oom::memprobe_oom_status::default();
+                            let mut st = oom_report::memprobe_oom_status::default();
                             let out = if rng.chance(90) {
                                 &mut st as *mut _
                             } else {
@@ -852,13 +852,13 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
                             };
                             call!(
                                 "tracker_oom_status",
-                                oom::memprobe_tracker_oom_status(h, out)
+                                oom_report::memprobe_tracker_oom_status(h, out)
                             );
                         }
                         _ => {
                             call!(
                                 "tracker_rearm_oom_report",
-                                oom::memprobe_tracker_rearm_oom_report(h)
+                                oom_report::memprobe_tracker_rearm_oom_report(h)
                             );
                         }
                     }

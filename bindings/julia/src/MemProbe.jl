@@ -650,7 +650,7 @@ struct CPhaseRecord  # layout: memprobe_phase_record
     name::NTuple{72,UInt8}
 end
 
-struct COomReport  # layout: memprobe_oom_report
+struct COomRetryResult  # layout: memprobe_oom_retry_result
     succeeded::Bool
     retries::UInt32
     freed_bytes::UInt64
@@ -841,10 +841,10 @@ MEMPROBE_STATUS_OUT_OF_MEMORY, which is returned here rather than thrown).
 function run_oom_retry(step::Function, t::Tracker; max_retries::Integer=3)
     box = Ref{Any}(StepState(step, nothing, nothing))
     cb = @cfunction(_step_trampoline, Int32, (Ptr{Cvoid},))
-    rep = Ref{COomReport}()
+    rep = Ref{COomRetryResult}()
     freed = zeros(UInt64, length(t.sources))
     st = GC.@preserve box ccall(sym(:memprobe_tracker_run_oom_retry), UInt32,
-        (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, UInt32, Ref{COomReport}, Ptr{UInt64}, Csize_t),
+        (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, UInt32, Ref{COomRetryResult}, Ptr{UInt64}, Csize_t),
         t.handle, cb, pointer_from_objref(box), max_retries, rep, freed, length(freed))
     box[].error === nothing || throw(box[].error)
     st == OUT_OF_MEMORY || check(st)

@@ -159,7 +159,7 @@ class memprobe_phase_record(Structure):
     ]
 
 
-class memprobe_oom_report(Structure):
+class memprobe_oom_retry_result(Structure):
     _fields_ = [("succeeded", c_bool), ("retries", c_uint32), ("freed_bytes", c_uint64)]
 
 
@@ -387,7 +387,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
             memprobe_step_fn,
             c_void_p,
             c_uint32,
-            P(memprobe_oom_report),
+            P(memprobe_oom_retry_result),
             P(c_uint64),
             c_size_t,
         ],
