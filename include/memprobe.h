@@ -33,7 +33,8 @@
  *   thread. A callback must not call back into the object that invoked it
  *   (MEMPROBE_STATUS_WRONG_ORDER); other memprobe calls are allowed.
  * - Option structs that may grow (memprobe_oom_report_options,
- *   memprobe_oom_event) start with `uint32_t struct_size`: zero-initialise
+ *   memprobe_oom_report_event) start with `uint32_t struct_size`:
+ *   zero-initialise
  *   the struct and set struct_size = sizeof(the struct); a zero field means
  *   "none" or "the default". A smaller size is INVALID_ARGUMENT; a larger
  *   one (a newer header) is accepted when the fields beyond are zero.
@@ -146,27 +147,27 @@
 #define MEMPROBE_OOM_DEVICE_UNKNOWN -1
 
 /**
- * `memprobe_oom_event.valid`: `device_total_bytes` holds a value.
+ * `memprobe_oom_report_event.valid`: `device_total_bytes` holds a value.
  */
 #define MEMPROBE_OOM_EVENT_DEVICE_TOTAL 1
 
 /**
- * `memprobe_oom_event.valid`: `device_free_bytes` holds a value.
+ * `memprobe_oom_report_event.valid`: `device_free_bytes` holds a value.
  */
 #define MEMPROBE_OOM_EVENT_DEVICE_FREE 2
 
 /**
- * `memprobe_oom_cache.valid`: `reserved_bytes` holds a value.
+ * `memprobe_oom_report_cache.valid`: `reserved_bytes` holds a value.
  */
 #define MEMPROBE_OOM_CACHE_RESERVED 1
 
 /**
- * `memprobe_oom_cache.valid`: `allocated_bytes` holds a value.
+ * `memprobe_oom_report_cache.valid`: `allocated_bytes` holds a value.
  */
 #define MEMPROBE_OOM_CACHE_ALLOCATED 2
 
 /**
- * `memprobe_oom_cache.valid`: `releasable_bytes` holds a value.
+ * `memprobe_oom_report_cache.valid`: `releasable_bytes` holds a value.
  */
 #define MEMPROBE_OOM_CACHE_RELEASABLE 4
 
@@ -755,7 +756,7 @@ typedef struct {
 } memprobe_oom_report_options;
 
 /**
- * A framework's cache on one device, for memprobe_oom_event.
+ * A framework's cache on one device, for memprobe_oom_report_event.
  */
 typedef struct {
   /**
@@ -779,16 +780,16 @@ typedef struct {
    * framework's own account.
    */
   uint64_t releasable_bytes;
-} memprobe_oom_cache;
+} memprobe_oom_report_cache;
 
 /**
  * An out-of-memory failure reported by the caller, with everything it
  * knows (memprobe_tracker_report_oom_event). Zero-initialise it and set
- * `struct_size = sizeof(memprobe_oom_event)`.
+ * `struct_size = sizeof(memprobe_oom_report_event)`.
  */
 typedef struct {
   /**
-   * sizeof(memprobe_oom_event), as for memprobe_oom_report_options.
+   * sizeof(memprobe_oom_report_event), as for memprobe_oom_report_options.
    */
   uint32_t struct_size;
   /**
@@ -827,8 +828,8 @@ typedef struct {
   /**
    * The reporter's caches per device (`n_caches` entries; NULL when 0).
    */
-  const memprobe_oom_cache *caches;
-} memprobe_oom_event;
+  const memprobe_oom_report_cache *caches;
+} memprobe_oom_report_event;
 
 /**
  * Where a tracker's out-of-memory report stands.
@@ -859,7 +860,7 @@ typedef struct {
    * (its message is not kept).
    */
   uint32_t last_write_status;
-} memprobe_oom_status;
+} memprobe_oom_report_status;
 
 /**
  * The read function of a custom source: store the bytes in use in
@@ -1492,7 +1493,7 @@ memprobe_status memprobe_tracker_report_oom(memprobe_tracker *tracker, int32_t d
  * struct_size, unknown `valid` bits, a `reported_by` that is not 1 to 64
  * printable bytes, more than 64 caches.
  */
-memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, const memprobe_oom_event *event);
+memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, const memprobe_oom_report_event *event);
 
 /**
  * Where the tracker's out-of-memory report stands: armed, triggers, reports
@@ -1501,7 +1502,7 @@ memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, con
  *
  * Errors: NULL_POINTER, INVALID_HANDLE, WRONG_ORDER (no report configured).
  */
-memprobe_status memprobe_tracker_oom_status(const memprobe_tracker *tracker, memprobe_oom_status *out);
+memprobe_status memprobe_tracker_oom_status(const memprobe_tracker *tracker, memprobe_oom_report_status *out);
 
 /**
  * Arms the tracker's out-of-memory report again: the next trigger writes a
@@ -1891,5 +1892,18 @@ memprobe_status memprobe_window_free(memprobe_window *window);
  */
 typedef memprobe_oom_retry_result memprobe_oom_report
     MEMPROBE_DEPRECATED("renamed memprobe_oom_retry_result; removed in 0.3.0");
+
+/**
+ * Deprecated (0.2.0), removed in 0.3.0: the old names of the OOM report's
+ * structs, memprobe_oom_report_event, memprobe_oom_report_cache and
+ * memprobe_oom_report_status (every OOM name without "retry" or "kill" is
+ * the OOM report's).
+ */
+typedef memprobe_oom_report_event memprobe_oom_event
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_report_event; removed in 0.3.0");
+typedef memprobe_oom_report_cache memprobe_oom_cache
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_report_cache; removed in 0.3.0");
+typedef memprobe_oom_report_status memprobe_oom_status
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_report_status; removed in 0.3.0");
 
 #endif  /* MEMPROBE_H_DEPRECATED */

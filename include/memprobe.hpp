@@ -899,13 +899,13 @@ public:
                                                   detail.empty() ? nullptr : detail.c_str()));
     }
     /** report_oom with everything the reporter knows (struct_size is set here). */
-    void report_oom(memprobe_oom_event event) {
+    void report_oom(memprobe_oom_report_event event) {
         event.struct_size = sizeof event;
         detail::check(memprobe_tracker_report_oom_event(h_, &event));
     }
     /** Where the out-of-memory report stands; throws WRONG_ORDER when none is configured. */
-    memprobe_oom_status oom_status() const {
-        memprobe_oom_status st{};
+    memprobe_oom_report_status oom_status() const {
+        memprobe_oom_report_status st{};
         detail::check(memprobe_tracker_oom_status(h_, &st));
         return st;
     }

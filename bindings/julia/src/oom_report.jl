@@ -26,7 +26,7 @@ struct COomReportOptions
     keep_ended::UInt32
 end
 
-struct COomCache  # layout: memprobe_oom_cache
+struct COomReportCache  # layout: memprobe_oom_report_cache
     device::UInt32
     valid::UInt32
     reserved_bytes::UInt64
@@ -34,8 +34,8 @@ struct COomCache  # layout: memprobe_oom_cache
     releasable_bytes::UInt64
 end
 
-# memprobe_oom_event (holds pointers, as above).
-struct COomEvent
+# memprobe_oom_report_event (holds pointers, as above).
+struct COomReportEvent
     struct_size::UInt32
     device::Int32
     requested_bytes::UInt64
@@ -45,10 +45,10 @@ struct COomEvent
     n_caches::UInt32
     device_total_bytes::UInt64
     device_free_bytes::UInt64
-    caches::Ptr{COomCache}
+    caches::Ptr{COomReportCache}
 end
 
-struct COomStatus  # layout: memprobe_oom_status
+struct COomReportStatus  # layout: memprobe_oom_report_status
     armed::Bool
     triggers::UInt32
     reports_written::UInt64
@@ -135,15 +135,15 @@ function report_oom!(t::Tracker, device::Integer=OOM_DEVICE_UNKNOWN, requested_b
     bits(c) = (c.reserved === nothing ? 0 : OOM_CACHE_RESERVED) |
               (c.allocated === nothing ? 0 : OOM_CACHE_ALLOCATED) |
               (c.releasable === nothing ? 0 : OOM_CACHE_RELEASABLE)
-    cs = [COomCache(c.device, bits(c), something(c.reserved, 0), something(c.allocated, 0),
+    cs = [COomReportCache(c.device, bits(c), something(c.reserved, 0), something(c.allocated, 0),
                     something(c.releasable, 0)) for c in caches]
     valid = (device_total === nothing ? UInt32(0) : OOM_EVENT_DEVICE_TOTAL) |
             (device_free === nothing ? UInt32(0) : OOM_EVENT_DEVICE_FREE)
     GC.@preserve d by cs begin
-        e = COomEvent(UInt32(sizeof(COomEvent)), device, requested_bytes, _cptr(by), _cptr(d), valid,
+        e = COomReportEvent(UInt32(sizeof(COomReportEvent)), device, requested_bytes, _cptr(by), _cptr(d), valid,
                       length(cs), something(device_total, 0), something(device_free, 0),
-                      isempty(cs) ? Ptr{COomCache}(C_NULL) : pointer(cs))
-        check(ccall(sym(:memprobe_tracker_report_oom_event), UInt32, (Ptr{Cvoid}, Ref{COomEvent}),
+                      isempty(cs) ? Ptr{COomReportCache}(C_NULL) : pointer(cs))
+        check(ccall(sym(:memprobe_tracker_report_oom_event), UInt32, (Ptr{Cvoid}, Ref{COomReportEvent}),
                     t.handle, e))
     end
     nothing
@@ -151,8 +151,8 @@ end
 
 "Where the out-of-memory report stands: armed, triggers, reports written, triggers seen, later ones."
 function oom_status(t::Tracker)
-    st = Ref{COomStatus}()
-    check(ccall(sym(:memprobe_tracker_oom_status), UInt32, (Ptr{Cvoid}, Ref{COomStatus}), t.handle, st))
+    st = Ref{COomReportStatus}()
+    check(ccall(sym(:memprobe_tracker_oom_status), UInt32, (Ptr{Cvoid}, Ref{COomReportStatus}), t.handle, st))
     s = st[]
     (armed=s.armed, driver=(s.triggers & OOM_TRIGGER_DRIVER) != 0,
      caller=(s.triggers & OOM_TRIGGER_CALLER) != 0, reports_written=s.reports_written,

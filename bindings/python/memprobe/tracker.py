@@ -532,7 +532,7 @@ class Tracker(Owned):
         if reported_by is None and device_total is None and device_free is None and not caches:
             check(C.memprobe_tracker_report_oom(self._handle, int(device), int(requested_bytes), text))
             return
-        e = _ffi.memprobe_oom_event()
+        e = _ffi.memprobe_oom_report_event()
         e.struct_size = ctypes.sizeof(e)
         e.device = int(device)
         e.requested_bytes = int(requested_bytes)
@@ -546,7 +546,7 @@ class Tracker(Owned):
             valid |= _ffi.MEMPROBE_OOM_EVENT_DEVICE_FREE
             e.device_free_bytes = int(device_free)
         e.valid = valid
-        arr = (_ffi.memprobe_oom_cache * max(len(caches), 1))()
+        arr = (_ffi.memprobe_oom_report_cache * max(len(caches), 1))()
         for i, c in enumerate(caches):
             bits = 0
             for bit, value, field_name in (
@@ -566,7 +566,7 @@ class Tracker(Owned):
     def oom_status(self) -> OomReportStatus:
         """Where the out-of-memory report stands;
         :class:`~memprobe.WrongOrderError` when none is configured."""
-        st = _ffi.memprobe_oom_status()
+        st = _ffi.memprobe_oom_report_status()
         check(C.memprobe_tracker_oom_status(self._handle, byref(st)))
         try:
             last: int = Status(st.last_write_status)

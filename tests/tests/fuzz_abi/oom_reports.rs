@@ -82,7 +82,7 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                         );
                     }
                     1 => {
-                        let caches = [oom_report::memprobe_oom_cache {
+                        let caches = [oom_report::memprobe_oom_report_cache {
                             device: rng.below(70) as u32,
                             valid: rng.below(16) as u32,
                             reserved_bytes: rng.next(),
@@ -90,9 +90,9 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                             releasable_bytes: rng.next(),
                         }];
                         let by = text(rng);
-                        let mut e: oom_report::memprobe_oom_event = std::mem::zeroed();
+                        let mut e: oom_report::memprobe_oom_report_event = std::mem::zeroed();
                         e.struct_size = if rng.chance(90) {
-                            std::mem::size_of::<oom_report::memprobe_oom_event>() as u32
+                            std::mem::size_of::<oom_report::memprobe_oom_report_event>() as u32
                         } else {
                             rng.below(48) as u32
                         };
@@ -121,7 +121,7 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                         );
                     }
                     2 => {
-                        let mut st = oom_report::memprobe_oom_status::default();
+                        let mut st = oom_report::memprobe_oom_report_status::default();
                         let out = if rng.chance(90) {
                             &mut st as *mut _
                         } else {
