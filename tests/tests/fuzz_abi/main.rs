@@ -75,7 +75,8 @@ fn run_seed(seed: u64, steps: usize, fake_nvml: &std::path::Path) -> usize {
             op @ (34 | 35) => oom_reports::call(op, &mut rng, &mut p, &cx),
             op @ (36 | 37) => marks::call(op, &mut rng, &mut p, &cx),
             39 => gpus::call(39, &mut rng, &mut p, &cx),
-            op => exporters::call(op, &mut rng, &mut p, &cx),
+            40 => exporters::call(40, &mut rng, &mut p, &cx),
+            op => unreachable!("below(44) gave {op}"),
         }
     }
     // Clean up: every live handle frees; nothing leaks.
