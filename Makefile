@@ -190,7 +190,7 @@ bench:
 	$(CARGO) bench -j$(JOBS) -p memprobe-gpu --bench gpu_read
 	$(CARGO) bench -j$(JOBS) -p memprobe-cli --bench overhead
 	$(CARGO) bench -j$(JOBS) -p memprobe-metrics --bench scrape
-	$(CARGO) bench -j$(JOBS) -p memprobe-interpose --bench interpose_overhead
+	$(CARGO) bench -j$(JOBS) -p memprobe-interpose-reader --bench interpose_overhead
 
 # Regenerates include/memprobe.h from memprobe-ffi-impl (then commit it).
 header:

@@ -40,7 +40,8 @@
  *   thread. A callback must not call back into the object that invoked it
  *   (MEMPROBE_STATUS_WRONG_ORDER); other memprobe calls are allowed.
  * - Option structs that may grow (memprobe_oom_report_options,
- *   memprobe_oom_event) start with `uint32_t struct_size`: zero-initialise
+ *   memprobe_oom_report_event) start with `uint32_t struct_size`:
+ *   zero-initialise
  *   the struct and set struct_size = sizeof(the struct); a zero field means
  *   "none" or "the default". A smaller size is INVALID_ARGUMENT; a larger
  *   one (a newer header) is accepted when the fields beyond are zero.
@@ -153,27 +154,27 @@
 #define MEMPROBE_OOM_DEVICE_UNKNOWN -1
 
 /**
- * `memprobe_oom_event.valid`: `device_total_bytes` holds a value.
+ * `memprobe_oom_report_event.valid`: `device_total_bytes` holds a value.
  */
 #define MEMPROBE_OOM_EVENT_DEVICE_TOTAL 1
 
 /**
- * `memprobe_oom_event.valid`: `device_free_bytes` holds a value.
+ * `memprobe_oom_report_event.valid`: `device_free_bytes` holds a value.
  */
 #define MEMPROBE_OOM_EVENT_DEVICE_FREE 2
 
 /**
- * `memprobe_oom_cache.valid`: `reserved_bytes` holds a value.
+ * `memprobe_oom_report_cache.valid`: `reserved_bytes` holds a value.
  */
 #define MEMPROBE_OOM_CACHE_RESERVED 1
 
 /**
- * `memprobe_oom_cache.valid`: `allocated_bytes` holds a value.
+ * `memprobe_oom_report_cache.valid`: `allocated_bytes` holds a value.
  */
 #define MEMPROBE_OOM_CACHE_ALLOCATED 2
 
 /**
- * `memprobe_oom_cache.valid`: `releasable_bytes` holds a value.
+ * `memprobe_oom_report_cache.valid`: `releasable_bytes` holds a value.
  */
 #define MEMPROBE_OOM_CACHE_RELEASABLE 4
 
@@ -762,7 +763,7 @@ typedef struct {
 } memprobe_oom_report_options;
 
 /**
- * A framework's cache on one device, for memprobe_oom_event.
+ * A framework's cache on one device, for memprobe_oom_report_event.
  */
 typedef struct {
   /**
@@ -786,16 +787,16 @@ typedef struct {
    * framework's own account.
    */
   uint64_t releasable_bytes;
-} memprobe_oom_cache;
+} memprobe_oom_report_cache;
 
 /**
  * An out-of-memory failure reported by the caller, with everything it
  * knows (memprobe_tracker_report_oom_event). Zero-initialise it and set
- * `struct_size = sizeof(memprobe_oom_event)`.
+ * `struct_size = sizeof(memprobe_oom_report_event)`.
  */
 typedef struct {
   /**
-   * sizeof(memprobe_oom_event), as for memprobe_oom_report_options.
+   * sizeof(memprobe_oom_report_event), as for memprobe_oom_report_options.
    */
   uint32_t struct_size;
   /**
@@ -834,8 +835,8 @@ typedef struct {
   /**
    * The reporter's caches per device (`n_caches` entries; NULL when 0).
    */
-  const memprobe_oom_cache *caches;
-} memprobe_oom_event;
+  const memprobe_oom_report_cache *caches;
+} memprobe_oom_report_event;
 
 /**
  * Where a tracker's out-of-memory report stands.
@@ -866,7 +867,7 @@ typedef struct {
    * (its message is not kept).
    */
   uint32_t last_write_status;
-} memprobe_oom_status;
+} memprobe_oom_report_status;
 
 /**
  * The read function of a custom source: store the bytes in use in
@@ -1037,7 +1038,9 @@ typedef void (*memprobe_record_fn)(const memprobe_phase_record *record, const me
 typedef int32_t (*memprobe_step_fn)(void *user_data);
 
 /**
- * What memprobe_tracker_run_oom_retry did.
+ * What memprobe_tracker_run_oom_retry did: the OOM retry's result (not an
+ * OOM report). Its old name, memprobe_oom_report, is a deprecated typedef
+ * until 0.3.0 (the header's trailer).
  */
 typedef struct {
   /**
@@ -1052,7 +1055,7 @@ typedef struct {
    * Bytes freed by the releases, summed over sources.
    */
   uint64_t freed_bytes;
-} memprobe_oom_report;
+} memprobe_oom_retry_result;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1497,7 +1500,7 @@ memprobe_status memprobe_tracker_report_oom(memprobe_tracker *tracker, int32_t d
  * struct_size, unknown `valid` bits, a `reported_by` that is not 1 to 64
  * printable bytes, more than 64 caches.
  */
-memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, const memprobe_oom_event *event);
+memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, const memprobe_oom_report_event *event);
 
 /**
  * Where the tracker's out-of-memory report stands: armed, triggers, reports
@@ -1506,7 +1509,7 @@ memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, con
  *
  * Errors: NULL_POINTER, INVALID_HANDLE, WRONG_ORDER (no report configured).
  */
-memprobe_status memprobe_tracker_oom_status(const memprobe_tracker *tracker, memprobe_oom_status *out);
+memprobe_status memprobe_tracker_oom_status(const memprobe_tracker *tracker, memprobe_oom_report_status *out);
 
 /**
  * Arms the tracker's out-of-memory report again: the next trigger writes a
@@ -1830,7 +1833,7 @@ memprobe_status memprobe_tracker_leak_status(const memprobe_tracker *tracker, si
  * returns another value fails the call (UNAVAILABLE). Bytes freed per
  * source go to `freed[0..n_freed]` when not NULL.
  */
-memprobe_status memprobe_tracker_run_oom_retry(memprobe_tracker *tracker, memprobe_step_fn step, void *user_data, uint32_t max_retries, memprobe_oom_report *out, uint64_t *freed, size_t n_freed);
+memprobe_status memprobe_tracker_run_oom_retry(memprobe_tracker *tracker, memprobe_step_fn step, void *user_data, uint32_t max_retries, memprobe_oom_retry_result *out, uint64_t *freed, size_t n_freed);
 
 /**
  * Opens a peak window over `sources[0..n_sources]`. Windows are concurrent,
@@ -1879,3 +1882,35 @@ memprobe_status memprobe_window_free(memprobe_window *window);
 #endif  // __cplusplus
 
 #endif  /* MEMPROBE_H */
+
+#ifndef MEMPROBE_H_DEPRECATED
+#define MEMPROBE_H_DEPRECATED
+#if defined(__GNUC__) || defined(__clang__)
+#define MEMPROBE_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define MEMPROBE_DEPRECATED(msg)
+#endif
+
+/**
+ * Deprecated (0.2.0), removed in 0.3.0: the old name of
+ * memprobe_oom_retry_result, the result of memprobe_tracker_run_oom_retry
+ * (the OOM retry; the OOM report is memprobe_tracker_set_oom_report's).
+ * Using it warns with GCC and Clang.
+ */
+typedef memprobe_oom_retry_result memprobe_oom_report
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_retry_result; removed in 0.3.0");
+
+/**
+ * Deprecated (0.2.0), removed in 0.3.0: the old names of the OOM report's
+ * structs, memprobe_oom_report_event, memprobe_oom_report_cache and
+ * memprobe_oom_report_status (every OOM name without "retry" or "kill" is
+ * the OOM report's).
+ */
+typedef memprobe_oom_report_event memprobe_oom_event
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_report_event; removed in 0.3.0");
+typedef memprobe_oom_report_cache memprobe_oom_cache
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_report_cache; removed in 0.3.0");
+typedef memprobe_oom_report_status memprobe_oom_status
+    MEMPROBE_DEPRECATED("renamed memprobe_oom_report_status; removed in 0.3.0");
+
+#endif  /* MEMPROBE_H_DEPRECATED */

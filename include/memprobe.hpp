@@ -652,6 +652,10 @@ public:
 /** What a step run under Tracker::run_oom_retry reports. */
 enum class StepOutcome { Done, OutOfMemory };
 
+/** What Tracker::run_oom_retry did: the OOM retry's result (not an OOM
+ *  report; docs/architecture.md, "One name per OOM meaning"). */
+using OomRetryResult = memprobe_oom_retry_result;
+
 /** How a tracker reports out-of-memory (Tracker::set_oom_report; docs/oom.md).
  *  At least one trigger and one destination. */
 struct OomReportOptions {
@@ -845,18 +849,18 @@ public:
      *  crosses the C ABI). Still out of memory after every retry: Error with
      *  MEMPROBE_STATUS_OUT_OF_MEMORY (the non-throwing overload returns the
      *  report with that status). */
-    memprobe_oom_report run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries) {
+    OomRetryResult run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries) {
         Status st;
-        memprobe_oom_report r = run_oom_retry_status(step, max_retries, st);
+        OomRetryResult r = run_oom_retry_status(step, max_retries, st);
         detail::rethrow_pending();
         if (!st) throw Error(st.code, st.message);
         return r;
     }
     /** Non-throwing run_oom_retry; exceptions from the step or a release
      *  callback are dropped (the status says the call failed). */
-    memprobe_oom_report run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries,
+    OomRetryResult run_oom_retry(std::function<StepOutcome()> step, std::uint32_t max_retries,
                                       Status &st) noexcept {
-        memprobe_oom_report r = run_oom_retry_status(step, max_retries, st);
+        OomRetryResult r = run_oom_retry_status(step, max_retries, st);
         detail::pending() = nullptr;
         return r;
     }
@@ -895,13 +899,13 @@ public:
                                                   detail.empty() ? nullptr : detail.c_str()));
     }
     /** report_oom with everything the reporter knows (struct_size is set here). */
-    void report_oom(memprobe_oom_event event) {
+    void report_oom(memprobe_oom_report_event event) {
         event.struct_size = sizeof event;
         detail::check(memprobe_tracker_report_oom_event(h_, &event));
     }
     /** Where the out-of-memory report stands; throws WRONG_ORDER when none is configured. */
-    memprobe_oom_status oom_status() const {
-        memprobe_oom_status st{};
+    memprobe_oom_report_status oom_status() const {
+        memprobe_oom_report_status st{};
         detail::check(memprobe_tracker_oom_status(h_, &st));
         return st;
     }
@@ -917,9 +921,9 @@ private:
             /* It may run on any thread (the driver's trigger): nowhere to rethrow. */
         }
     }
-    memprobe_oom_report run_oom_retry_status(std::function<StepOutcome()> &step, std::uint32_t max_retries,
+    OomRetryResult run_oom_retry_status(std::function<StepOutcome()> &step, std::uint32_t max_retries,
                                              Status &st) noexcept {
-        memprobe_oom_report r{};
+        OomRetryResult r{};
         detail::store(st, memprobe_tracker_run_oom_retry(h_, &Tracker::call_step, &step, max_retries, &r, nullptr, 0));
         return r;
     }

@@ -153,7 +153,7 @@ func (t *Tracker) ReportOOM(device int32, requestedBytes uint64, detail string) 
 
 // ReportOOMEvent is ReportOOM with everything the reporter knows.
 func (t *Tracker) ReportOOMEvent(e OOMEvent) error {
-	var c C.memprobe_oom_event
+	var c C.memprobe_oom_report_event
 	c.struct_size = C.uint32_t(unsafe.Sizeof(c))
 	c.device = C.int32_t(e.Device)
 	c.requested_bytes = C.uint64_t(e.RequestedBytes)
@@ -166,15 +166,15 @@ func (t *Tracker) ReportOOMEvent(e OOMEvent) error {
 		c.device_total_bytes = C.uint64_t(e.DeviceTotalBytes)
 		c.device_free_bytes = C.uint64_t(e.DeviceFreeBytes)
 	}
-	var caches *C.memprobe_oom_cache
+	var caches *C.memprobe_oom_report_cache
 	if len(e.Caches) > 0 {
 		// C memory: the struct holding the pointer goes to C.
-		size := C.size_t(len(e.Caches)) * C.size_t(unsafe.Sizeof(C.memprobe_oom_cache{}))
-		caches = (*C.memprobe_oom_cache)(C.malloc(size))
+		size := C.size_t(len(e.Caches)) * C.size_t(unsafe.Sizeof(C.memprobe_oom_report_cache{}))
+		caches = (*C.memprobe_oom_report_cache)(C.malloc(size))
 		defer C.free(unsafe.Pointer(caches))
 		arr := unsafe.Slice(caches, len(e.Caches))
 		for i, k := range e.Caches {
-			arr[i] = C.memprobe_oom_cache{
+			arr[i] = C.memprobe_oom_report_cache{
 				device:           C.uint32_t(k.Device),
 				valid:            C.uint32_t(k.Valid),
 				reserved_bytes:   C.uint64_t(k.ReservedBytes),
@@ -193,7 +193,7 @@ func (t *Tracker) ReportOOMEvent(e OOMEvent) error {
 // OOMStatus says where the out-of-memory report stands; ErrWrongOrder
 // when none is configured.
 func (t *Tracker) OOMStatus() (OOMStatus, error) {
-	var st C.memprobe_oom_status
+	var st C.memprobe_oom_report_status
 	err := t.do(func(h *C.memprobe_tracker) C.memprobe_status {
 		return C.memprobe_tracker_oom_status(h, &st)
 	})

@@ -40,7 +40,7 @@ memprobe_status mpgo_tracker_add_release(memprobe_tracker *tracker, const char *
 }
 
 memprobe_status mpgo_tracker_run_oom_retry(memprobe_tracker *tracker, uintptr_t id, uint32_t max_retries,
-                                           memprobe_oom_report *out, uint64_t *freed, size_t n_freed) {
+                                           memprobe_oom_retry_result *out, uint64_t *freed, size_t n_freed) {
     return memprobe_tracker_run_oom_retry(tracker, step_trampoline, (void *)id, max_retries, out, freed, n_freed);
 }
 

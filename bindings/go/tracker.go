@@ -7,7 +7,7 @@ package memprobe
 memprobe_status mpgo_tracker_add_callback_sink(memprobe_tracker *tracker, uintptr_t id);
 memprobe_status mpgo_tracker_add_release(memprobe_tracker *tracker, const char *name, uint32_t kind, uintptr_t id);
 memprobe_status mpgo_tracker_run_oom_retry(memprobe_tracker *tracker, uintptr_t id, uint32_t max_retries,
-                                           memprobe_oom_report *out, uint64_t *freed, size_t n_freed);
+                                           memprobe_oom_retry_result *out, uint64_t *freed, size_t n_freed);
 */
 import "C"
 
@@ -101,14 +101,21 @@ type LeakStatus struct {
 	LastGrowth int64
 }
 
-// OOMReport is what RunOOMRetry did.
-type OOMReport struct {
+// OOMRetryResult is what RunOOMRetry did: the OOM retry's result (not an
+// OOM report, which is SetOOMReport's).
+type OOMRetryResult struct {
 	Succeeded bool
 	Retries   uint32
 	// Freed is the bytes freed per source by the releases between attempts.
 	Freed      []uint64
 	FreedBytes uint64
 }
+
+// OOMReport is the old name of OOMRetryResult.
+//
+// Deprecated: use OOMRetryResult (an OOM report is SetOOMReport's). Removed
+// in 0.3.0.
+type OOMReport = OOMRetryResult
 
 type recordSink struct{ fn func(PhaseRecord) }
 
@@ -353,21 +360,21 @@ func (t *Tracker) LeakStatus(i int) (LeakStatus, error) {
 // RunOOMRetry is fastai's gpu_mem_restore as a loop: it runs step; when
 // step reports oom, it runs every release callback (GC included) and
 // retries, at most maxRetries times. An error from step stops it and is
-// returned. When the last try still ran out of memory the report (Succeeded
+// returned. When the last try still ran out of memory the result (Succeeded
 // false) comes with ErrOutOfMemory. step must not call this tracker.
-func (t *Tracker) RunOOMRetry(step func() (oom bool, err error), maxRetries uint32) (OOMReport, error) {
+func (t *Tracker) RunOOMRetry(step func() (oom bool, err error), maxRetries uint32) (OOMRetryResult, error) {
 	st := &stepState{fn: step}
 	id := callbacks.add(st)
 	defer callbacks.del(id)
-	var rep C.memprobe_oom_report
+	var rep C.memprobe_oom_retry_result
 	freed := make([]C.uint64_t, len(t.sources))
 	err := t.do(func(h *C.memprobe_tracker) C.memprobe_status {
 		return C.mpgo_tracker_run_oom_retry(h, C.uintptr_t(id), C.uint32_t(maxRetries), &rep, &freed[0], C.size_t(len(freed)))
 	})
 	if st.err != nil {
-		return OOMReport{}, st.err
+		return OOMRetryResult{}, st.err
 	}
-	out := OOMReport{Succeeded: bool(rep.succeeded), Retries: uint32(rep.retries), FreedBytes: uint64(rep.freed_bytes)}
+	out := OOMRetryResult{Succeeded: bool(rep.succeeded), Retries: uint32(rep.retries), FreedBytes: uint64(rep.freed_bytes)}
 	for _, f := range freed {
 		out.Freed = append(out.Freed, uint64(f))
 	}

@@ -219,6 +219,12 @@ func TestTrackerLeaksAndOOM(t *testing.T) {
 	if !errors.Is(inner, ErrWrongOrder) {
 		t.Fatal(inner)
 	}
+	// OOMReport, the old name (deprecated until 0.3.0), is the same type.
+	var old OOMReport = rep
+	var renamed OOMRetryResult = old
+	if renamed.Retries != rep.Retries || renamed.Succeeded != rep.Succeeded {
+		t.Fatalf("%+v", renamed)
+	}
 }
 
 func TestTrackerExactStepPeak(t *testing.T) {

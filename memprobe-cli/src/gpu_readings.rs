@@ -28,12 +28,12 @@ pub(crate) struct GpuReading {
     /// Memory reserved by the driver, where the backend reports it apart.
     pub(crate) reserved_bytes: Option<u64>,
     /// The compute processes on this device.
-    pub(crate) processes: Vec<GpuProcess>,
+    pub(crate) processes: Vec<GpuProcessReading>,
 }
 
 /// One process's use of one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub(crate) struct GpuProcess {
+pub(crate) struct GpuProcessReading {
     /// Process id, as seen in this PID namespace.
     pub(crate) pid: u32,
     /// Device memory the process uses; `None` where the driver does not say
@@ -66,7 +66,7 @@ pub(crate) fn read_gpus() -> Result<Vec<GpuReading>, String> {
                 .processes()
                 .unwrap_or_default()
                 .into_iter()
-                .map(|p| GpuProcess {
+                .map(|p| GpuProcessReading {
                     pid: p.pid,
                     used_bytes: p.used,
                 })

@@ -229,11 +229,11 @@ mod tests {
             free_bytes: 70 << 30,
             reserved_bytes: Some(512 << 20),
             processes: vec![
-                gpu_readings::GpuProcess {
+                gpu_readings::GpuProcessReading {
                     pid: 1,
                     used_bytes: Some(9 << 30),
                 },
-                gpu_readings::GpuProcess {
+                gpu_readings::GpuProcessReading {
                     pid: 2,
                     used_bytes: None,
                 },

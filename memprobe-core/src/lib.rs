@@ -1,7 +1,7 @@
 //! memprobe-core: the model of memprobe.
 //!
 //! - [`Sampler`]s read one source each: this process ([`process`]), its
-//!   process tree ([`tree`]), system RAM ([`system`]), the container's
+//!   process tree ([`process_tree`]), system RAM ([`system`]), the container's
 //!   [`cgroup`], PSS/USS of this process ([`smaps`]) and of its tree
 //!   ([`tree_smaps`]), custom [`callback`]s; GPU samplers live
 //!   in memprobe-gpu.
@@ -32,8 +32,10 @@ mod mark;
 pub mod monitor;
 pub mod observer;
 pub mod oom_report;
+pub mod oom_retry;
 pub mod phase;
 pub mod process;
+pub mod process_tree;
 mod procfs;
 pub mod release;
 pub mod run_channel;
@@ -46,8 +48,15 @@ pub mod source;
 pub mod system;
 pub mod trace;
 pub mod tracker;
-pub mod tree;
 pub mod tree_smaps;
+
+/// The old name of [`process_tree`], renamed so that "tree" names one
+/// thing per crate (the interposer reader's GPU tree counter is
+/// `tree_counter`).
+#[deprecated(since = "0.2.0", note = "renamed process_tree; removed in 0.3.0")]
+pub mod tree {
+    pub use crate::process_tree::*;
+}
 pub mod units;
 mod window;
 
@@ -55,6 +64,9 @@ pub use delta::{b2mb, deltas, SourceDelta};
 pub use error::{Error, ErrorKind, Result};
 pub use mark::{MarkGroup, MarkValue, Marks};
 pub use observer::{PhaseBegun, PhaseObserver};
+#[allow(deprecated)]
+pub use oom_retry::OomReport;
+pub use oom_retry::{OomRetryResult, StepOutcome};
 pub use phase::{PhaseInfo, PhaseKind};
 pub use run_channel::RunChannel;
 pub use sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
@@ -62,5 +74,5 @@ pub use sampler::Sampler;
 pub use sink::{NoopSink, Record, Sink, SnapshotSink};
 pub use source::Source;
 pub use trace::{Trace, TraceGuard, TraceOptions};
-pub use tracker::{OomReport, StepOutcome, Tracker};
+pub use tracker::Tracker;
 pub use window::Window;

@@ -14,6 +14,7 @@ use crate::oom_report::{
     self, FailedAllocation, OomLocation, OomOutcome, OomReportOptions, OomReporter, OomTrigger,
     OpenPhase,
 };
+use crate::oom_retry::{OomRetryResult, StepOutcome};
 use crate::phase::{PhaseInfo, PhaseKind};
 use crate::release::{
     self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser,
@@ -33,41 +34,6 @@ struct Open {
     kind: PhaseKind,
     name: String,
     window: Window,
-}
-
-/// What a step run under [`Tracker::run_with_oom_retry`] reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepOutcome {
-    /// The step completed.
-    Done,
-    /// The step ran out of memory; release caches and retry.
-    OutOfMemory,
-}
-
-/// The result of [`Tracker::run_with_oom_retry`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OomReport {
-    /// Whether the step finally completed.
-    pub succeeded: bool,
-    /// How many retries it took (0: it succeeded at once).
-    pub retries: u32,
-    /// The releases run between attempts.
-    pub releases: Vec<ReleaseEvent>,
-}
-
-impl OomReport {
-    /// Bytes freed per source, summed over the releases.
-    pub fn freed(&self) -> Vec<u64> {
-        let mut total: Vec<u64> = Vec::new();
-        for e in &self.releases {
-            let f = e.freed();
-            total.resize(f.len().max(total.len()), 0);
-            for (t, v) in total.iter_mut().zip(f) {
-                *t = t.saturating_add(v);
-            }
-        }
-        total
-    }
 }
 
 /// Tracks the phases of a training loop over a set of sources.
@@ -501,8 +467,8 @@ impl Tracker {
         &mut self,
         mut step: impl FnMut() -> Result<StepOutcome>,
         max_retries: u32,
-    ) -> Result<OomReport> {
-        let mut report = OomReport {
+    ) -> Result<OomRetryResult> {
+        let mut report = OomRetryResult {
             succeeded: false,
             retries: 0,
             releases: Vec::new(),

@@ -26,11 +26,11 @@
 //! short, never overshoot.)
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::process_tree::{process_rss, ProcessTree};
 use crate::procfs;
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
 use crate::smaps::{SmapsMetric, SmapsRollup};
-use crate::tree::{process_rss, ProcessTree};
 use std::collections::HashMap;
 use std::fs::File;
 

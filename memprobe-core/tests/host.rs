@@ -161,7 +161,7 @@ fn process_tree_includes_children() {
                 .unwrap()
         })
         .collect();
-    let pids = memprobe_core::tree::descendants(std::process::id());
+    let pids = memprobe_core::process_tree::descendants(std::process::id());
     for k in &kids {
         assert!(
             pids.contains(&k.id()),

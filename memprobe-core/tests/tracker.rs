@@ -433,6 +433,19 @@ fn oom_retry_releases_and_retries() {
     assert_eq!(e.message(), "boom", "other errors pass through");
 }
 
+/// The OOM retry's result under its old name (deprecated until 0.3.0): the
+/// same type, so code written against it still builds.
+#[test]
+#[allow(deprecated)]
+fn oom_retry_result_old_name_is_the_same_type() {
+    let cpu = pushed("cpu", 100 * MIB);
+    let mut t = Tracker::new(std::slice::from_ref(&cpu)).unwrap();
+    let r: memprobe_core::OomReport = t.run_with_oom_retry(|| Ok(StepOutcome::Done), 1).unwrap();
+    let new: memprobe_core::OomRetryResult = r.clone();
+    assert_eq!((new.succeeded, new.retries), (true, 0));
+    assert_eq!(r, new);
+}
+
 #[test]
 fn leak_flag_on_and_off() {
     let cpu = pushed("cpu", 100 * MIB);

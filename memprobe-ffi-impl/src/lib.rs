@@ -18,7 +18,7 @@ pub mod handle;
 pub mod mark;
 pub mod metrics;
 pub mod monitor;
-pub mod oom;
+pub mod oom_report;
 pub mod source;
 pub mod status;
 pub mod trace;

@@ -565,11 +565,13 @@ pub extern "C" fn memprobe_tracker_leak_status(
 #[allow(non_camel_case_types)]
 pub type memprobe_step_fn = Option<unsafe extern "C" fn(user_data: *mut c_void) -> i32>;
 
-/// What memprobe_tracker_run_oom_retry did.
+/// What memprobe_tracker_run_oom_retry did: the OOM retry's result (not an
+/// OOM report). Its old name, memprobe_oom_report, is a deprecated typedef
+/// until 0.3.0 (the header's trailer).
 #[repr(C)]
 #[derive(Default)]
 #[allow(non_camel_case_types)]
-pub struct memprobe_oom_report {
+pub struct memprobe_oom_retry_result {
     /// Whether the step finally completed.
     pub succeeded: bool,
     /// Retries it took (0 = succeeded at once).
@@ -594,7 +596,7 @@ pub extern "C" fn memprobe_tracker_run_oom_retry(
     step: memprobe_step_fn,
     user_data: *mut c_void,
     max_retries: u32,
-    out: *mut memprobe_oom_report,
+    out: *mut memprobe_oom_retry_result,
     freed: *mut u64,
     n_freed: usize,
 ) -> memprobe_status {
@@ -603,7 +605,7 @@ pub extern "C" fn memprobe_tracker_run_oom_retry(
         let step = step.ok_or_else(|| crate::boundary::null("step"))?;
         let t = get(tracker)?;
         let data = UserData::new(user_data);
-        let report = t.lock()?.run_with_oom_retry(
+        let result = t.lock()?.run_with_oom_retry(
             || {
                 // SAFETY: the caller's function and data.
                 match unsafe { step(data.get()) } {
@@ -617,21 +619,21 @@ pub extern "C" fn memprobe_tracker_run_oom_retry(
             },
             max_retries,
         )?;
-        let f = report.freed();
-        *slot = memprobe_oom_report {
-            succeeded: report.succeeded,
-            retries: report.retries,
+        let f = result.freed();
+        *slot = memprobe_oom_retry_result {
+            succeeded: result.succeeded,
+            retries: result.retries,
             freed_bytes: f.iter().copied().fold(0u64, u64::saturating_add),
         };
         opt_out_array(freed, n_freed, f);
-        if report.succeeded {
+        if result.succeeded {
             Ok(())
         } else {
             Err(FfiError::new(
                 memprobe_status::OutOfMemory,
                 format!(
                     "the step still ran out of memory after {} retries",
-                    report.retries
+                    result.retries
                 ),
             ))
         }

@@ -1,5 +1,5 @@
 //! Exact GPU sources: this process's device memory as the driver-API
-//! interposer (`libmemprobe_interpose.so`, crate `memprobe-interpose`)
+//! interposer (`libmemprobe_interpose.so`, crate `memprobe-interpose-reader`)
 //! counts it at every allocation and free.
 //!
 //! Each source claims one high-water mark of its own in the interposer's
@@ -12,7 +12,7 @@
 //! own and never resets these.
 
 use memprobe_core::{fork, Error, ErrorKind, Marks, Result, Source, SourceKind};
-use memprobe_interpose::{Counter, Mark, Region};
+use memprobe_interpose_reader::{Counter, Mark, Region};
 
 /// How to get the interposer loaded, for the errors below.
 pub(crate) const HOW_TO_LOAD: &str =
@@ -34,7 +34,7 @@ pub fn gpu_exact_source(device: u32) -> Result<Source> {
             ErrorKind::InvalidId,
             format!(
                 "GPU device {device}: the interposer counts devices 0..{}",
-                memprobe_interpose::layout::MAX_DEVICES
+                memprobe_interpose_reader::layout::MAX_DEVICES
             ),
         ));
     }
@@ -71,9 +71,10 @@ fn claim() -> Result<Mark> {
     region.mark().map_err(|e| unavailable(&e))
 }
 
-pub(crate) fn unavailable(e: &memprobe_interpose::Error) -> Error {
+pub(crate) fn unavailable(e: &memprobe_interpose_reader::Error) -> Error {
     match e {
-        memprobe_interpose::Error::NotLoaded | memprobe_interpose::Error::Disabled => {
+        memprobe_interpose_reader::Error::NotLoaded
+        | memprobe_interpose_reader::Error::Disabled => {
             Error::unavailable(format!("exact GPU counts: {e}; {HOW_TO_LOAD}"))
         }
         _ => Error::unavailable(format!("exact GPU counts: {e}")),

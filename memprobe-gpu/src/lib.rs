@@ -122,14 +122,14 @@ mod cache_release;
 mod config;
 mod cudart;
 mod device;
-mod driver_oom;
 mod exact;
 mod fastai;
 mod gpus;
 mod memory;
 mod nvml;
 mod nvml_error;
-mod oom_forensics;
+mod oom_report_driver;
+mod oom_report_gpu;
 mod outcome;
 mod own_pid;
 mod panic_guard;
@@ -143,10 +143,6 @@ pub use config::{
     ENV_NVML_LIBRARY,
 };
 pub use device::{DeviceHandle, DeviceInfo};
-pub use driver_oom::{
-    configure_oom_report, driver_oom_available, subscribe_driver_oom, DriverOom,
-    DriverOomSubscription, TRACKER_WAIT,
-};
 pub use exact::{gpu_exact_host_pinned_source, gpu_exact_source};
 pub use fastai::{
     b2mb, gpu_mem_get, gpu_mem_get_all, gpu_mem_get_free, gpu_mem_get_free_no_cache,
@@ -155,7 +151,11 @@ pub use fastai::{
 };
 pub use gpus::Gpus;
 pub use memory::GpuMemory;
-pub use oom_forensics::GpuOomForensics;
+pub use oom_report_driver::{
+    configure_oom_report, driver_oom_available, subscribe_driver_oom, DriverOom,
+    DriverOomSubscription, TRACKER_WAIT,
+};
+pub use oom_report_gpu::GpuOomForensics;
 pub use outcome::Outcome;
 pub use process::{GpuProcess, GpuProcessKind, GpuProcessMemory};
 pub use sampler::{device_sampler, process_sampler};

@@ -27,13 +27,13 @@ impl Sampler for DeviceSampler {
 
 /// Samples this process's memory on one device (`gpu<id>.proc`): `used`,
 /// and the device's size as `total`.
-struct ProcessSampler {
+struct GpuProcessSampler {
     handle: DeviceHandle,
     name: String,
     total: u64,
 }
 
-impl Sampler for ProcessSampler {
+impl Sampler for GpuProcessSampler {
     fn info(&self) -> SourceInfo {
         SourceInfo {
             name: self.name.clone(),
@@ -82,7 +82,7 @@ impl Gpus {
         let handle = self.device(id)?;
         let total = handle.memory()?.total;
         handle.process_memory()?;
-        Ok(Box::new(ProcessSampler {
+        Ok(Box::new(GpuProcessSampler {
             name: format!("gpu{id}.proc"),
             handle,
             total,

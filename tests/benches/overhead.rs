@@ -363,7 +363,7 @@ fn main() {
             .expect("spawn sh");
         std::thread::sleep(std::time::Duration::from_millis(200));
         let tree = Source::from_sampler(Box::new(
-            memprobe_core::tree::ProcessTreeSampler::at(root.id()).unwrap(),
+            memprobe_core::process_tree::ProcessTreeSampler::at(root.id()).unwrap(),
         ));
         children.push(root);
         add(

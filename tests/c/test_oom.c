@@ -63,8 +63,8 @@ static void options(memprobe_oom_report_options *o, uint32_t triggers, const cha
  * before configuration. */
 static void bad_input(memprobe_tracker *t) {
     memprobe_oom_report_options o;
-    memprobe_oom_status st;
-    memprobe_oom_event e;
+    memprobe_oom_report_status st;
+    memprobe_oom_report_event e;
     memprobe_tracker *forged = (memprobe_tracker *)(uintptr_t)0x4bffffff00000001ULL;
     struct {
         memprobe_oom_report_options o;
@@ -161,9 +161,9 @@ int main(void) {
     memprobe_source *alloc, *rss;
     memprobe_tracker *t;
     memprobe_oom_report_options o;
-    memprobe_oom_status st;
-    memprobe_oom_event e;
-    memprobe_oom_cache caches[2];
+    memprobe_oom_report_status st;
+    memprobe_oom_report_event e;
+    memprobe_oom_report_cache caches[2];
     const char *env = getenv("OOM_TEST_DIR");
     const char *report = NULL;
     int json_fd, summary_fd, i;

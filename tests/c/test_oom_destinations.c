@@ -52,7 +52,7 @@ static int sigpipe_pending(void) {
 
 static void paths(memprobe_tracker *t) {
     memprobe_oom_report_options o;
-    memprobe_oom_status st;
+    memprobe_oom_report_status st;
     options(&o, in_dir("not-yet/"));
     EXPECT(memprobe_tracker_set_oom_report(t, &o), MEMPROBE_STATUS_INVALID_ARGUMENT);
     CHECK(error_has("ends with '/'"));
@@ -68,7 +68,7 @@ static void paths(memprobe_tracker *t) {
 
 static void pipe_without_reader(memprobe_tracker *t, memprobe_source *alloc) {
     memprobe_oom_report_options o;
-    memprobe_oom_status st;
+    memprobe_oom_report_status st;
     memprobe_trace *trace;
     int fd = broken_pipe();
     CHECK(fd > 2);
@@ -107,8 +107,8 @@ static int32_t always_oom(void *user_data) {
 
 static void retries_exhausted(memprobe_tracker *t) {
     memprobe_oom_report_options o;
-    memprobe_oom_report r;
-    memprobe_oom_status st;
+    memprobe_oom_retry_result r;
+    memprobe_oom_report_status st;
     FILE *f;
     char buf[65536];
     size_t n;

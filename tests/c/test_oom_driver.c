@@ -111,7 +111,7 @@ static void interposed(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     memprobe_source *exact = NULL, *alloc = NULL;
     memprobe_tracker *t = NULL, *t2 = NULL;
-    memprobe_oom_status st;
+    memprobe_oom_report_status st;
     CUcontext ctx;
     CUdeviceptr base, p;
     int d, i;
@@ -256,7 +256,7 @@ static void unavailable(const char *why) {
     memprobe_source *s = NULL;
     memprobe_tracker *t = NULL;
     memprobe_oom_report_options o;
-    memprobe_oom_status st;
+    memprobe_oom_report_status st;
     OK(memprobe_source_new_pushed("x", &s));
     OK(memprobe_tracker_new((const memprobe_source *const *)&s, 1, &t));
     memset(&o, 0, sizeof o);

@@ -172,7 +172,7 @@ int main(void) {
     bool flagged = true;
     uint32_t streak = 99;
     int64_t growth = 0;
-    memprobe_oom_report oom;
+    memprobe_oom_retry_result oom;
     char *text;
 
     signal(SIGPIPE, SIG_IGN); /* a table sink writing to a pipe with no reader */

@@ -115,7 +115,7 @@ int main() {
         CHECK(threw);
         t.end(PhaseKind::Step);
         int attempts = 0;
-        memprobe_oom_report r = t.run_oom_retry([&] { return ++attempts < 3 ? StepOutcome::OutOfMemory : StepOutcome::Done; }, 4);
+        OomRetryResult r = t.run_oom_retry([&] { return ++attempts < 3 ? StepOutcome::OutOfMemory : StepOutcome::Done; }, 4);
         CHECK(r.succeeded && r.retries == 2 && released == 4);
     }
     // Empty source lists are INVALID_ARGUMENT, not NULL_POINTER.
@@ -177,7 +177,7 @@ int main() {
             return true;
         });
         int attempts = 0;
-        memprobe_oom_report r = t.run_oom_retry(
+        OomRetryResult r = t.run_oom_retry(
             [&] {
                 if (++attempts < 3) throw std::bad_alloc();
                 return StepOutcome::Done;

@@ -93,7 +93,7 @@ int main() {
         t.report_oom(0, 12 * GIB, "retry");
     }
     CHECK(calls == 1);
-    memprobe_oom_status st = t.oom_status();
+    memprobe_oom_report_status st = t.oom_status();
     CHECK(!st.armed && st.reports_written == 1 && st.later_triggers == 1);
     std::string doc = slurp(path);
     CHECK(doc.find("\"requested_bytes\":12884901888") != std::string::npos);
@@ -103,13 +103,13 @@ int main() {
 
     t.rearm_oom_report();
     CHECK(slurp(path).find("\"later_triggers\":{\"count\":1,") != std::string::npos);
-    memprobe_oom_cache cache{};
+    memprobe_oom_report_cache cache{};
     cache.device = 0;
     cache.valid = MEMPROBE_OOM_CACHE_RESERVED | MEMPROBE_OOM_CACHE_ALLOCATED | MEMPROBE_OOM_CACHE_RELEASABLE;
     cache.reserved_bytes = 40 * GIB;
     cache.allocated_bytes = 30 * GIB;
     cache.releasable_bytes = 6 * GIB;
-    memprobe_oom_event e{};
+    memprobe_oom_report_event e{};
     e.device = 0;
     e.requested_bytes = 12 * GIB;
     e.reported_by = "c10";

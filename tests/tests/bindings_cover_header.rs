@@ -289,7 +289,7 @@ fn julia_problems(jl: &str, header: &str) -> Vec<String> {
     let mut checked_structs = 0;
     let lines: Vec<&str> = jl.lines().collect();
     for (n, line) in lines.iter().enumerate() {
-        let at = format!("MemProbe.jl:{}", n + 1);
+        let at = format!("MemProbe.jl (its includes in place):{}", n + 1);
         let (code, comment) = match line.split_once('#') {
             Some((c, m)) => (c.trim(), Some(m.trim())),
             None => (line.trim(), None),
@@ -443,10 +443,40 @@ fn julia_problems(jl: &str, header: &str) -> Vec<String> {
     problems
 }
 
+/// MemProbe.jl with each `include("file.jl")` line replaced by that file
+/// (the module is split into a file per concept, in src/).
+fn julia_module_text() -> String {
+    let src = root().join("bindings/julia/src");
+    let module = std::fs::read_to_string(src.join("MemProbe.jl")).unwrap();
+    let mut out = String::new();
+    let mut included = 0;
+    for line in module.lines() {
+        let file = line
+            .trim()
+            .strip_prefix("include(\"")
+            .and_then(|r| r.strip_suffix("\")"));
+        match file {
+            Some(f) => {
+                let path = src.join(f);
+                out += &std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("MemProbe.jl includes {}: {e}", path.display()));
+                included += 1;
+            }
+            None => out += line,
+        }
+        out.push('\n');
+    }
+    assert!(
+        included > 0,
+        "MemProbe.jl includes no file: the reader no longer matches it"
+    );
+    out
+}
+
 #[test]
 fn julia_constants_and_struct_layouts_match_the_header() {
     let header = std::fs::read_to_string(root().join("include/memprobe.h")).unwrap();
-    let jl = std::fs::read_to_string(root().join("bindings/julia/src/MemProbe.jl")).unwrap();
+    let jl = julia_module_text();
     let problems = julia_problems(&jl, &header);
     assert!(
         problems.is_empty(),

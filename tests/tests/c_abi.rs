@@ -206,3 +206,37 @@ fn out_of_memory_report_destinations_refused_broken_and_retried() {
     check_all_ways("test_oom_destinations.c", &[("OOM_TEST_DIR", &shown)]);
     assert_reports_valid(&dir, &["piped.json", "retry.json"]);
 }
+
+/// The deprecated C names (memprobe_oom_report, memprobe_oom_status,
+/// memprobe_oom_event, memprobe_oom_cache, until 0.3.0) still build and
+/// work, and using each gives a deprecation warning.
+#[test]
+fn deprecated_names_build_work_and_warn() {
+    let name = "test_deprecated_names.c";
+    let dir = scratch(name);
+    let plain = dir.join("plain");
+    let built = compile(
+        &source(name),
+        &plain,
+        Build::Plain,
+        &["-Wno-error=deprecated-declarations"],
+    );
+    let warnings = String::from_utf8_lossy(&built.stderr);
+    for old in [
+        "memprobe_oom_report",
+        "memprobe_oom_status",
+        "memprobe_oom_event",
+        "memprobe_oom_cache",
+    ] {
+        assert!(
+            // The compiler quotes the name with ' or, in a UTF-8 locale, with ’.
+            warnings.lines().any(|l| l.contains("deprecated")
+                && (l.contains(&format!("{old}'")) || l.contains(&format!("{old}\u{2019}")))),
+            "no deprecation warning for {old}:\n{warnings}"
+        );
+    }
+    let o = run(&plain, &[], &[]);
+    assert_ok(name, &o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(" passed, 0 failed"), "{name}: {out}");
+}

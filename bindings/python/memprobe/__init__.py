@@ -20,9 +20,9 @@ MiB. Failures raise :class:`MemprobeError` subclasses carrying the status.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from . import gpu, monitor
+from . import _deprecated, gpu, monitor
 from ._ffi import FOUND_BY as _FOUND_BY
 from ._ffi import LIBRARY_PATH as _LIBRARY_PATH
 from ._ffi import C as _C
@@ -59,14 +59,18 @@ from .trace import Trace, mem_trace
 from .tracker import (
     LeakStatus,
     OomCache,
-    OomReport,
     OomReportStatus,
+    OomRetryResult,
     PhaseKind,
     PhaseRecord,
     Tracker,
 )
 from .units import MiB, b2mb
 from .windows import Delta, Window
+
+
+def __getattr__(name: str) -> Any:
+    return _deprecated.old_name(__name__, name, globals())
 
 
 def library_path() -> str:
@@ -124,8 +128,8 @@ __all__ = [
     "MonitorStats",
     "NullPointerError",
     "OomCache",
-    "OomReport",
     "OomReportStatus",
+    "OomRetryResult",
     "OutOfMemoryError",
     "PanicError",
     "ParseError",

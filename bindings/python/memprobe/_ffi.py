@@ -159,7 +159,7 @@ class memprobe_phase_record(Structure):
     ]
 
 
-class memprobe_oom_report(Structure):
+class memprobe_oom_retry_result(Structure):
     _fields_ = [("succeeded", c_bool), ("retries", c_uint32), ("freed_bytes", c_uint64)]
 
 
@@ -180,7 +180,7 @@ class memprobe_oom_report_options(Structure):
     ]
 
 
-class memprobe_oom_cache(Structure):
+class memprobe_oom_report_cache(Structure):
     _fields_ = [
         ("device", c_uint32),
         ("valid", c_uint32),
@@ -190,7 +190,7 @@ class memprobe_oom_cache(Structure):
     ]
 
 
-class memprobe_oom_event(Structure):
+class memprobe_oom_report_event(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
         ("device", c_int32),
@@ -201,11 +201,11 @@ class memprobe_oom_event(Structure):
         ("n_caches", c_uint32),
         ("device_total_bytes", c_uint64),
         ("device_free_bytes", c_uint64),
-        ("caches", POINTER(memprobe_oom_cache)),
+        ("caches", POINTER(memprobe_oom_report_cache)),
     ]
 
 
-class memprobe_oom_status(Structure):
+class memprobe_oom_report_status(Structure):
     _fields_ = [
         ("armed", c_bool),
         ("triggers", c_uint32),
@@ -377,8 +377,8 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     ),
     "memprobe_tracker_set_oom_report": (status_t, [handle_t, P(memprobe_oom_report_options)]),
     "memprobe_tracker_report_oom": (status_t, [handle_t, c_int32, c_uint64, c_char_p]),
-    "memprobe_tracker_report_oom_event": (status_t, [handle_t, P(memprobe_oom_event)]),
-    "memprobe_tracker_oom_status": (status_t, [handle_t, P(memprobe_oom_status)]),
+    "memprobe_tracker_report_oom_event": (status_t, [handle_t, P(memprobe_oom_report_event)]),
+    "memprobe_tracker_oom_status": (status_t, [handle_t, P(memprobe_oom_report_status)]),
     "memprobe_tracker_rearm_oom_report": (status_t, [handle_t]),
     "memprobe_tracker_run_oom_retry": (
         status_t,
@@ -387,7 +387,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
             memprobe_step_fn,
             c_void_p,
             c_uint32,
-            P(memprobe_oom_report),
+            P(memprobe_oom_retry_result),
             P(c_uint64),
             c_size_t,
         ],

@@ -26,7 +26,7 @@ from ctypes import byref, c_bool, c_int64, c_uint32, c_uint64
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from . import _ffi
+from . import _deprecated, _ffi
 from ._ffi import C, check
 from ._owned import Owned
 from .errors import Status
@@ -124,8 +124,11 @@ class LeakStatus:
 
 
 @dataclass(frozen=True)
-class OomReport:
-    """What :meth:`Tracker.run_oom_retry` did."""
+class OomRetryResult:
+    """What :meth:`Tracker.run_oom_retry` did: the OOM retry's result (not
+    an OOM report, which is :meth:`Tracker.set_oom_report`'s and
+    :class:`OomReportStatus`'s). ``OomReport``, its old name, still works
+    with a DeprecationWarning until 0.3.0."""
 
     succeeded: bool
     retries: int
@@ -402,12 +405,12 @@ class Tracker(Owned):
         max_retries: int = 3,
         *,
         is_oom: Callable[[BaseException], bool] = default_is_oom,
-    ) -> OomReport:
+    ) -> OomRetryResult:
         """fastai's gpu_mem_restore, outside IPython: runs ``step()``; when it
         raises an out-of-memory error (``is_oom``), runs every release
         callback (GC included) and retries, at most ``max_retries`` times.
         Another exception propagates. When the step still runs out of
-        memory after every retry, the report says so (``succeeded`` False)
+        memory after every retry, the result says so (``succeeded`` False)
         instead of raising, and an out-of-memory report configured for the
         caller trigger (``set_oom_report``) is written. The step must not
         use this tracker (it runs inside the library's call)."""
@@ -425,21 +428,21 @@ class Tracker(Owned):
                 return 2
 
         cb = _ffi.memprobe_step_fn(c_step)
-        report = _ffi.memprobe_oom_report()
+        out = _ffi.memprobe_oom_retry_result()
         n = len(self._sources)
         freed = (c_uint64 * n)()
         status = C.memprobe_tracker_run_oom_retry(
-            self._handle, cb, None, int(max_retries), byref(report), freed, n
+            self._handle, cb, None, int(max_retries), byref(out), freed, n
         )
         if "error" in state:
             raise state["error"]
-        # OUT_OF_MEMORY: every retry ran out of memory; the report says so.
+        # OUT_OF_MEMORY: every retry ran out of memory; the result says so.
         if status != Status.OUT_OF_MEMORY:
             check_over(status, self._sources)
-        return OomReport(
-            succeeded=bool(report.succeeded),
-            retries=int(report.retries),
-            freed_bytes=int(report.freed_bytes),
+        return OomRetryResult(
+            succeeded=bool(out.succeeded),
+            retries=int(out.retries),
+            freed_bytes=int(out.freed_bytes),
             freed=tuple(int(x) for x in freed),
             result=state.get("result"),
         )
@@ -529,7 +532,7 @@ class Tracker(Owned):
         if reported_by is None and device_total is None and device_free is None and not caches:
             check(C.memprobe_tracker_report_oom(self._handle, int(device), int(requested_bytes), text))
             return
-        e = _ffi.memprobe_oom_event()
+        e = _ffi.memprobe_oom_report_event()
         e.struct_size = ctypes.sizeof(e)
         e.device = int(device)
         e.requested_bytes = int(requested_bytes)
@@ -543,7 +546,7 @@ class Tracker(Owned):
             valid |= _ffi.MEMPROBE_OOM_EVENT_DEVICE_FREE
             e.device_free_bytes = int(device_free)
         e.valid = valid
-        arr = (_ffi.memprobe_oom_cache * max(len(caches), 1))()
+        arr = (_ffi.memprobe_oom_report_cache * max(len(caches), 1))()
         for i, c in enumerate(caches):
             bits = 0
             for bit, value, field_name in (
@@ -563,7 +566,7 @@ class Tracker(Owned):
     def oom_status(self) -> OomReportStatus:
         """Where the out-of-memory report stands;
         :class:`~memprobe.WrongOrderError` when none is configured."""
-        st = _ffi.memprobe_oom_status()
+        st = _ffi.memprobe_oom_report_status()
         check(C.memprobe_tracker_oom_status(self._handle, byref(st)))
         try:
             last: int = Status(st.last_write_status)
@@ -592,11 +595,15 @@ class Tracker(Owned):
         return f"<memprobe.Tracker {state} over {len(self._sources)} source(s)>"
 
 
+def __getattr__(name: str) -> Any:
+    return _deprecated.old_name(__name__, name, globals())
+
+
 __all__ = [
     "LeakStatus",
     "OomCache",
-    "OomReport",
     "OomReportStatus",
+    "OomRetryResult",
     "PhaseKind",
     "PhaseRecord",
     "Tracker",

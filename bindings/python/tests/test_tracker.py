@@ -203,14 +203,15 @@ def test_oom_retry(alloc):
             return "done"
 
         report = t.run_oom_retry(step, max_retries=5)
+        assert isinstance(report, memprobe.OomRetryResult)
         assert report.succeeded and report.retries == 2 and report.result == "done"
         assert len(released) == 2
         assert report.freed == (90 * MiB,) and report.freed_bytes == 90 * MiB
 
         attempts.clear()
         # Still out of memory after every retry: the library returns
-        # MEMPROBE_STATUS_OUT_OF_MEMORY with the report written; the binding
-        # returns that report instead of raising.
+        # MEMPROBE_STATUS_OUT_OF_MEMORY with the result written; the binding
+        # returns that result instead of raising.
         released.clear()
         report = t.run_oom_retry(lambda: (_ for _ in ()).throw(MemoryError()), max_retries=1)
         assert not report.succeeded and report.retries == 1 and report.result is None
@@ -220,6 +221,25 @@ def test_oom_retry(alloc):
 
         with pytest.raises(KeyError):
             t.run_oom_retry(lambda: {}["missing"])
+
+
+def test_oom_retry_result_old_name_warns_and_is_the_same_class(alloc):
+    # OomReport, the old name, until 0.3.0: the same class, from the package
+    # and from memprobe.tracker, each use with a DeprecationWarning.
+    import memprobe.tracker
+
+    for module in (memprobe, memprobe.tracker):
+        with pytest.warns(DeprecationWarning, match="OomRetryResult.*0.3.0"):
+            old = module.OomReport
+        assert old is memprobe.OomRetryResult
+    with pytest.warns(DeprecationWarning):
+        from memprobe import OomReport  # noqa: F401
+    with Tracker(alloc) as t:
+        assert isinstance(t.run_oom_retry(lambda: None, max_retries=0), old)
+    # Not a catch-all: other missing names still fail, without a warning.
+    with pytest.raises(AttributeError):
+        memprobe.NoSuchName  # noqa: B018
+    assert "OomReport" not in memprobe.__all__
 
 
 def test_step_must_not_reenter_its_tracker(alloc):

@@ -136,7 +136,7 @@ fn top_processes(n: usize) -> String {
     let mut procs: Vec<(u64, u32)> = match all_pids() {
         Ok(pids) => pids
             .into_iter()
-            .filter_map(|pid| Some((memprobe_core::tree::process_rss(pid)?, pid)))
+            .filter_map(|pid| Some((memprobe_core::process_tree::process_rss(pid)?, pid)))
             .filter(|(rss, _)| *rss > 0)
             .collect(),
         Err(e) => return format!("processes: cannot read /proc: {e}\n"),

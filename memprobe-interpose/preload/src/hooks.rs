@@ -10,7 +10,7 @@
 // dynamic symbol table, not through Rust paths.
 #![allow(non_snake_case, unreachable_pub)]
 
-use crate::oom_hook;
+use crate::oom_report_hook;
 use crate::pools;
 use crate::real::{real, record};
 use crate::region;
@@ -212,7 +212,7 @@ fn failed(l: &Layout, rc: CUresult, counter: Option<usize>, bytes: u64, api: H) 
         .header
         .oom_events
         .load(std::sync::atomic::Ordering::SeqCst);
-    oom_hook::fire(counter, bytes, name, rc, failures, at);
+    oom_report_hook::fire(counter, bytes, name, rc, failures, at);
 }
 
 /// After an allocation of `bytes` at `*out` on `counter`.

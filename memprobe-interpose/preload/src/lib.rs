@@ -6,7 +6,7 @@
 //! `cuGetProcAddress` (what the CUDA runtime resolves driver functions
 //! with) with its wrappers, and exports the same names for programs linked
 //! to `libcuda` directly. Counts go to a shared-memory region per process
-//! (the layout and the reader are in the `memprobe-interpose` crate).
+//! (the layout and the reader are in the `memprobe-interpose-reader` crate).
 //!
 //! An allocation that fails with `CUDA_ERROR_OUT_OF_MEMORY` is recorded in
 //! the region and reported to the hook a library in the process registered
@@ -20,7 +20,7 @@
 
 mod dlsym;
 mod hooks;
-mod oom_hook;
+mod oom_report_hook;
 mod pools;
 mod real;
 mod region;
@@ -33,7 +33,7 @@ pub extern "C" fn memprobe_interpose_region() -> *mut shm::layout::Layout {
     region::raw()
 }
 
-/// The layout version of the region (`memprobe_interpose::layout::LAYOUT_VERSION`).
+/// The layout version of the region (`memprobe_interpose_reader::layout::LAYOUT_VERSION`).
 #[no_mangle]
 pub extern "C" fn memprobe_interpose_layout_version() -> u32 {
     shm::layout::LAYOUT_VERSION
@@ -88,7 +88,7 @@ pub extern "C" fn memprobe_interpose_current(counter: i32) -> u64 {
     }
 }
 
-/// Registers the out-of-memory hook (`memprobe_interpose::oom_hook`): called
+/// Registers the out-of-memory hook (`memprobe_interpose_reader::oom_report_hook`): called
 /// on the failing thread when a counted allocation fails with
 /// `CUDA_ERROR_OUT_OF_MEMORY`, before the error returns to the caller. NULL
 /// removes it; a new one replaces the old. Returns 0, or -1 when counting is
@@ -96,10 +96,10 @@ pub extern "C" fn memprobe_interpose_current(counter: i32) -> u64 {
 /// reached and no failure would be reported.
 #[no_mangle]
 pub extern "C" fn memprobe_interpose_set_oom_hook(
-    hook: Option<shm::oom_hook::OomHook>,
+    hook: Option<shm::oom_report_hook::OomHook>,
     user_data: *mut std::ffi::c_void,
 ) -> i32 {
-    oom_hook::set(hook, user_data)
+    oom_report_hook::set(hook, user_data)
 }
 
 #[cfg(not(test))]

@@ -6,7 +6,7 @@
 //! of its own the same way.
 //!
 //! In a directory with a tree region (`<dir>/tree`, made by `memprobe run
-//! --gpu-exact`; see `memprobe_interpose::tree`) every count also goes to the
+//! --gpu-exact`; see `memprobe_interpose_reader::tree_counter`) every count also goes to the
 //! tree's counter, mapped when the library loads and inherited across fork.
 
 use shm::layout::{Layout, FLAG_COUNTING, FLAG_EXITED, FLAG_SHARED, LAYOUT_SIZE, MAGIC};
@@ -188,14 +188,14 @@ fn settle_previous_image(dir: &CString) {
         return;
     }
     if let Some(t) = tree() {
-        shm::tree::settle(t, l);
+        shm::tree_counter::settle(t, l);
     }
     for c in &l.counters {
         c.current.store(0, SeqCst);
     }
     l.header
         .flags
-        .fetch_and(!shm::tree::FLAG_TREE_SETTLED, SeqCst);
+        .fetch_and(!shm::tree_counter::FLAG_TREE_SETTLED, SeqCst);
 }
 
 /// Maps `<dir>/tree` when a run made one (never creates it).
@@ -319,12 +319,13 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
         // with it (and leaves the tree's count); its peaks and readers'
         // marks stay.
         if let Some(t) = tree() {
-            shm::tree::settle(t, layout);
+            shm::tree_counter::settle(t, layout);
         }
         for c in &layout.counters {
             c.current.store(0, SeqCst);
         }
-        h.flags.fetch_and(!shm::tree::FLAG_TREE_SETTLED, SeqCst);
+        h.flags
+            .fetch_and(!shm::tree_counter::FLAG_TREE_SETTLED, SeqCst);
         h.flags.fetch_and(!FLAG_EXITED, SeqCst);
         return Some(l);
     }
@@ -353,7 +354,7 @@ extern "C" fn at_exit() {
         // first, so frees during the rest of the exit touch this region only.
         if let Some(t) = tree() {
             TREE.store(ptr::null_mut(), Release);
-            shm::tree::settle(t, l);
+            shm::tree_counter::settle(t, l);
         }
     }
 }

@@ -1,9 +1,9 @@
 //! `memprobe run --gpu-exact`: exact GPU memory of the whole process tree,
 //! from the driver-API interposer (`libmemprobe_interpose.so`, read through
-//! the `memprobe-interpose` crate).
+//! the `memprobe-interpose-reader` crate).
 //!
 //! Before the child starts, the run gets a private directory of counter
-//! regions and a *tree region* in it (`memprobe_interpose::tree`); the child
+//! regions and a *tree region* in it (`memprobe_interpose_reader::tree_counter`); the child
 //! starts with the interposer appended to `LD_PRELOAD` and the directory in
 //! `MEMPROBE_GPU_EXACT_DIR`, which every descendant inherits across fork and
 //! exec. Every interposed process then counts its device memory at each
@@ -26,7 +26,7 @@
 //! kept before its file is removed.
 
 use crate::gpu_readings::GpuReading;
-use memprobe_interpose::{self as interpose, tree, Counter, Mark, Region};
+use memprobe_interpose_reader::{self as interpose, tree_counter, Counter, Mark, Region};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -380,7 +380,7 @@ impl Watcher {
             }
             if !w.region.alive() {
                 // What it still held went with it.
-                tree::settle(self.tree.layout(), w.region.layout());
+                tree_counter::settle(self.tree.layout(), w.region.layout());
                 w.figures.exited = true;
                 gone.push(pid);
             }

@@ -27,7 +27,7 @@ use super::timeline::Point;
 use super::tree_pss::{PssPoint, PssRecord};
 use crate::gpu_readings::{self, GpuReading};
 use memprobe_core::cgroup::CgroupSampler;
-use memprobe_core::tree::ProcessTree;
+use memprobe_core::process_tree::ProcessTree;
 use memprobe_core::Sampler;
 use std::collections::HashSet;
 use std::io;

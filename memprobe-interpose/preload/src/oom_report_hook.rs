@@ -1,9 +1,9 @@
-//! The out-of-memory hook (the protocol is `memprobe_interpose::oom_hook`):
+//! The out-of-memory hook (the protocol is `memprobe_interpose_reader::oom_report_hook`):
 //! a library in the process registers one function; a counted allocation
 //! that fails with `CUDA_ERROR_OUT_OF_MEMORY` calls it on the failing
 //! thread before its error returns to the caller, unchanged.
 
-use shm::oom_hook::{OomEvent, OomHook, COUNTER_UNKNOWN};
+use shm::oom_report_hook::{OomEvent, OomHook, COUNTER_UNKNOWN};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};

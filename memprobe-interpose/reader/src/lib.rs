@@ -9,25 +9,25 @@
 //! resetting or dropping one never disturbs another reader's), and finds and
 //! reclaims the regions of processes that ended ([`processes`],
 //! [`reclaim_dead`]). A run's directory may also hold a counter of the whole
-//! process tree, the exact peak of the processes' sum ([`tree`]). An
+//! process tree, the exact peak of the processes' sum ([`tree_counter`]). An
 //! allocation that fails with out-of-memory can be reported, as it happens,
-//! to a hook registered in the process ([`oom_hook`]).
+//! to a hook registered in the process ([`oom_report_hook`]).
 //!
 //! ```no_run
-//! use memprobe_interpose::{Counter, Region};
+//! use memprobe_interpose_reader::{Counter, Region};
 //! let region = Region::open(4242)?;          // a process run with LD_PRELOAD
 //! let mark = region.mark()?;                 // this reader's own peaks
 //! // ... a training step runs in process 4242 ...
 //! let step_peak = mark.take(Counter::Device(0)); // peak of the step, reset
 //! println!("now {} B, step peak {step_peak} B", region.current(Counter::Device(0)));
-//! # Ok::<(), memprobe_interpose::Error>(())
+//! # Ok::<(), memprobe_interpose_reader::Error>(())
 //! ```
 
 pub mod layout;
 pub mod liveness;
-pub mod oom_hook;
+pub mod oom_report_hook;
 mod reader;
-pub mod tree;
+pub mod tree_counter;
 
 pub use reader::{
     default_dir, processes, reclaim_dead, region_path, Counter, Entry, Error, Mark, NotCounted,

@@ -45,7 +45,7 @@ pub const FLAG_SHARED: u32 = 2;
 pub const FLAG_EXITED: u32 = 4;
 /// [`Header::flags`]: what the process still held when it ended (or when it
 /// replaced its image with `exec`) was taken out of its tree's counter
-/// ([`crate::tree`]).
+/// ([`crate::tree_counter`]).
 pub const FLAG_TREE_SETTLED: u32 = 8;
 
 /// The per-process part of a region.

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use memprobe_interpose::{Counter, Error, Region};
+use memprobe_interpose_reader::{Counter, Error, Region};
 use std::ffi::{c_void, CString};
 use std::process::Command;
 
@@ -160,8 +160,8 @@ fn nested_marks_catch_every_spike_in_process() {
         assert_eq!(epoch.take(d0), 5 * MIB + 200 * 4096 + e, "epoch {e}");
     }
     // The same counters through the region file, as another process sees them.
-    let outside = Region::open_path(&memprobe_interpose::region_path(
-        &memprobe_interpose::default_dir(),
+    let outside = Region::open_path(&memprobe_interpose_reader::region_path(
+        &memprobe_interpose_reader::default_dir(),
         std::process::id(),
     ))
     .unwrap();

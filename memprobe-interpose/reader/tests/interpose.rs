@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use memprobe_interpose::{reclaim_dead, region_path, Counter, Region};
+use memprobe_interpose_reader::{reclaim_dead, region_path, Counter, Region};
 use std::process::Command;
 
 const MIB: u64 = 1 << 20;
@@ -333,7 +333,7 @@ fn a_killed_process_region_is_reclaimed_unless_a_reader_holds_it() {
     // This process holds a mark: the region stays while it reads...
     assert!(r.layout().held_by_live_reader());
     assert_eq!(reclaim_dead(&regions).unwrap(), 0, "held by a reader");
-    let entries = memprobe_interpose::processes(&regions).unwrap();
+    let entries = memprobe_interpose_reader::processes(&regions).unwrap();
     assert_eq!(entries.len(), 1);
     assert!(!entries[0].alive);
     assert_eq!(mark.peak(Counter::Device(0)), 8 * MIB);
@@ -341,7 +341,9 @@ fn a_killed_process_region_is_reclaimed_unless_a_reader_holds_it() {
     // ... and goes once no live reader holds it.
     assert_eq!(reclaim_dead(&regions).unwrap(), 1);
     assert!(!region_path(&regions, pid).exists());
-    assert!(memprobe_interpose::processes(&regions).unwrap().is_empty());
+    assert!(memprobe_interpose_reader::processes(&regions)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -437,13 +439,17 @@ fn switched_off_it_stays_loaded_and_passes_everything_through() {
 #[test]
 fn in_process_reading_needs_the_interposer() {
     match Region::in_process() {
-        Err(memprobe_interpose::Error::NotLoaded) => {}
+        Err(memprobe_interpose_reader::Error::NotLoaded) => {}
         other => panic!("{other:?}"),
     }
     let err = Region::open_path(std::path::Path::new("/nonexistent/1")).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/1"), "{err}");
     let junk = scratch().join("junk-region");
-    std::fs::write(&junk, vec![7u8; memprobe_interpose::layout::LAYOUT_SIZE]).unwrap();
+    std::fs::write(
+        &junk,
+        vec![7u8; memprobe_interpose_reader::layout::LAYOUT_SIZE],
+    )
+    .unwrap();
     let err = Region::open_path(&junk).unwrap_err();
     assert!(err.to_string().contains("magic"), "{err}");
     std::fs::write(&junk, b"short").unwrap();

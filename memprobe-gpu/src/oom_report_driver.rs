@@ -3,7 +3,7 @@
 //! [`configure_oom_report`] configures a tracker's report (memprobe-core's
 //! `oom_report`) with this crate's GPU part ([`GpuOomForensics`]) and, for
 //! the driver trigger, subscribes the tracker to the hook of memprobe's
-//! interposer (`memprobe_interpose::oom_hook`): when a counted allocation
+//! interposer (`memprobe_interpose_reader::oom_report_hook`): when a counted allocation
 //! fails with `CUDA_ERROR_OUT_OF_MEMORY`, the report is written on the
 //! failing thread, before the error returns to the program (and so before
 //! the framework above sees it).
@@ -23,14 +23,14 @@
 //! while at least one tracker subscribes, and removed with the last.
 
 use crate::exact::unavailable;
-use crate::oom_forensics::GpuOomForensics;
+use crate::oom_report_gpu::GpuOomForensics;
 use memprobe_core::lock::Lock;
 use memprobe_core::oom_report::{
     FailedAllocation, OomLocation, OomReportOptions, OomReporter, OomTrigger, OpenPhase,
 };
 use memprobe_core::{Error, Result, Tracker};
-use memprobe_interpose::layout::{HOST_PINNED, MAX_DEVICES};
-use memprobe_interpose::oom_hook::{self, OomEvent};
+use memprobe_interpose_reader::layout::{HOST_PINNED, MAX_DEVICES};
+use memprobe_interpose_reader::oom_report_hook::{self, OomEvent};
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,7 +94,7 @@ impl Drop for DriverOomSubscription {
                 // Nothing listens: the interposer stops calling into this
                 // library (which may then be unloaded).
                 // SAFETY: removing the hook.
-                let _ = unsafe { oom_hook::set_oom_hook(None, std::ptr::null_mut()) };
+                let _ = unsafe { oom_report_hook::set_oom_hook(None, std::ptr::null_mut()) };
             }
         }
     }
@@ -107,7 +107,7 @@ impl Drop for DriverOomSubscription {
 /// [`ErrorKind::Unavailable`](memprobe_core::ErrorKind::Unavailable),
 /// saying how to load it.
 pub fn driver_oom_available() -> Result<()> {
-    memprobe_interpose::Region::in_process()
+    memprobe_interpose_reader::Region::in_process()
         .map(|_| ())
         .map_err(|e| unavailable(&e))
 }
@@ -127,7 +127,7 @@ pub fn subscribe_driver_oom(
     if list.is_empty() {
         // SAFETY: `dispatch` is a plain function of this library, callable
         // from any thread; it ignores the user data.
-        unsafe { oom_hook::set_oom_hook(Some(dispatch), std::ptr::null_mut()) }
+        unsafe { oom_report_hook::set_oom_hook(Some(dispatch), std::ptr::null_mut()) }
             .map_err(|e| unavailable(&e))?;
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);

@@ -32,15 +32,15 @@ const _: () =
     assert!(MEMPROBE_OOM_KEEP_ENDED_MAX as usize == memprobe_core::oom_report::MAX_KEEP_ENDED);
 /// A device argument of memprobe_tracker_report_oom: not known.
 pub const MEMPROBE_OOM_DEVICE_UNKNOWN: i32 = -1;
-/// `memprobe_oom_event.valid`: `device_total_bytes` holds a value.
+/// `memprobe_oom_report_event.valid`: `device_total_bytes` holds a value.
 pub const MEMPROBE_OOM_EVENT_DEVICE_TOTAL: u32 = 1;
-/// `memprobe_oom_event.valid`: `device_free_bytes` holds a value.
+/// `memprobe_oom_report_event.valid`: `device_free_bytes` holds a value.
 pub const MEMPROBE_OOM_EVENT_DEVICE_FREE: u32 = 2;
-/// `memprobe_oom_cache.valid`: `reserved_bytes` holds a value.
+/// `memprobe_oom_report_cache.valid`: `reserved_bytes` holds a value.
 pub const MEMPROBE_OOM_CACHE_RESERVED: u32 = 1;
-/// `memprobe_oom_cache.valid`: `allocated_bytes` holds a value.
+/// `memprobe_oom_report_cache.valid`: `allocated_bytes` holds a value.
 pub const MEMPROBE_OOM_CACHE_ALLOCATED: u32 = 2;
-/// `memprobe_oom_cache.valid`: `releasable_bytes` holds a value.
+/// `memprobe_oom_report_cache.valid`: `releasable_bytes` holds a value.
 pub const MEMPROBE_OOM_CACHE_RELEASABLE: u32 = 4;
 
 /// Receives each out-of-memory report: the JSON document and the summary
@@ -85,10 +85,10 @@ pub struct memprobe_oom_report_options {
     pub keep_ended: u32,
 }
 
-/// A framework's cache on one device, for memprobe_oom_event.
+/// A framework's cache on one device, for memprobe_oom_report_event.
 #[repr(C)]
 #[allow(non_camel_case_types)]
-pub struct memprobe_oom_cache {
+pub struct memprobe_oom_report_cache {
     /// The device (CUDA ordinal as the process sees it).
     pub device: u32,
     /// MEMPROBE_OOM_CACHE_* bits: which figures hold a value.
@@ -104,11 +104,11 @@ pub struct memprobe_oom_cache {
 
 /// An out-of-memory failure reported by the caller, with everything it
 /// knows (memprobe_tracker_report_oom_event). Zero-initialise it and set
-/// `struct_size = sizeof(memprobe_oom_event)`.
+/// `struct_size = sizeof(memprobe_oom_report_event)`.
 #[repr(C)]
 #[allow(non_camel_case_types)]
-pub struct memprobe_oom_event {
-    /// sizeof(memprobe_oom_event), as for memprobe_oom_report_options.
+pub struct memprobe_oom_report_event {
+    /// sizeof(memprobe_oom_report_event), as for memprobe_oom_report_options.
     pub struct_size: u32,
     /// The device (CUDA ordinal), or MEMPROBE_OOM_DEVICE_UNKNOWN.
     pub device: i32,
@@ -128,14 +128,14 @@ pub struct memprobe_oom_event {
     /// The device's free bytes at the failure, as the reporter saw them.
     pub device_free_bytes: u64,
     /// The reporter's caches per device (`n_caches` entries; NULL when 0).
-    pub caches: *const memprobe_oom_cache,
+    pub caches: *const memprobe_oom_report_cache,
 }
 
 /// Where a tracker's out-of-memory report stands.
 #[repr(C)]
 #[derive(Default)]
 #[allow(non_camel_case_types)]
-pub struct memprobe_oom_status {
+pub struct memprobe_oom_report_status {
     /// The next trigger writes a report.
     pub armed: bool,
     /// The configured MEMPROBE_OOM_TRIGGER_* bits.
@@ -281,10 +281,10 @@ pub extern "C" fn memprobe_tracker_report_oom(
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_report_oom_event(
     tracker: *mut memprobe_tracker,
-    event: *const memprobe_oom_event,
+    event: *const memprobe_oom_report_event,
 ) -> memprobe_status {
     entry_point("memprobe_tracker_report_oom_event", || {
-        let e = versioned(event, "memprobe_oom_event")?
+        let e = versioned(event, "memprobe_oom_report_event")?
             .ok_or_else(|| crate::boundary::null("event"))?;
         crate::boundary::check_flags(
             e.valid,
@@ -345,7 +345,7 @@ pub extern "C" fn memprobe_tracker_report_oom_event(
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_oom_status(
     tracker: *const memprobe_tracker,
-    out: *mut memprobe_oom_status,
+    out: *mut memprobe_oom_report_status,
 ) -> memprobe_status {
     entry_point("memprobe_tracker_oom_status", || {
         let slot = self::out(out, "out")?;
@@ -354,7 +354,7 @@ pub extern "C" fn memprobe_tracker_oom_status(
             Some(r) => r.status()?,
             None => return Err(not_configured()),
         };
-        *slot = memprobe_oom_status {
+        *slot = memprobe_oom_report_status {
             armed: st.armed,
             triggers: (u32::from(st.triggers.driver) * MEMPROBE_OOM_TRIGGER_DRIVER)
                 | (u32::from(st.triggers.caller) * MEMPROBE_OOM_TRIGGER_CALLER),

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
+/// The workspace root (this crate is memprobe-interpose/reader).
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .unwrap()
         .to_path_buf()
 }
@@ -247,11 +249,11 @@ impl Talk {
 }
 
 /// Reads the region of `pid` in `dir`, waiting (bounded) for the file.
-pub fn open_region(dir: &Path, pid: u32) -> std::sync::Arc<memprobe_interpose::Region> {
-    let path = memprobe_interpose::region_path(dir, pid);
+pub fn open_region(dir: &Path, pid: u32) -> std::sync::Arc<memprobe_interpose_reader::Region> {
+    let path = memprobe_interpose_reader::region_path(dir, pid);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        match memprobe_interpose::Region::open_path(&path) {
+        match memprobe_interpose_reader::Region::open_path(&path) {
             Ok(r) => return r,
             Err(e) if std::time::Instant::now() > deadline => panic!("region of {pid}: {e}"),
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),

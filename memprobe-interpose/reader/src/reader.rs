@@ -492,16 +492,16 @@ pub fn processes(dir: &Path) -> io::Result<Vec<Entry>> {
 /// was reused), except those a live reader still holds a mark in; returns
 /// how many were removed.
 ///
-/// In a directory with a tree region ([`crate::tree`]) nothing is removed:
+/// In a directory with a tree region ([`crate::tree_counter`]) nothing is removed:
 /// the run's reader reads every process's final counts and removes the
 /// files itself; what the ended processes still held is taken out of the
-/// tree's counter ([`crate::tree::settle`]).
+/// tree's counter ([`crate::tree_counter::settle`]).
 pub fn reclaim_dead(dir: &Path) -> io::Result<usize> {
     if let Ok(tree) = Region::open_tree(dir) {
         for e in processes(dir)? {
             if !e.alive {
                 if let Ok(r) = Region::open_path(&e.path) {
-                    crate::tree::settle(tree.layout(), r.layout());
+                    crate::tree_counter::settle(tree.layout(), r.layout());
                 }
             }
         }

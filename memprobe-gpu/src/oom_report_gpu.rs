@@ -14,7 +14,7 @@ use crate::GpuBackend;
 use memprobe_core::oom_report::{
     OomDriverCount, OomDriverCounts, OomGpuDevice, OomGpuProcess, OomGpuProvider, OomProcessList,
 };
-use memprobe_interpose::{Counter, Region};
+use memprobe_interpose_reader::{Counter, Region};
 
 /// The GPU part of out-of-memory reports, over a set of GPUs (the
 /// process-wide ones by default).

@@ -3,7 +3,7 @@
 //! (found with `dlsym`, as a program finds them), against the fake's own
 //! functions called directly in the same loop, from 1 and 8 threads.
 //!
-//! `cargo bench -p memprobe-interpose --bench interpose_overhead`. The bench
+//! `cargo bench -p memprobe-interpose-reader --bench interpose_overhead`. The bench
 //! builds the interposer (release) and the fake driver, then runs itself
 //! again with the interposer preloaded. Cases are interleaved round by round
 //! so machine noise hits them alike; each figure is the median over rounds
@@ -171,8 +171,10 @@ fn main() {
     if std::env::var_os(CHILD).is_some() {
         return child();
     }
+    // The workspace root (this crate is memprobe-interpose/reader).
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .unwrap()
         .to_path_buf();
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -213,5 +215,5 @@ fn main() {
         .status()
         .unwrap();
     assert!(st.success());
-    let _ = memprobe_interpose::reclaim_dead(&regions);
+    let _ = memprobe_interpose_reader::reclaim_dead(&regions);
 }
