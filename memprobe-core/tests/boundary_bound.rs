@@ -90,9 +90,6 @@ fn seed() -> u64 {
         .unwrap_or_else(|| memprobe_core::monotonic_ns() | 1)
 }
 
-/// Both scenarios share the process's one kernel mark: one test, run in order,
-/// so no other test's allocation lands inside a window.
-
 /// One test, run alone in its process, so no other test's allocation lands
 /// inside an interval.
 #[test]

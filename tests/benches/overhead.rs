@@ -163,10 +163,6 @@ fn main() {
         return;
     }
     let statm = std::fs::File::open("/proc/self/statm").unwrap();
-    // The process source is made before the ballast, as a trainer makes it
-    // (memprobe set up, then the model and data loaded): it learns the exec
-    // floor below while the process is still small.
-    let rss = Source::process().unwrap();
     // `exec` left this process the high-water mark of what it replaced (the
     // launcher: cargo, a shell, torchrun); it is a floor of getrusage that no
     // reset lowers. A trainer holds more than its launcher, which is what
@@ -181,6 +177,7 @@ fn main() {
         ballast[i] = 1;
     }
     black_box(&ballast);
+    let rss = Source::process().unwrap();
     // How a step boundary scales with the windows open over the same source,
     // measured first and alone: the interleaved cases below keep windows of
     // their own open on this process's source for the whole run.
