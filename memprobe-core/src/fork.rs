@@ -22,9 +22,25 @@ static GATE: RawRwLock = RawRwLock(UnsafeCell::new(libc::PTHREAD_RWLOCK_INITIALI
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 static REGISTER: Once = Once::new();
 
-thread_local! {
+/// What the gate keeps per thread, in one thread-local (in a library loaded
+/// with `dlopen` each thread-local costs a call at every access, and every
+/// memprobe lock reaches this one).
+struct ThreadGate {
     /// How many gate read locks this thread holds (calls nest through callbacks).
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    depth: Cell<u32>,
+    /// This thread's id for [`GateGuard::thread`] (0 until first asked).
+    id: Cell<u64>,
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD: ThreadGate = const {
+        ThreadGate {
+            depth: Cell::new(0),
+            id: Cell::new(0),
+        }
+    };
     /// Whether the prepare handler of the fork in progress took the gate.
     static FORK_TOOK_GATE: Cell<bool> = const { Cell::new(false) };
 }
@@ -33,7 +49,7 @@ extern "C" fn prepare() {
     // A fork from inside a memprobe callback: this thread already holds a read
     // lock, so waiting for the write lock would deadlock. Skip the gate; the
     // forking thread still unwinds its own locks in the child.
-    let nested = DEPTH.with(|d| d.get()) > 0;
+    let nested = THREAD.with(|t| t.depth.get()) > 0;
     if !nested {
         // SAFETY: GATE is a valid, initialised rwlock.
         unsafe { libc::pthread_rwlock_wrlock(GATE.0.get()) };
@@ -71,32 +87,50 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
-/// A read hold on the fork gate; while any exists, `fork()` waits.
-pub(crate) struct GateGuard(());
+/// A read hold on the fork gate; while any exists, `fork()` waits. It
+/// stays on the thread that took it (not `Send`): it points at that
+/// thread's state, which outlives it.
+pub(crate) struct GateGuard {
+    thread: *const ThreadGate,
+}
 
 impl GateGuard {
     pub(crate) fn enter() -> GateGuard {
         register();
-        let depth = DEPTH.with(|d| {
-            let v = d.get();
-            d.set(v + 1);
-            v
-        });
+        let thread = THREAD.with(|t| t as *const ThreadGate);
+        // SAFETY: this thread's own thread-local, alive while the thread
+        // runs (it has no destructor, so it is never torn down first).
+        let t = unsafe { &*thread };
+        let depth = t.depth.get();
+        t.depth.set(depth + 1);
         if depth == 0 {
             // SAFETY: GATE is a valid rwlock; the matching unlock is in Drop.
             unsafe { libc::pthread_rwlock_rdlock(GATE.0.get()) };
         }
-        GateGuard(())
+        GateGuard { thread }
+    }
+
+    /// A process-unique id of the thread holding this guard.
+    pub(crate) fn thread(&self) -> u64 {
+        // SAFETY: as in `enter`; the guard never leaves its thread.
+        let t = unsafe { &*self.thread };
+        match t.id.get() {
+            0 => {
+                let id = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+                t.id.set(id);
+                id
+            }
+            id => id,
+        }
     }
 }
 
 impl Drop for GateGuard {
     fn drop(&mut self) {
-        let depth = DEPTH.with(|d| {
-            let v = d.get() - 1;
-            d.set(v);
-            v
-        });
+        // SAFETY: as in `enter`; dropped on the thread that entered.
+        let t = unsafe { &*self.thread };
+        let depth = t.depth.get() - 1;
+        t.depth.set(depth);
         if depth == 0 {
             // SAFETY: this thread took a read lock in `enter` at depth 0.
             unsafe { libc::pthread_rwlock_unlock(GATE.0.get()) };

@@ -114,13 +114,51 @@ impl KernelHwm {
         // yet folded: up to hundreds of KiB low); statm sums them (Linux ≥
         // 6.16), so a peak still resident now is read exactly.
         let now = rss_now()?;
-        let above_floor = match self.floor_kb {
-            Some(floor) => kb > floor,
-            None => kb > self.floor_bound_kb,
-        };
-        if above_floor {
+        if self.above_floor(kb) {
             return Ok((kb * 1024).max(now));
         }
+        self.resolve(kb, now)
+    }
+
+    /// The mark read by a boundary, which resets it next and then reads the
+    /// exact RSS (the end of the ended interval as well as the start of the
+    /// next). That reading covers what [`read`](Self::read) takes `statm`
+    /// for, a peak still resident, so above the exec floor this reads
+    /// getrusage alone: the boundary's peak, the max of the two, is never
+    /// below a `VmHWM` read at the same moment. `rss_now` is read only when
+    /// the floor must be resolved.
+    pub(crate) fn read_before_reset(
+        &mut self,
+        rss_now: impl FnOnce() -> Result<u64>,
+    ) -> Result<u64> {
+        self.check_fork()?;
+        let kb = maxrss_kb();
+        if self.above_floor(kb) {
+            return Ok(kb * 1024);
+        }
+        let now = rss_now()?;
+        self.resolve(kb, now)
+    }
+
+    /// Whether a getrusage reading of `kb` is above the exec floor (then it
+    /// is this process's own mark, up to the kernel's counting). Every
+    /// reading is itself a bound of the floor (getrusage is never below
+    /// it): the lowest one seen is kept, so that a process whose mark rose
+    /// above its lowest reading stays on this fast path.
+    fn above_floor(&mut self, kb: u64) -> bool {
+        match self.floor_kb {
+            Some(floor) => kb > floor,
+            None => {
+                let above = kb > self.floor_bound_kb;
+                self.floor_bound_kb = self.floor_bound_kb.min(kb);
+                above
+            }
+        }
+    }
+
+    /// The mark when getrusage's `kb` may be the exec floor; `now` is the
+    /// exact current RSS.
+    fn resolve(&mut self, kb: u64, now: u64) -> Result<u64> {
         // Ambiguous: the floor may hide the true mark. The mark is never
         // below the current RSS, so a reading at the current RSS is the mark;
         // otherwise ask /proc/self/status, and learn.

@@ -21,6 +21,7 @@
 
 pub mod callback;
 pub mod cgroup;
+mod cohorts;
 pub mod delta;
 pub mod error;
 pub mod fd_write;

@@ -6,15 +6,6 @@ use crate::fork::GateGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-thread_local! {
-    static THREAD_ID: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-}
-
-fn this_thread() -> u64 {
-    THREAD_ID.with(|t| *t)
-}
-
 /// A mutex that holds the fork gate while locked and refuses re-entry from
 /// the thread that holds it (a callback calling back into the same object)
 /// with an error instead of a deadlock. A poisoned lock is recovered: the
@@ -43,13 +34,15 @@ impl<T> Lock<T> {
     /// Locks; fails with [`ErrorKind::WrongOrder`](crate::ErrorKind::WrongOrder)
     /// when this thread already holds it (re-entry from a callback).
     pub fn lock(&self) -> Result<LockGuard<'_, T>> {
-        let me = this_thread();
+        // The gate first: it knows this thread's id. Re-entry holds it
+        // already, so refusing below takes and gives back nothing else.
+        let gate = GateGuard::enter();
+        let me = gate.thread();
         if self.owner.load(Ordering::Acquire) == me {
             return Err(Error::wrong_order(
                 "re-entered memprobe from a callback on the object that is running it",
             ));
         }
-        let gate = GateGuard::enter();
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         self.owner.store(me, Ordering::Release);
         Ok(LockGuard {
@@ -64,13 +57,13 @@ impl<T> Lock<T> {
     /// a hook running inside a failing allocation). Re-entry from the thread
     /// that holds it fails as [`lock`](Self::lock) does.
     pub fn try_lock(&self) -> Result<Option<LockGuard<'_, T>>> {
-        let me = this_thread();
+        let gate = GateGuard::enter();
+        let me = gate.thread();
         if self.owner.load(Ordering::Acquire) == me {
             return Err(Error::wrong_order(
                 "re-entered memprobe from a callback on the object that is running it",
             ));
         }
-        let gate = GateGuard::enter();
         let guard = match self.inner.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),

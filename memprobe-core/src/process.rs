@@ -201,6 +201,15 @@ impl Sampler for ProcessSampler {
         r.map(Some)
     }
 
+    fn read_peak_before_reset(&mut self) -> Result<Option<u64>> {
+        let Some(mut hwm) = self.hwm.take() else {
+            return Ok(None);
+        };
+        let r = hwm.read_before_reset(|| self.rss());
+        self.hwm = Some(hwm);
+        r.map(Some)
+    }
+
     fn reset_peak(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
         let Some(mut hwm) = self.hwm.take() else {

@@ -31,6 +31,15 @@ pub trait Sampler: Send {
         Ok(None)
     }
 
+    /// The high-water mark as a window boundary reads it, right before
+    /// [`reset_peak`](Sampler::reset_peak), whose reading the boundary also
+    /// folds into the ended interval's peak: a sampler may leave out what
+    /// that reading covers (the kernel's mark reads no `statm` of its own
+    /// there). The default is [`read_peak`](Sampler::read_peak).
+    fn read_peak_before_reset(&mut self) -> Result<Option<u64>> {
+        self.read_peak()
+    }
+
     /// Resets the high-water mark to the current value and returns a reading
     /// taken right after the reset (the start of the next interval). Only
     /// called on samplers whose `read_peak` returns `Some`. The default just

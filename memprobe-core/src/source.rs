@@ -25,6 +25,7 @@
 
 use crate::callback::{CallbackSampler, ReadFn};
 use crate::cgroup::{CgroupOptions, CgroupSampler};
+use crate::cohorts::Cohorts;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lock::Lock;
 use crate::mark::{MarkGroup, Marks};
@@ -93,42 +94,37 @@ pub(crate) struct State {
     check_mark: bool,
     /// Pushed/sampled: max value seen since the last boundary.
     pending: Option<u64>,
-    /// Peak folded into each open window; `None` marks a free slot.
+    /// Each open window's slot; `None` marks a free one.
     slots: Vec<Option<Slot>>,
+    /// The free slots, reused before the vector grows.
+    free: Vec<usize>,
+    /// The peaks folded into the open windows, per cohort.
+    cohorts: Cohorts,
+    /// The slots with a restart under way (see [`Slot::restart`]): folded
+    /// into one by one, as their next interval's peak is their own.
+    restarting: Vec<usize>,
     open: usize,
     last: Option<Sample>,
     last_error: Option<Error>,
     /// Fork generation the sampler last ran in.
     generation: u64,
+    /// The sampler stamped its last reading itself (`taken_at_ns`), as every
+    /// built-in one does: the next read takes no clock reading of its own.
+    stamps: bool,
 }
 
 /// One open window's peak in a source.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
-    /// The peak folded in since the window (last) started.
-    peak: u64,
+    /// The window's cohort in [`State::cohorts`], which holds the peak
+    /// folded in since the window (last) started.
+    cohort: u64,
     /// Set while the window's boundary is under way over several sources:
     /// the peak its next interval has seen since this source's part of the
     /// boundary. The boundary commits it (it becomes `peak`) only once every
     /// source's part succeeded; a failed boundary drops it, and `peak`,
     /// which kept folding, still covers the whole unfinished interval.
     restart: Option<u64>,
-}
-
-impl Slot {
-    fn new(start: u64) -> Slot {
-        Slot {
-            peak: start,
-            restart: None,
-        }
-    }
-
-    fn raise(&mut self, hwm: u64) {
-        self.peak = self.peak.max(hwm);
-        if let Some(r) = self.restart.as_mut() {
-            *r = (*r).max(hwm);
-        }
-    }
 }
 
 /// Identifies one window's slot in a source.
@@ -281,10 +277,14 @@ impl Source {
                 check_mark,
                 pending: None,
                 slots: Vec::new(),
+                free: Vec::new(),
+                cohorts: Cohorts::default(),
+                restarting: Vec::new(),
                 open: 0,
                 last: None,
                 last_error: None,
                 generation: crate::fork::generation(),
+                stamps: false,
             }),
         });
         Source { shared }
@@ -347,13 +347,17 @@ impl Source {
         let (slot, sample, first) = {
             let mut st = self.shared.state.lock()?;
             let (_, sample) = st.boundary()?;
-            let slot = match st.slots.iter().position(Option::is_none) {
+            let new = Slot {
+                cohort: st.cohorts.join(sample.used),
+                restart: None,
+            };
+            let slot = match st.free.pop() {
                 Some(i) => {
-                    st.slots[i] = Some(Slot::new(sample.used));
+                    st.slots[i] = Some(new);
                     i
                 }
                 None => {
-                    st.slots.push(Some(Slot::new(sample.used)));
+                    st.slots.push(Some(new));
                     st.slots.len() - 1
                 }
             };
@@ -383,18 +387,33 @@ impl Source {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
         let (hwm, sample) = st.boundary()?;
-        let s = st.slot_mut(slot)?;
-        s.restart = Some(sample.used);
-        Ok((s.peak.max(hwm).max(sample.used), sample))
+        let peak = st.folded(slot).max(hwm).max(sample.used);
+        if st.slot_mut(slot)?.restart.replace(sample.used).is_none() {
+            st.restarting.push(slot.0);
+        }
+        Ok((peak, sample))
+    }
+
+    /// [`begin_restart`](Self::begin_restart) and
+    /// [`commit_restart`](Self::commit_restart) under one lock: a window
+    /// over this source alone, whose boundary nothing else can fail.
+    pub(crate) fn restart(&self, slot: SlotId) -> Result<(u64, Sample)> {
+        let mut st = self.shared.state.lock()?;
+        st.check_slot(slot)?;
+        let (hwm, sample) = st.boundary()?;
+        let peak = st.folded(slot).max(hwm).max(sample.used);
+        st.drop_restart(slot);
+        st.move_to(slot, sample.used);
+        Ok((peak, sample))
     }
 
     /// Ends the slot's interval begun by [`begin_restart`](Self::begin_restart):
     /// its next interval's peak becomes the slot's.
     pub(crate) fn commit_restart(&self, slot: SlotId) -> Result<()> {
         let mut st = self.shared.state.lock()?;
-        let s = st.slot_mut(slot)?;
-        if let Some(r) = s.restart.take() {
-            s.peak = r;
+        if let Some(r) = st.slot_mut(slot)?.restart {
+            st.drop_restart(slot);
+            st.move_to(slot, r);
         }
         Ok(())
     }
@@ -403,7 +422,8 @@ impl Source {
     /// slot's interval goes on, its peak intact.
     pub(crate) fn abort_restart(&self, slot: SlotId) -> Result<()> {
         let mut st = self.shared.state.lock()?;
-        st.slot_mut(slot)?.restart = None;
+        st.slot_mut(slot)?;
+        st.drop_restart(slot);
         Ok(())
     }
 
@@ -414,7 +434,7 @@ impl Source {
         st.check_slot(slot)?;
         let now = st.read_now()?;
         let hwm = st.current_hwm()?;
-        let folded = st.slots[slot.0].map_or(0, |s| s.peak);
+        let folded = st.folded(slot);
         Ok((folded.max(hwm).max(now.used), now))
     }
 
@@ -429,7 +449,7 @@ impl Source {
             st.read_now()?.used
         };
         let hwm = st.current_hwm()?;
-        Ok(st.slots[slot.0].map_or(0, |s| s.peak).max(hwm).max(now))
+        Ok(st.folded(slot).max(hwm).max(now))
     }
 
     /// Frees a slot. Its peak is not computed (see `peek_slot`).
@@ -437,7 +457,11 @@ impl Source {
         let last = {
             let mut st = self.shared.state.lock()?;
             st.check_slot(slot)?;
-            st.slots[slot.0] = None;
+            st.drop_restart(slot);
+            if let Some(s) = st.slots[slot.0].take() {
+                st.cohorts.leave(s.cohort);
+            }
+            st.free.push(slot.0);
             st.open -= 1;
             st.open == 0
         };
@@ -492,14 +516,18 @@ impl State {
         match self.sampler.as_mut() {
             None => Ok(self.last.unwrap_or_else(|| Sample::used(0))),
             Some(s) => {
-                let t0 = monotonic_ns();
+                // A stamp in case the sampler leaves it to us; one that
+                // stamped its last reading is trusted to stamp this one.
+                let t0 = if self.stamps { 0 } else { monotonic_ns() };
                 match s.read() {
                     Ok(mut sample) => {
+                        self.stamps = sample.taken_at_ns != 0;
                         if sample.taken_at_ns == 0 {
-                            sample.taken_at_ns = t0;
+                            sample.taken_at_ns = if t0 == 0 { monotonic_ns() } else { t0 };
                         }
                         if sample.read_ns == 0 {
-                            sample.read_ns = monotonic_ns().saturating_sub(t0);
+                            let since = if t0 == 0 { sample.taken_at_ns } else { t0 };
+                            sample.read_ns = monotonic_ns().saturating_sub(since);
                         }
                         self.note(&sample);
                         self.last = Some(sample);
@@ -527,6 +555,18 @@ impl State {
         }
     }
 
+    /// [`current_hwm`](Self::current_hwm) as a boundary reads it, right
+    /// before the reset whose reading it folds in too.
+    fn hwm_before_reset(&mut self) -> Result<u64> {
+        let pending = self.pending.unwrap_or(0);
+        if self.keeps_mark {
+            let s = self.sampler.as_mut().expect("a mark implies a sampler");
+            Ok(s.read_peak_before_reset()?.unwrap_or(0).max(pending))
+        } else {
+            Ok(pending)
+        }
+    }
+
     /// A window boundary: fold the high-water mark into every open slot,
     /// reset it, and return the mark (0 when no slot was open, as then it is
     /// not read) and a reading taken right after the reset.
@@ -534,24 +574,53 @@ impl State {
         self.check_fork();
         let mut hwm = 0;
         if self.open > 0 {
-            hwm = self.current_hwm()?;
-            for p in self.slots.iter_mut().flatten() {
-                p.raise(hwm);
+            hwm = self.hwm_before_reset()?;
+            self.cohorts.raise(hwm);
+            for &i in &self.restarting {
+                if let Some(Some(Slot {
+                    restart: Some(r), ..
+                })) = self.slots.get_mut(i)
+                {
+                    *r = (*r).max(hwm);
+                }
             }
         }
         self.pending = None;
         if self.keeps_mark {
             let s = self.sampler.as_mut().expect("a mark implies a sampler");
-            let t0 = monotonic_ns();
+            let t0 = if self.stamps { 0 } else { monotonic_ns() };
             let mut sample = s.reset_peak()?;
+            self.stamps = sample.taken_at_ns != 0;
             if sample.taken_at_ns == 0 {
-                sample.taken_at_ns = t0;
+                sample.taken_at_ns = if t0 == 0 { monotonic_ns() } else { t0 };
             }
             self.note(&sample);
             self.last = Some(sample);
             Ok((hwm, sample))
         } else {
             Ok((hwm, self.read_now()?))
+        }
+    }
+
+    /// The peak folded into an open slot since its window (last) started.
+    fn folded(&self, slot: SlotId) -> u64 {
+        self.slots[slot.0].map_or(0, |s| self.cohorts.peak(s.cohort))
+    }
+
+    /// Clears the slot's restart under way, if any.
+    fn drop_restart(&mut self, slot: SlotId) {
+        if let Some(Some(s)) = self.slots.get_mut(slot.0) {
+            if s.restart.take().is_some() {
+                self.restarting.retain(|&i| i != slot.0);
+            }
+        }
+    }
+
+    /// Starts the slot's next interval at a folded peak of `peak`.
+    fn move_to(&mut self, slot: SlotId, peak: u64) {
+        if let Some(Some(s)) = self.slots.get_mut(slot.0) {
+            self.cohorts.leave(s.cohort);
+            s.cohort = self.cohorts.join(peak);
         }
     }
 

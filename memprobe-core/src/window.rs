@@ -14,6 +14,19 @@ struct Part {
 }
 
 impl Part {
+    /// The record of the interval that ends at `used_end`.
+    fn ended(&self, peak: u64, used_end: u64) -> SourceDelta {
+        let info = self.source.info();
+        SourceDelta::new(
+            &info.name,
+            info.kind,
+            info.fidelity,
+            self.start.used,
+            used_end,
+            peak,
+        )
+    }
+
     fn measure(&self) -> Result<SourceDelta> {
         let (peak, now) = self.source.peek_slot(self.slot)?;
         let info = self.source.info();
@@ -170,21 +183,25 @@ impl Window {
     pub fn reset(&mut self) -> Result<Vec<SourceDelta>> {
         let started_at_ns = monotonic_ns();
         let mut ended = Vec::with_capacity(self.parts.len());
+        if let [p] = self.parts.as_mut_slice() {
+            // One source: its boundary is the whole boundary, and commits at
+            // once (no later source can fail it).
+            let (peak, sample) = {
+                let _sweep = Sweep::begin();
+                p.source.restart(p.slot)?
+            };
+            ended.push(p.ended(peak, sample.used));
+            p.start = sample;
+            self.started_at_ns = started_at_ns;
+            return Ok(ended);
+        }
         let mut starts = Vec::with_capacity(self.parts.len());
         {
             let _sweep = Sweep::begin();
             for (i, p) in self.parts.iter().enumerate() {
                 match p.source.begin_restart(p.slot) {
                     Ok((peak, sample)) => {
-                        let info = p.source.info();
-                        ended.push(SourceDelta::new(
-                            &info.name,
-                            info.kind,
-                            info.fidelity,
-                            p.start.used,
-                            sample.used,
-                            peak,
-                        ));
+                        ended.push(p.ended(peak, sample.used));
                         starts.push(sample);
                     }
                     Err(e) => {

@@ -36,11 +36,24 @@ impl FfiError {
 
 pub(crate) type FfiResult<T = ()> = Result<T, FfiError>;
 
-thread_local! {
+/// What the boundary keeps per thread, in one thread-local: in a library
+/// loaded with `dlopen` each thread-local costs a call (`__tls_get_addr`)
+/// at every access, and an entry point reaches all of them.
+struct ThreadState {
     /// `None` (no allocation) until a call on this thread fails.
-    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
-    static IN_BOUNDARY: Cell<bool> = const { Cell::new(false) };
-    static PANIC_MESSAGE: RefCell<Option<String>> = const { RefCell::new(None) };
+    last_error: RefCell<Option<CString>>,
+    in_boundary: Cell<bool>,
+    panic_message: RefCell<Option<String>>,
+}
+
+thread_local! {
+    static STATE: ThreadState = const {
+        ThreadState {
+            last_error: RefCell::new(None),
+            in_boundary: Cell::new(false),
+            panic_message: RefCell::new(None),
+        }
+    };
 }
 
 /// The entry point named here panics on purpose, to test the boundary.
@@ -54,7 +67,7 @@ fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if IN_BOUNDARY.with(Cell::get) {
+            if STATE.with(|st| st.in_boundary.get()) {
                 let loc = info
                     .location()
                     .map(|l| format!(" at {}:{}", l.file(), l.line()))
@@ -66,16 +79,12 @@ fn install_panic_hook() {
                 } else {
                     "non-string panic payload".to_owned()
                 };
-                PANIC_MESSAGE.with(|m| *m.borrow_mut() = Some(format!("{msg}{loc}")));
+                STATE.with(|st| *st.panic_message.borrow_mut() = Some(format!("{msg}{loc}")));
             } else {
                 previous(info);
             }
         }));
     });
-}
-
-fn set_last_error(message: String) {
-    LAST_ERROR.with(|e| *e.borrow_mut() = Some(c_string(&message)));
 }
 
 /// `s` as a C string; a NUL inside (which C would read as the end) becomes
@@ -105,38 +114,45 @@ fn guarded(
     body: impl FnOnce() -> FfiResult,
 ) -> memprobe_status {
     install_panic_hook();
-    let outer = IN_BOUNDARY.with(|b| b.replace(true));
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        if INJECT_PANIC_IN.as_deref() == Some(name) {
-            panic!("panic injected by {PANIC_ENV}={name}");
-        }
-        body()
-    }));
-    IN_BOUNDARY.with(|b| b.set(outer));
-    match result {
-        Ok(Ok(())) => {
-            if clear_on_success {
-                LAST_ERROR.with(|e| {
-                    let mut e = e.borrow_mut();
+    // One access to the thread's state for the whole call (no borrow is
+    // held across `body`, which may re-enter through a callback).
+    STATE.with(|st| {
+        let outer = st.in_boundary.replace(true);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if INJECT_PANIC_IN.as_deref() == Some(name) {
+                panic!("panic injected by {PANIC_ENV}={name}");
+            }
+            body()
+        }));
+        st.in_boundary.set(outer);
+        let set_last_error = |message: String| {
+            *st.last_error.borrow_mut() = Some(c_string(&message));
+        };
+        match result {
+            Ok(Ok(())) => {
+                if clear_on_success {
+                    let mut e = st.last_error.borrow_mut();
                     if e.is_some() {
                         *e = None;
                     }
-                });
+                }
+                memprobe_status::Ok
             }
-            memprobe_status::Ok
+            Ok(Err(e)) => {
+                set_last_error(format!("{name}: {}", e.message));
+                e.status
+            }
+            Err(_) => {
+                let msg = st
+                    .panic_message
+                    .borrow_mut()
+                    .take()
+                    .unwrap_or_else(|| "unknown panic".into());
+                set_last_error(format!("{name}: internal panic: {msg}"));
+                memprobe_status::Panic
+            }
         }
-        Ok(Err(e)) => {
-            set_last_error(format!("{name}: {}", e.message));
-            e.status
-        }
-        Err(_) => {
-            let msg = PANIC_MESSAGE
-                .with(|m| m.borrow_mut().take())
-                .unwrap_or_else(|| "unknown panic".into());
-            set_last_error(format!("{name}: internal panic: {msg}"));
-            memprobe_status::Panic
-        }
-    }
+    })
 }
 
 /// The message of the last failed call on this thread, or `""` if the last
@@ -146,7 +162,12 @@ fn guarded(
 /// Never NULL.
 #[no_mangle]
 pub extern "C" fn memprobe_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ref().map_or(c"".as_ptr(), |c| c.as_ptr()))
+    STATE.with(|st| {
+        st.last_error
+            .borrow()
+            .as_ref()
+            .map_or(c"".as_ptr(), |c| c.as_ptr())
+    })
 }
 
 // Every write through a caller's pointer goes through the helpers below:

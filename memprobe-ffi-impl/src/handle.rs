@@ -8,8 +8,10 @@
 use crate::boundary::{FfiError, FfiResult};
 use crate::status::memprobe_status;
 use memprobe_core::lock::Lock;
+use std::any::Any;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 const _: () = assert!(
     std::mem::size_of::<usize>() == 8,
@@ -75,6 +77,24 @@ struct Slots<T> {
 pub(crate) struct Table<T> {
     tokens: Tokens,
     inner: Lock<Slots<T>>,
+    /// Bumped by every removal: a thread's cached lookup (see [`Cached`])
+    /// made before it is stale.
+    removals: AtomicU64,
+}
+
+/// One thread's last lookup in one table: the token, the table's removal
+/// count then, and the object, held weakly (a removed object is dropped
+/// when its last call ends, whatever the caches).
+struct Cached {
+    token: usize,
+    removals: u64,
+    object: Weak<dyn Any + Send + Sync>,
+}
+
+thread_local! {
+    /// Per table (its tag's low 4 bits: the tables' tags differ there), the
+    /// last lookup: a hot loop calling with the same handle takes no lock.
+    static LOOKUPS: RefCell<[Option<Cached>; 16]> = const { RefCell::new([const { None }; 16]) };
 }
 
 impl<T> Table<T> {
@@ -86,6 +106,7 @@ impl<T> Table<T> {
                 free: Vec::new(),
                 live: 0,
             }),
+            removals: AtomicU64::new(0),
         }
     }
 
@@ -112,16 +133,52 @@ impl<T> Table<T> {
     }
 
     /// The object behind `token`.
-    pub(crate) fn get(&self, token: usize) -> FfiResult<Arc<T>> {
+    pub(crate) fn get(&self, token: usize) -> FfiResult<Arc<T>>
+    where
+        T: Send + Sync + 'static,
+    {
         let (index, generation) = self.tokens.decode(token, MAX_SLOTS)?;
-        let s = self.inner.lock()?;
-        match s.slots.get(index) {
-            Some(Slot {
-                generation: g,
-                value: Some(v),
-            }) if *g == generation => Ok(v.clone()),
-            _ => Err(self.tokens.invalid()),
+        let entry = usize::from(self.tokens.tag & 15);
+        // The same handle as this thread's last lookup, and nothing removed
+        // from the table since: the object is the one found then. A removal
+        // made by this thread, or made before the caller handed the handle
+        // over (which orders it first), is seen here.
+        let removals = self.removals.load(Ordering::Acquire);
+        // (`try_with`: a call from a thread-local destructor, after this
+        // thread's cache is gone, takes the lock.)
+        let hit = LOOKUPS
+            .try_with(|c| {
+                let c = c.borrow();
+                let cached = c[entry].as_ref()?;
+                if cached.token != token || cached.removals != removals {
+                    return None;
+                }
+                cached.object.upgrade()?.downcast::<T>().ok()
+            })
+            .ok()
+            .flatten();
+        if let Some(v) = hit {
+            return Ok(v);
         }
+        let v = {
+            let s = self.inner.lock()?;
+            match s.slots.get(index) {
+                Some(Slot {
+                    generation: g,
+                    value: Some(v),
+                }) if *g == generation => v.clone(),
+                _ => return Err(self.tokens.invalid()),
+            }
+        };
+        let object: Arc<dyn Any + Send + Sync> = v.clone();
+        let _ = LOOKUPS.try_with(|c| {
+            c.borrow_mut()[entry] = Some(Cached {
+                token,
+                removals,
+                object: Arc::downgrade(&object),
+            })
+        });
+        Ok(v)
     }
 
     /// Removes the object behind `token`; it is dropped when its last user
@@ -138,6 +195,7 @@ impl<T> Table<T> {
         slot.generation = slot.generation.checked_add(1).unwrap_or(1);
         s.free.push(index);
         s.live -= 1;
+        self.removals.fetch_add(1, Ordering::Release);
         Ok(v)
     }
 
@@ -249,7 +307,10 @@ pub(crate) trait Handle: Sized {
 
 /// The object behind a handle (NULL: NULL_POINTER; stale, forged or of
 /// another type: INVALID_HANDLE).
-pub(crate) fn get<H: Handle>(h: *const H) -> FfiResult<Arc<H::Object>> {
+pub(crate) fn get<H: Handle>(h: *const H) -> FfiResult<Arc<H::Object>>
+where
+    H::Object: Send + Sync,
+{
     if h.is_null() {
         return Err(crate::boundary::null(H::table().tokens.what));
     }

@@ -35,6 +35,14 @@ type WindowOpen = unsafe extern "C" fn(*const *const c_void, usize, *mut *mut c_
 type WindowPeak = unsafe extern "C" fn(*const c_void, usize, *mut u64) -> u32;
 type WindowFree = unsafe extern "C" fn(*mut c_void) -> u32;
 type WindowReset = unsafe extern "C" fn(*mut c_void, *mut Delta, usize) -> u32;
+type TrackerNew = unsafe extern "C" fn(*const *const c_void, usize, *mut *mut c_void) -> u32;
+type TrackerBegin = unsafe extern "C" fn(*mut c_void, u32, *const c_char) -> u32;
+type TrackerNext =
+    unsafe extern "C" fn(*mut c_void, u32, *const c_char, *mut c_void, *mut Delta, usize) -> u32;
+
+/// `MEMPROBE_PHASE_KIND_EPOCH` and `MEMPROBE_PHASE_KIND_STEP`.
+const PHASE_EPOCH: u32 = 1;
+const PHASE_STEP: u32 = 0;
 
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
@@ -54,6 +62,9 @@ struct CAbi {
     peak: WindowPeak,
     free: WindowFree,
     reset: WindowReset,
+    tracker_new: TrackerNew,
+    tracker_begin: TrackerBegin,
+    tracker_next: TrackerNext,
     source: *mut c_void,
 }
 
@@ -93,6 +104,15 @@ fn load_c_abi() -> CAbi {
             peak: std::mem::transmute::<*mut c_void, WindowPeak>(sym("memprobe_window_peak")),
             free: std::mem::transmute::<*mut c_void, WindowFree>(sym("memprobe_window_free")),
             reset: std::mem::transmute::<*mut c_void, WindowReset>(sym("memprobe_window_reset")),
+            tracker_new: std::mem::transmute::<*mut c_void, TrackerNew>(sym(
+                "memprobe_tracker_new",
+            )),
+            tracker_begin: std::mem::transmute::<*mut c_void, TrackerBegin>(sym(
+                "memprobe_tracker_begin",
+            )),
+            tracker_next: std::mem::transmute::<*mut c_void, TrackerNext>(sym(
+                "memprobe_tracker_next",
+            )),
             source,
         }
     }
@@ -157,12 +177,12 @@ fn main() {
         ballast[i] = 1;
     }
     black_box(&ballast);
+    let rss = Source::process().unwrap();
     // How a step boundary scales with the windows open over the same source,
     // measured first and alone: the interleaved cases below keep windows of
     // their own open on this process's source for the whole run.
     let scaling = window_scaling();
     let mut buf = [0u8; 256];
-    let rss = Source::process().unwrap();
     let c = load_c_abi();
     let mut sys = sysinfo::System::new().expect("sysinfo initialises");
     let pid = sysinfo::Pid::from_u32(std::process::id());
@@ -266,6 +286,45 @@ fn main() {
                 let mut ended = [Delta::default()];
                 // SAFETY: a live handle and a one-element array.
                 black_box(unsafe { reset(w, ended.as_mut_ptr(), 1) });
+            }),
+        );
+    }
+    // The tracker's step boundary over this process alone, whose kernel work
+    // is the boundary floor's: from Rust and through the C ABI.
+    {
+        let mut t = memprobe_core::Tracker::new(std::slice::from_ref(&rss)).unwrap();
+        t.begin(memprobe_core::PhaseKind::Epoch, None).unwrap();
+        t.begin(memprobe_core::PhaseKind::Step, None).unwrap();
+        add(
+            "tracker step next, process, Rust",
+            Box::new(move || {
+                black_box(t.next(memprobe_core::PhaseKind::Step, None).unwrap());
+            }),
+        );
+        let srcs = [c.source as *const c_void];
+        let mut h = std::ptr::null_mut();
+        let (new, begin, next) = (c.tracker_new, c.tracker_begin, c.tracker_next);
+        // SAFETY: valid arrays and out-pointers; NULL names for built-in kinds.
+        unsafe {
+            assert_eq!(new(srcs.as_ptr(), 1, &mut h), 0);
+            assert_eq!(begin(h, PHASE_EPOCH, std::ptr::null()), 0);
+            assert_eq!(begin(h, PHASE_STEP, std::ptr::null()), 0);
+        }
+        add(
+            "tracker step next, process, C ABI",
+            Box::new(move || {
+                let mut ended = [Delta::default()];
+                // SAFETY: a live handle; the record is not asked for (NULL).
+                black_box(unsafe {
+                    next(
+                        h,
+                        PHASE_STEP,
+                        std::ptr::null(),
+                        std::ptr::null_mut(),
+                        ended.as_mut_ptr(),
+                        1,
+                    )
+                });
             }),
         );
     }
@@ -382,6 +441,13 @@ fn main() {
         .filter(|o| o.status.success())
         .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok());
 
+    // MEMPROBE_BENCH_CASES=a,b keeps the floors and the cases whose names
+    // contain one of the comma-separated parts (to profile a few).
+    if let Ok(only) = std::env::var("MEMPROBE_BENCH_CASES") {
+        cases.retain(|c| {
+            c.name.starts_with("floor") || only.split(',').any(|part| c.name.contains(part))
+        });
+    }
     for case in &mut cases {
         for _ in 0..ITERS / 4 {
             (case.run)();

@@ -30,7 +30,7 @@ from . import _deprecated, _ffi
 from ._ffi import C, check
 from ._owned import Owned
 from .errors import Status
-from .sources import Source, _enum, as_sources, check_over
+from .sources import Source, as_sources, check_over
 from .windows import Delta
 
 
@@ -46,10 +46,27 @@ class PhaseKind(enum.IntEnum):
 
 Kind = Union[PhaseKind, int, str]
 
+#: The built-in kinds that need no name, by every spelling ``_kind`` reads
+#: the same way (a PhaseKind, its value, its lowercase name): the lookup at
+#: every boundary.
+_BUILTIN_KINDS: Dict[Any, int] = {}
+for _k in (PhaseKind.STEP, PhaseKind.EPOCH, PhaseKind.EXPERIENCE, PhaseKind.STREAM):
+    _BUILTIN_KINDS[_k] = int(_k)
+    _BUILTIN_KINDS[_k.name.lower()] = int(_k)
+del _k
+
+#: PhaseKind by value (``_enum(PhaseKind, v)`` without its exception path).
+_PHASE_KINDS: Dict[int, Any] = {int(k): k for k in PhaseKind}
+
 
 def _kind(kind: Kind, name: Optional[str]) -> Tuple[int, Optional[bytes]]:
     """(kind code, name) from a PhaseKind, or a string: a kind's name
     ("step", "epoch", ...) or any other name for a custom phase."""
+    if name is None:
+        # The common case at every boundary: a built-in kind, no name.
+        hit = _BUILTIN_KINDS.get(kind)
+        if hit is not None:
+            return hit, None
     if isinstance(kind, str):
         try:
             k = PhaseKind[kind.upper()]
@@ -98,19 +115,24 @@ class PhaseRecord:
 
     @classmethod
     def _from_c(cls, r: _ffi.memprobe_phase_record, deltas: Iterable[Any]) -> "PhaseRecord":
-        return cls(
-            kind=_enum(PhaseKind, r.kind),
+        # Built at every step boundary: fill the frozen instance's __dict__
+        # directly, as Delta._from_c does (the generated __init__ sets the
+        # fields one by one through object.__setattr__, several times slower).
+        obj = cls.__new__(cls)
+        obj.__dict__.update(
+            kind=_PHASE_KINDS.get(r.kind, r.kind),
             name=r.name.decode("utf-8", "replace"),
-            depth=int(r.depth),
-            index=int(r.index),
-            started_at_ns=int(r.started_at_ns),
-            ended_at_ns=int(r.ended_at_ns),
-            duration_ns=int(r.duration_ns),
-            n_releases=int(r.n_releases),
-            leak_flags=int(r.leak_flags),
-            released_bytes=int(r.released_bytes),
-            deltas=tuple(Delta._from_c(d) for d in deltas),
+            depth=r.depth,
+            index=r.index,
+            started_at_ns=r.started_at_ns,
+            ended_at_ns=r.ended_at_ns,
+            duration_ns=r.duration_ns,
+            n_releases=r.n_releases,
+            leak_flags=r.leak_flags,
+            released_bytes=r.released_bytes,
+            deltas=tuple([Delta._from_c(d) for d in deltas]),
         )
+        return obj
 
 
 @dataclass(frozen=True)
@@ -226,6 +248,10 @@ class Tracker(Owned):
         h = _ffi.out_handle()
         check_over(C.memprobe_tracker_new(arr, n, byref(h)), self._sources)
         self._handle = h.value
+        # The handle as ctypes passes it as is (an int becomes a new
+        # c_void_p at every call): boundaries use it.
+        self._arg = ctypes.c_void_p(h.value)
+        self._delta_array = _ffi.memprobe_delta * len(self._sources)
         self._closed = False
 
     @property
@@ -246,12 +272,13 @@ class Tracker(Owned):
     def _ending(self, fn: Callable[..., int], kind: Kind, name: Optional[str]) -> PhaseRecord:
         k, n = _kind(kind, name)
         rec = _ffi.memprobe_phase_record()
-        count = len(self._sources)
-        deltas = (_ffi.memprobe_delta * count)()
+        deltas = self._delta_array()
         if self._flush:
             sys.stdout.flush()
             sys.stderr.flush()
-        check_over(fn(self._handle, k, n, byref(rec), deltas, count), self._sources)
+        status = fn(self._arg, k, n, byref(rec), deltas, len(deltas))
+        if status:
+            check_over(status, self._sources)
         return PhaseRecord._from_c(rec, deltas)
 
     def end(self, kind: Kind, name: Optional[str] = None) -> PhaseRecord:

@@ -3,7 +3,7 @@ sources. Windows are concurrent, nestable and independent."""
 
 from __future__ import annotations
 
-from ctypes import byref, c_size_t, c_uint64
+from ctypes import byref, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Tuple, Union
 
@@ -89,6 +89,10 @@ class Window(Owned):
         h = _ffi.out_handle()
         check_over(C.memprobe_window_open(arr, n, byref(h)), self._sources)
         self._handle = h.value
+        # The handle as the argument ctypes passes as is (an int is converted
+        # to a new c_void_p at every call), and the boundary's function.
+        self._arg = c_void_p(h.value)
+        self._reset = C.memprobe_window_reset
         self._closed = False
 
     @classmethod
@@ -128,7 +132,7 @@ class Window(Owned):
     def restart(self) -> None:
         """Starts a new interval now, discarding the one that ends (the
         cheapest boundary: no result is built)."""
-        status = C.memprobe_window_reset(self._handle, None, 0)
+        status = self._reset(self._arg, None, 0)
         if status:
             check_over(status, self._sources)
 
@@ -137,7 +141,7 @@ class Window(Owned):
         the ended interval of every source. Other windows keep their peaks."""
         n = len(self._sources)
         arr = (_ffi.memprobe_delta * n)()
-        status = C.memprobe_window_reset(self._handle, arr, n)
+        status = self._reset(self._arg, arr, n)
         if status:
             check_over(status, self._sources)
         return [Delta._from_c(d) for d in arr]
