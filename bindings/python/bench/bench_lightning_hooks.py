@@ -1,0 +1,151 @@
+"""What MemprobeCallback's per-step hooks cost inside a real Lightning fit.
+
+Whole-fit timings cannot resolve a 1 % overhead on a shared machine (run
+to run noise is several per cent), so this times the hooks themselves:
+``perf_counter_ns`` around ``on_train_batch_start`` and
+``on_train_batch_end`` of the callback at its defaults, inside the same
+fit as bench_lightning.py (CPU, one torch thread, ~4 ms steps, a CSV
+logger, the trainer's ``log_every_n_steps=50``), where the hooks run cold
+between the model's work. It also times an empty callback the same way
+(the timer's own floor) and reports, beside them, the paired whole-fit
+wall time of the runs with and without the callback.
+
+    python bench/bench_lightning_hooks.py [--rounds 5] [--steps 400] [--hidden 384]
+
+Per step: the sum of the two hooks of that step; the table gives the
+median and the 90th percentile over the steady steps (after a warm-up) of
+every run, the mean, and the share of the median step time. Figures:
+docs/bindings-benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from typing import Any, Dict, List, Tuple
+
+from _memprobe_import import describe, import_memprobe
+
+memprobe = import_memprobe()
+
+import torch  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from bench_lightning import Model, StepTimer  # noqa: E402
+from memprobe.integrations.lightning import MemprobeCallback  # noqa: E402
+
+WARMUP = 50
+
+
+def timed(base: type) -> type:
+    """``base`` with its two per-step hooks timed (nanoseconds per step)."""
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.start_ns: List[int] = []
+            self.end_ns: List[int] = []
+
+        def on_train_batch_start(self, *a: Any) -> None:
+            t = time.perf_counter_ns()
+            super().on_train_batch_start(*a)
+            self.start_ns.append(time.perf_counter_ns() - t)
+
+        def on_train_batch_end(self, *a: Any) -> None:
+            t = time.perf_counter_ns()
+            super().on_train_batch_end(*a)
+            self.end_ns.append(time.perf_counter_ns() - t)
+
+    Timed.__name__ = f"Timed{base.__name__}"
+    return Timed
+
+
+class Empty(pl.Callback):
+    """Does nothing: the floor of the timing (two timer reads, a call)."""
+
+
+def fit(cb: Any, steps: int, hidden: int, data: Any, root: str, name: str) -> float:
+    timer = StepTimer(warmup=WARMUP)
+    callbacks: List[Any] = [timer] + ([cb] if cb is not None else [])
+    trainer = pl.Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        callbacks=callbacks,
+        logger=CSVLogger(root, name=name),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    torch.manual_seed(0)
+    trainer.fit(Model(hidden), data)
+    return timer.per_step()[0]
+
+
+def per_step(cb: Any) -> List[int]:
+    steps = [a + b for a, b in zip(cb.start_ns, cb.end_ns)]
+    return steps[WARMUP:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--hidden", type=int, default=384, help="model width (sets the step time)")
+    ap.add_argument("--batch", type=int, default=256)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    n = args.batch * 64
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
+        batch_size=args.batch,
+    )
+    hooks: Dict[str, List[int]] = {"empty": [], "defaults": []}
+    wall: Dict[str, List[float]] = {"without": [], "defaults": []}
+    TimedEmpty, TimedMemprobe = timed(Empty), timed(MemprobeCallback)
+    with tempfile.TemporaryDirectory() as root:
+        fit(None, 60, args.hidden, data, root, "warm")  # warm caches and imports
+        for r in range(args.rounds):
+            order: List[Tuple[str, Any]] = [
+                ("without", None),
+                ("empty", TimedEmpty()),
+                ("defaults", TimedMemprobe()),
+            ]
+            order = order[r % 3:] + order[: r % 3]
+            for name, cb in order:
+                w = fit(cb, args.steps, args.hidden, data, root, name)
+                if name in wall:
+                    wall[name].append(w)
+                if cb is not None:
+                    hooks[name].extend(per_step(cb))
+                if name == "defaults":
+                    assert [p for p, _, _ in cb.history].count("step") == args.steps
+    step = statistics.median(wall["without"])
+    print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f} at the end; {args.rounds} rounds x {args.steps} steps "
+          f"(hooks of the steps after {WARMUP})")
+    print(describe(memprobe))
+    print(f"median step without the callback: {step * 1e3:.3f} ms")
+    print(f"\n{'hooks per step (start + end)':<32} {'median':>9} {'p90':>9} {'mean':>9} {'of a step':>10}")
+    for name, label in (("empty", "empty Callback (timer floor)"), ("defaults", "MemprobeCallback() (defaults)")):
+        ns = sorted(hooks[name])
+        med, p90, mean = statistics.median(ns), ns[int(len(ns) * 0.9)], statistics.fmean(ns)
+        print(f"{label:<32} {med / 1e3:7.1f}us {p90 / 1e3:7.1f}us {mean / 1e3:7.1f}us "
+              f"{med / 1e9 / step * 100:9.2f}%")
+    paired = statistics.median(d / w for d, w in zip(wall["defaults"], wall["without"]))
+    print(f"\nwhole fit, paired median of (defaults / without) wall time per step: {(paired - 1) * 100:+.2f}% "
+          f"(runs: {' '.join(f'{d / w - 1:+.1%}' for d, w in zip(wall['defaults'], wall['without']))})")
+
+
+if __name__ == "__main__":
+    main()
