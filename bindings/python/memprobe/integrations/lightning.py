@@ -29,6 +29,14 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
 ``callback.history`` keeps every ended phase, every step included, whatever
 is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes.
 
+A step's interval runs from the end of the step before it to its own end
+(``on_train_batch_end``): one window boundary per step, and nothing
+between two steps goes unmeasured (the next batch's loading, other
+callbacks' per-batch work are in the step that follows). The first step of
+an epoch, and the first after a validation loop, begin at their
+``on_train_batch_start``. Per step the hooks make that boundary and keep
+the history; metrics are built only on the steps that log.
+
 Out-of-memory reports: ``MemprobeCallback(oom_report="oom.json")`` keeps
 the phases in a :class:`memprobe.Tracker` and attaches PyTorch's
 out-of-memory observer to its report
