@@ -24,6 +24,7 @@ docs/bindings-benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import statistics
@@ -45,6 +46,26 @@ from memprobe.integrations.lightning import MemprobeCallback  # noqa: E402
 
 WARMUP = 50
 
+#: Wall and CPU nanoseconds spent in Python's cyclic garbage collector so
+#: far. A collection runs at the allocation that crosses gen0's threshold:
+#: after a training step that is often the first allocation a hook makes,
+#: which then pays for collecting the step's garbage (work the next
+#: allocation anywhere would have done). Hooks are reported with and
+#: without the collections that ran inside them.
+GC_NS = [0, 0]
+_gc_start = [0, 0]
+
+
+def _gc_clock(phase: str, info: Dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_start[:] = [time.perf_counter_ns(), time.thread_time_ns()]
+    else:
+        GC_NS[0] += time.perf_counter_ns() - _gc_start[0]
+        GC_NS[1] += time.thread_time_ns() - _gc_start[1]
+
+
+gc.callbacks.append(_gc_clock)
+
 
 def timed(base: type) -> type:
     """``base`` with its two per-step hooks timed (nanoseconds per step)."""
@@ -56,18 +77,27 @@ def timed(base: type) -> type:
             self.end_ns: List[int] = []
             self.start_cpu: List[int] = []
             self.end_cpu: List[int] = []
+            #: Per step: wall and CPU ns of the collections inside the hooks.
+            self.gc_ns: List[int] = []
+            self.gc_cpu: List[int] = []
 
         def on_train_batch_start(self, *a: Any) -> None:
+            g, gc_cpu = GC_NS[0], GC_NS[1]
             t, c = time.perf_counter_ns(), time.thread_time_ns()
             super().on_train_batch_start(*a)
             self.start_cpu.append(time.thread_time_ns() - c)
             self.start_ns.append(time.perf_counter_ns() - t)
+            self.gc_ns.append(GC_NS[0] - g)
+            self.gc_cpu.append(GC_NS[1] - gc_cpu)
 
         def on_train_batch_end(self, *a: Any) -> None:
+            g, gc_cpu = GC_NS[0], GC_NS[1]
             t, c = time.perf_counter_ns(), time.thread_time_ns()
             super().on_train_batch_end(*a)
             self.end_cpu.append(time.thread_time_ns() - c)
             self.end_ns.append(time.perf_counter_ns() - t)
+            self.gc_ns[-1] += GC_NS[0] - g
+            self.gc_cpu[-1] += GC_NS[1] - gc_cpu
 
     Timed.__name__ = f"Timed{base.__name__}"
     return Timed
@@ -110,9 +140,10 @@ def fit(cb: Any, steps: int, hidden: int, data: Any, root: str, name: str) -> fl
     return timer.per_step()[0]
 
 
-def per_step(cb: Any, cpu: bool = False) -> List[int]:
+def per_step(cb: Any, cpu: bool = False, without_gc: bool = False) -> List[int]:
     starts, ends = (cb.start_cpu, cb.end_cpu) if cpu else (cb.start_ns, cb.end_ns)
-    return [a + b for a, b in zip(starts, ends)][WARMUP:]
+    gcs = (cb.gc_cpu if cpu else cb.gc_ns) if without_gc else [0] * len(starts)
+    return [a + b - g for a, b, g in zip(starts, ends, gcs)][WARMUP:]
 
 
 def main() -> None:
@@ -136,6 +167,8 @@ def main() -> None:
     )
     hooks: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
     hooks_cpu: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
+    hooks_cpu_nogc: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
+    in_gc: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
     wall: Dict[str, List[float]] = {"without": [], "defaults": []}
     TimedEmpty, TimedMemprobe = timed(Empty), timed(MemprobeCallback)
     with tempfile.TemporaryDirectory() as root:
@@ -154,6 +187,8 @@ def main() -> None:
                 if cb is not None:
                     hooks[name].extend(per_step(cb))
                     hooks_cpu[name].extend(per_step(cb, cpu=True))
+                    hooks_cpu_nogc[name].extend(per_step(cb, cpu=True, without_gc=True))
+                    in_gc[name].extend(x > 0 for x in cb.gc_ns[WARMUP:])
                 if name == "defaults":
                     assert [p for p, _, _ in cb.history].count("step") == args.steps
             if args.together:
@@ -163,6 +198,8 @@ def main() -> None:
                 for k, cb in pair.items():
                     hooks[k].extend(per_step(cb))
                     hooks_cpu[k].extend(per_step(cb, cpu=True))
+                    hooks_cpu_nogc[k].extend(per_step(cb, cpu=True, without_gc=True))
+                    in_gc[k].extend(x > 0 for x in cb.gc_ns[WARMUP:])
     step = statistics.median(wall["without"])
     print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f} at the end; {args.rounds} rounds x {args.steps} steps "
@@ -171,7 +208,8 @@ def main() -> None:
     print(f"median step without the callback: {step * 1e3:.3f} ms")
     # Wall time counts the time the scheduler gives other processes in the
     # middle of a hook (a loaded machine); the thread's CPU time does not.
-    for title, table in (("wall time", hooks), ("training-thread CPU time", hooks_cpu)):
+    for title, table in (("wall time", hooks), ("training-thread CPU time", hooks_cpu),
+                         ("CPU time, collections inside left out", hooks_cpu_nogc)):
         print(f"\n{'hooks per step, ' + title:<40} {'median':>9} {'p90':>9} {'mean':>9} {'of 4 ms':>8}")
         rows = [("empty", "empty Callback (timer floor)"), ("defaults", "MemprobeCallback() (defaults)")]
         if args.together:
@@ -181,6 +219,8 @@ def main() -> None:
             med, p90, mean = statistics.median(ns), ns[int(len(ns) * 0.9)], statistics.fmean(ns)
             print(f"{label:<40} {med / 1e3:7.1f}us {p90 / 1e3:7.1f}us {mean / 1e3:7.1f}us "
                   f"{med / 4e6 * 100:7.2f}%")
+    print("\nsteps whose hooks ran a garbage collection: " + ", ".join(
+        f"{k} {sum(v) / len(v):.0%}" for k, v in in_gc.items() if v))
     paired = statistics.median(d / w for d, w in zip(wall["defaults"], wall["without"]))
     print(f"\nwhole fit, paired median of (defaults / without) wall time per step: {(paired - 1) * 100:+.2f}% "
           f"(runs: {' '.join(f'{d / w - 1:+.1%}' for d, w in zip(wall['defaults'], wall['without']))})")
