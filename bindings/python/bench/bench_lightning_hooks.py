@@ -208,8 +208,12 @@ def main() -> None:
     print(f"median step without the callback: {step * 1e3:.3f} ms")
     # Wall time counts the time the scheduler gives other processes in the
     # middle of a hook (a loaded machine); the thread's CPU time does not.
-    for title, table in (("wall time", hooks), ("training-thread CPU time", hooks_cpu),
-                         ("CPU time, collections inside left out", hooks_cpu_nogc)):
+    if any(any(v) for v in in_gc.values()):
+        tables = [("wall time", hooks), ("training-thread CPU time", hooks_cpu),
+                  ("CPU time, collections inside left out", hooks_cpu_nogc)]
+    else:
+        tables = [("wall time", hooks), ("training-thread CPU time", hooks_cpu)]
+    for title, table in tables:
         print(f"\n{'hooks per step, ' + title:<40} {'median':>9} {'p90':>9} {'mean':>9} {'of 4 ms':>8}")
         rows = [("empty", "empty Callback (timer floor)"), ("defaults", "MemprobeCallback() (defaults)")]
         if args.together:
