@@ -179,6 +179,16 @@ class _Measured:
     def names(self) -> List[str]:
         return [s.name for s in self.sources()]
 
+    def since_cuda_init(self) -> Dict[str, Delta]:
+        """The GPU part of the cell in which CUDA was initialised (see
+        :func:`_since_cuda_init`); empty, the reason kept, when torch
+        cannot say."""
+        try:
+            return _since_cuda_init()
+        except Exception as e:  # noqa: BLE001 - a torch whose CUDA cannot be read: no GPU columns
+            self.gpu_error = f"{type(e).__name__}: {e}"
+            return {}
+
     def close(self) -> None:
         if self.window is not None:
             self.window.close()
@@ -300,7 +310,7 @@ class NotebookMemory:
             assert m.window is not None
             deltas = dict(zip(m.names(), m.window.reset()))
             if not self._gpu_at_start and m.wants_gpu():
-                deltas.update(_since_cuda_init())
+                deltas.update(m.since_cuda_init())
                 m.attach_gpu()
         except MemprobeError as e:
             self._say(f"･ memprobe: cannot measure this cell: {e}")
@@ -330,8 +340,10 @@ class NotebookMemory:
             self.off()
         elif arg == "":
             state = "on" if self.enabled else "off"
-            names = ", ".join(self._measured.names()) if self._measured is not None else "-"
-            self._say(f"memprobe per-cell line: {state} (sources: {names})")
+            m = self._measured
+            names = ", ".join(m.names()) if m is not None else "-"
+            why = f"; no GPU sources: {m.gpu_error}" if m is not None and m.gpu_error else ""
+            self._say(f"memprobe per-cell line: {state} (sources: {names}{why})")
         else:
             return self._usage(f"usage: %memprobe [on|off], or %%memprobe as a cell's first line; got {arg!r}")
         return None
@@ -360,7 +372,7 @@ class NotebookMemory:
                 seconds = time.perf_counter() - t0
                 deltas = dict(zip(m.names(), m.window.reset()))
                 if not gpu_at_start and m.wants_gpu():
-                    deltas.update(_since_cuda_init())
+                    deltas.update(m.since_cuda_init())
                 # No cell number: IPython counts the running cell differently across versions.
                 self._say(format_table(CellRecord(None, seconds, deltas)))
         finally:

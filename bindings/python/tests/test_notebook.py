@@ -243,3 +243,22 @@ def test_gpu_columns_from_the_cell_that_initialises_cuda(shell, capsys, cuda):
     assert rows["torch_alloc:0"][:4] == ["10", "0", "266", "266"]
     assert rows["torch_reserved:0"][2] == "512"  # 512 MiB reserved at the peak, kept
     assert "GPU" not in rows
+
+
+def test_a_cuda_that_cannot_be_read_leaves_the_gpu_columns_at_zero(shell, capsys, cuda, monkeypatch):
+    import torch
+
+    def broken(*_a):
+        raise RuntimeError("CUDA driver gone")
+
+    run(shell, capsys, "%load_ext memprobe")
+    monkeypatch.setattr(torch.cuda, "device_count", broken)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", broken)
+    result, out = run(shell, capsys, "fake_cuda.up = True")
+    assert result.success and "Error in callback" not in out
+    (_, gpus, _), = lines(out)
+    assert gpus == {"": (0, 0, 0)}
+    _, out = run(shell, capsys, "b = 1")
+    assert len(lines(out)) == 1
+    _, out = run(shell, capsys, "%memprobe")
+    assert "sources: rss; no GPU sources: RuntimeError: CUDA driver gone" in out
