@@ -17,10 +17,17 @@
  *   empty list, no device) with MEMPROBE_STATUS_UNAVAILABLE, an invalid id
  *   gives zeros with MEMPROBE_STATUS_INVALID_ID.
  * - memprobe_last_error() explains the last failure on the calling thread
- *   (like dlerror); it is cleared by every successful call.
+ *   (like dlerror). A call that returns a memprobe_status clears it when
+ *   it succeeds, except the functions that free a handle (the seven
+ *   memprobe_<handle>_free below), which leave it as it was, so a finaliser
+ *   running between a failed call and memprobe_last_error() does not erase
+ *   the message. Calls that return no status (memprobe_version,
+ *   memprobe_soname, memprobe_b2mb, memprobe_b2mb_signed,
+ *   memprobe_status_name, memprobe_last_error) leave it alone.
  * - Handles (memprobe_source, memprobe_window, memprobe_trace,
+ *   memprobe_tracker, memprobe_mark_group, memprobe_exporter,
  *   memprobe_gpu_device) are opaque tokens created by *_new / *_open and
- *   released by *_free; *_free(NULL) is a no-op. They are not pointers to
+ *   released by memprobe_<handle>_free; freeing NULL is a no-op. They are not pointers to
  *   memory: a freed, forged or wrongly typed handle is detected and answered
  *   MEMPROBE_STATUS_INVALID_HANDLE, never dereferenced.
  * - NULL where a pointer is required: MEMPROBE_STATUS_NULL_POINTER.

@@ -68,11 +68,20 @@ static void test_free_keeps_last_error(void) {
     FREE_OK(memprobe_tracker_free(NULL));
     FREE_OK(memprobe_exporter_free(NULL));
     FREE_OK(memprobe_gpu_device_free(NULL));
+    FREE_OK(memprobe_mark_group_free(NULL));
     FREE_OK(memprobe_source_free(p));
     CHECK(strcmp(memprobe_last_error(), msg) == 0);
     /* A failed free reports its own error. */
     EXPECT(memprobe_source_free(p), MEMPROBE_STATUS_INVALID_HANDLE);
     CHECK(strstr(memprobe_last_error(), "memprobe_source_free") != NULL);
+    /* Calls that return no status leave it alone (the header says which). */
+    snprintf(msg, sizeof msg, "%s", memprobe_last_error());
+    CHECK(memprobe_version()[0] != '\0');
+    CHECK(memprobe_soname()[0] != '\0');
+    CHECK(memprobe_b2mb(3u << 20) == 3);
+    CHECK(memprobe_b2mb_signed(-(3 << 20)) == -3);
+    CHECK(memprobe_status_name(MEMPROBE_STATUS_OK)[0] != '\0');
+    CHECK(strcmp(memprobe_last_error(), msg) == 0);
     /* Any other successful call clears it, as before. */
     OK(memprobe_debug_live_handles(NULL, NULL, NULL, NULL));
     CHECK(memprobe_last_error()[0] == '\0');

@@ -1,6 +1,7 @@
 """The subset of JSON Schema (draft 2020-12) memprobe's schema files use —
-type, const, enum, properties, required, additionalProperties, items,
-anyOf, $ref into $defs, minimum — the same subset as the Rust checker
+type, const, enum, properties, required, dependentRequired,
+additionalProperties, items, prefixItems, minItems, maxItems, anyOf, $ref
+into $defs, minimum — the same subset as the Rust checker
 (memprobe-cli/tests/cli/schema.rs). A keyword outside it is an error, so a
 schema cannot silently use something this checker ignores. Standalone (no
 pytest, no memprobe): scripts/gpu-validate-oom.py uses it too.
@@ -70,6 +71,11 @@ def _check(root: Dict[str, Any], schema: Any, v: Any, path: str, errors: List[st
         elif key == "required":
             if isinstance(v, dict):
                 errors.extend(f"{path}: missing required field {r}" for r in s if r not in v)
+        elif key == "dependentRequired":
+            if isinstance(v, dict):
+                errors.extend(
+                    f"{path}: {name} without {r}" for name, needs in s.items() if name in v for r in needs if r not in v
+                )
         elif key == "properties":
             if isinstance(v, dict):
                 for name, sub in s.items():

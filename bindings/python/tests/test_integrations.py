@@ -13,14 +13,16 @@ from memprobe.integrations.avalanche import MaxRAM
 from memprobe.integrations.lightning import MemprobeHooks
 from memprobe.integrations.phases import PhasePeaks
 
-FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "avalanche", "jax")
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "avalanche", "jax", "transformers", "accelerate")
 
 
 def test_importing_memprobe_and_integrations_imports_no_framework():
     code = (
         "import sys, memprobe, memprobe.integrations.lightning, "
         "memprobe.integrations.avalanche, memprobe.integrations.torch, "
-        "memprobe.integrations.phases, memprobe.integrations.jax\n"
+        "memprobe.integrations.phases, memprobe.integrations.jax, "
+        "memprobe.integrations.transformers, memprobe.integrations.accelerate, "
+        "memprobe.integrations.loop, memprobe.integrations.trainer_stages, memprobe.integrations._ranks\n"
         f"print([m for m in {FRAMEWORKS!r} if m in sys.modules])"
     )
     r = run_python(code, env={"PYTHONPATH": str(SITE)})
@@ -228,3 +230,44 @@ def test_lightning_callback_in_a_real_trainer(tmp_path, rss):
     trainer.fit(Tiny(), data)
     assert [p for p, _, _ in cb.history].count("step") == 8
     assert "memprobe/rss/epoch_peak" in trainer.callback_metrics
+
+
+def test_loop_peaks_report_the_step_interval_epoch_and_trainer_named_stage(rss):
+    """The engine under the Transformers and Accelerate integrations, on one
+    rank: a spike in one step shows in that step, the interval, the epoch
+    and the stage; the Trainer-named metrics follow transformers'
+    definitions (alloc = end - start, peaked = max(0, peak - end))."""
+    from memprobe.integrations.loop import LoopPeaks
+
+    loop = LoopPeaks(rss, stage_gc=False)
+    loop.stage_begin("train")
+    loop.epoch_begin()
+    loop.step_end()
+    spike(96 * MiB)
+    (spiky,) = loop.step_end()
+    loop.epoch_end()
+    (stage,) = loop.stage_end("train")
+    metrics, named = loop.report()
+    assert spiky.delta_peaked >= 94 * MiB
+    assert metrics["memprobe/rss/step_peak"] == spiky.peak / MiB
+    assert metrics["memprobe/rss/interval_peak"] >= spiky.peak / MiB
+    assert metrics["memprobe/rss/epoch_peak"] >= spiky.peak / MiB
+    assert metrics["memprobe/rss/train_peak"] == stage.peak / MiB >= spiky.peak / MiB
+    assert named["train_mem_cpu_alloc_delta"] == stage.used_end - stage.used_start
+    assert named["train_mem_cpu_peaked_delta"] == max(0, stage.peak - stage.used_end) >= 90 * MiB
+    # init's metrics come with the first stage, as the Trainer reports them.
+    assert "init_mem_cpu_alloc_delta" in named and named["before_init_mem_cpu"] > 0
+    assert [p for p, _, _ in loop.history if p != "interval"] == ["init", "step", "step", "epoch", "train"]
+    assert loop.ranks.history == [] and loop.ranks.world_size == 1
+    loop.close()
+
+
+def test_rank_values_pack_and_unpack_every_delta_field(rss):
+    from memprobe.integrations._ranks import max_deltas, pack, unpack
+
+    with memprobe.Window(rss) as w:
+        spike(8 * MiB)
+        deltas = w.reset()
+    assert unpack(pack(deltas), deltas) == deltas
+    # One rank: unchanged, torch not needed.
+    assert max_deltas(deltas, [7, -3]) == (deltas, [7, -3])

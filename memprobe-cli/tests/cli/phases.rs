@@ -1,12 +1,14 @@
 //! The command's phases reaching `memprobe run` over the run channel:
 //! datagrams that are not messages are counted, never a crash; a memprobe
 //! that stops reading never stalls the command and loses no step; a burst
-//! at exit arrives whole; under load every epoch arrives.
+//! at exit arrives whole; under load every epoch arrives; the ranks a
+//! launcher gave its workers name them, and bad ones are left out.
 //! (The phases of C, Python and Go programs: tests/tests/run_phases.rs,
 //! bindings/python/tests/test_run_phases.py, bindings/go/run_phases_test.go.)
 
 use crate::schema::assert_valid;
 use crate::support::*;
+use memprobe_core::run_channel::ranks::LAUNCHERS;
 use memprobe_core::run_channel::{RunChannel, ENV};
 use memprobe_core::{PhaseKind, Source, Tracker};
 use std::os::unix::net::UnixDatagram;
@@ -154,6 +156,58 @@ pub(crate) fn child(words: &[&str]) {
             }
         }
         "phase-load-one" => load_one(),
+        // Workers as a launcher starts them, each with the variables
+        // given as `NAME=value` words (every launcher's others removed).
+        "phase-ranks" => {
+            let workers: Vec<Vec<&str>> = words[1..]
+                .split(|w| *w == "--")
+                .map(<[&str]>::to_vec)
+                .collect();
+            let kids: Vec<_> = workers
+                .iter()
+                .map(|vars| {
+                    let spike = vars.contains(&"spike");
+                    let (argv, (k, v)) =
+                        crate::helper::argv(&["phase-rank-one", if spike { "spike" } else { "-" }]);
+                    let mut c = std::process::Command::new(&argv[0]);
+                    c.args(&argv[1..]).env(k, &v);
+                    for (rank, local, size) in LAUNCHERS {
+                        c.env_remove(rank).env_remove(size);
+                        if let Some(l) = local {
+                            c.env_remove(l);
+                        }
+                    }
+                    for kv in vars.iter().filter_map(|w| w.split_once('=')) {
+                        c.env(kv.0, kv.1);
+                    }
+                    c.spawn().unwrap()
+                })
+                .collect();
+            for mut k in kids {
+                assert!(k.wait().unwrap().success());
+            }
+        }
+        // One worker: two epochs of three steps, a 900 MiB spike in the
+        // second step of epoch 0 with `spike`.
+        "phase-rank-one" => {
+            let (mem, mut t) = tracker();
+            for epoch in 0..2 {
+                t.begin(PhaseKind::Epoch, None).unwrap();
+                t.begin(PhaseKind::Step, None).unwrap();
+                for step in 0..3 {
+                    std::thread::sleep(Duration::from_millis(5));
+                    if words[1] == "spike" && (epoch, step) == (0, 1) {
+                        mem.push(900 << 20).unwrap();
+                        mem.push(64 << 20).unwrap();
+                    }
+                    if step < 2 {
+                        t.next(PhaseKind::Step, None).unwrap();
+                    }
+                }
+                t.end(PhaseKind::Step, None).unwrap();
+                t.end(PhaseKind::Epoch, None).unwrap();
+            }
+        }
         other => panic!("unknown helper mode {other}"),
     }
 }
@@ -272,4 +326,101 @@ fn under_load_every_epoch_arrives_and_only_steps_could_be_lost() {
     }
     // Batched: far fewer messages than steps.
     assert!(u(&c["received"]) < steps / 10, "{c}");
+}
+
+#[test]
+fn a_launchers_ranks_name_its_workers_and_their_spread_is_shown() {
+    let (out, json) = run_helper_json(
+        &[],
+        &[
+            "phase-ranks",
+            "RANK=0",
+            "LOCAL_RANK=0",
+            "WORLD_SIZE=2",
+            "--",
+            "RANK=1",
+            "LOCAL_RANK=1",
+            "WORLD_SIZE=2",
+            "spike",
+        ],
+    );
+    let text = stderr(&out);
+    assert!(out.status.success(), "{text}");
+    assert_valid("docs/run-output.schema.json", &json);
+    let c = &json["phase_channel"];
+    let ranks = c["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{c}");
+    let pid_of = |rank: u64| u(&ranks.iter().find(|r| u(&r["rank"]) == rank).unwrap()["pid"]);
+    let (p0, p1) = (pid_of(0), pid_of(1));
+    assert_eq!(u(&ranks[0]["world_size"]), 2);
+    for p in json["phases"].as_array().unwrap() {
+        let want = if u(&p["pid"]) == p1 { 1 } else { 0 };
+        assert_eq!(u(&p["rank"]), want, "{p}");
+        assert_eq!(u(&p["local_rank"]), want, "{p}");
+    }
+    let spread = c["rank_spread"].as_array().unwrap();
+    let e0 = spread.iter().find(|s| s["label"] == "epoch 0").unwrap();
+    assert_eq!((u(&e0["max_rank"]), u(&e0["min_rank"])), (1, 0), "{e0}");
+    assert_eq!((u(&e0["max_pid"]), u(&e0["min_pid"])), (p1, p0), "{e0}");
+    assert_eq!(
+        (u(&e0["max_bytes"]), u(&e0["min_bytes"])),
+        (900 << 20, 64 << 20)
+    );
+    assert_eq!(e0["spread_percent"].as_f64().map(f64::round), Some(1306.0));
+    let e1 = spread.iter().find(|s| s["label"] == "epoch 1").unwrap();
+    assert_eq!(e1["spread_percent"].as_f64(), Some(0.0), "{e1}");
+    let steps = spread.iter().find(|s| s["label"] == "steps").unwrap();
+    assert_eq!(steps["max_step"], "epoch 0 / step 1", "{steps}");
+    for needle in [
+        format!("pid {p0} (rank 0), pid {p1} (rank 1)"),
+        format!("(pid {p1}, rank 1), pushed"),
+        "rank spread           epoch 0: max rank 1 900 MiB, min rank 0 64.0 MiB, spread +1306 % (mem, 2 ranks)".into(),
+        "rank spread           steps: max rank 1 900 MiB (epoch 0, step 1)".into(),
+    ] {
+        assert!(text.contains(&needle), "no {needle:?} in\n{text}");
+    }
+}
+
+#[test]
+fn ranks_that_do_not_hold_are_left_out_and_the_run_looks_as_before() {
+    let (out, json) = run_helper_json(
+        &[],
+        &[
+            "phase-ranks",
+            "RANK=one",
+            "WORLD_SIZE=2",
+            "--",
+            "RANK=2",
+            "WORLD_SIZE=2",
+            "--",
+            "RANK=-1",
+            "WORLD_SIZE=2",
+            "--",
+            "RANK=1",
+            "--",
+            "OMPI_COMM_WORLD_RANK=0",
+            "OMPI_COMM_WORLD_SIZE=",
+            "spike",
+        ],
+    );
+    let text = stderr(&out);
+    assert!(out.status.success(), "{text}");
+    assert_valid("docs/run-output.schema.json", &json);
+    let c = &json["phase_channel"];
+    assert_eq!(c["processes"].as_array().unwrap().len(), 5, "{c}");
+    assert_eq!(json["phases"].as_array().unwrap().len(), 10, "{c}");
+    // (The worktree's path may hold the word: keys and phrases only.)
+    let all = json.to_string();
+    for key in [
+        r#""rank":"#,
+        r#""ranks":"#,
+        r#""world_size":"#,
+        "rank_spread",
+    ] {
+        assert!(!all.contains(key), "{key} in {all}");
+    }
+    for phrase in ["(rank ", ", rank ", "rank spread", "RANK"] {
+        assert!(!text.contains(phrase), "{phrase} in {text}");
+    }
+    assert!(text.contains("10 epochs, 30 steps from pids "), "{text}");
 }

@@ -1,6 +1,7 @@
 //! A small JSON Schema checker: the subset of draft 2020-12 that memprobe's
 //! schema files use (type, const, enum, properties, required,
-//! additionalProperties, items, anyOf, $ref into $defs, minimum). A keyword
+//! dependentRequired, additionalProperties, items, prefixItems, minItems,
+//! maxItems, anyOf, $ref into $defs, minimum). A keyword
 //! outside that subset is an error, so the schema cannot silently use
 //! something this checker ignores. Shared by the integration tests and the
 //! crate's unit tests (included with `#[path]`).
@@ -114,6 +115,21 @@ fn check_at(root: &Value, schema: &Value, v: &Value, path: &str, errors: &mut Ve
                     }
                 }
             }
+            "dependentRequired" => {
+                if let Some(o) = v.as_object() {
+                    for (name, needs) in s.as_object().unwrap() {
+                        if !o.contains_key(name) {
+                            continue;
+                        }
+                        for r in needs.as_array().unwrap() {
+                            let r = r.as_str().unwrap();
+                            if !o.contains_key(r) {
+                                errors.push(format!("{path}: {name} without {r}"));
+                            }
+                        }
+                    }
+                }
+            }
             "properties" => {
                 if let Some(o) = v.as_object() {
                     for (name, sub) in s.as_object().unwrap() {
@@ -190,11 +206,14 @@ fn the_checker_catches_disagreements() {
         "type": "object",
         "additionalProperties": false,
         "required": ["a", "b"],
+        "dependentRequired": { "e": ["f"] },
         "properties": {
             "a": { "type": "integer", "minimum": 0 },
             "b": { "anyOf": [{ "$ref": "#/$defs/x" }, { "type": "null" }] },
             "c": { "type": "array", "items": { "enum": ["p", "q"] } },
-            "d": { "type": "array", "prefixItems": [{ "type": "number" }, { "type": "integer" }], "minItems": 2, "maxItems": 2 }
+            "d": { "type": "array", "prefixItems": [{ "type": "number" }, { "type": "integer" }], "minItems": 2, "maxItems": 2 },
+            "e": { "type": "integer" },
+            "f": { "type": "integer" }
         },
         "$defs": { "x": { "type": "object", "required": ["k"], "properties": { "k": { "const": 1 } } } }
     });
@@ -205,6 +224,12 @@ fn the_checker_catches_disagreements() {
         check(&schema, &good)
     );
     assert!(check(&schema, &serde_json::json!({ "a": 1, "b": null })).is_empty());
+    assert!(check(
+        &schema,
+        &serde_json::json!({ "a": 1, "b": null, "e": 1, "f": 2 })
+    )
+    .is_empty());
+    assert!(check(&schema, &serde_json::json!({ "a": 1, "b": null, "f": 2 })).is_empty());
     for bad in [
         serde_json::json!({ "a": 1 }),
         serde_json::json!({ "a": -1, "b": null }),
@@ -215,6 +240,7 @@ fn the_checker_catches_disagreements() {
         serde_json::json!({ "a": 1, "b": null, "d": [0.5, 1.5] }),
         serde_json::json!({ "a": 1, "b": null, "d": [0.5] }),
         serde_json::json!({ "a": 1, "b": null, "d": [0.5, 1, 2] }),
+        serde_json::json!({ "a": 1, "b": null, "e": 1 }),
     ] {
         assert!(!check(&schema, &bad).is_empty(), "accepted {bad}");
     }

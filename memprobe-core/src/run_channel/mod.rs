@@ -9,7 +9,9 @@
 //! - `sender`: [`RunChannel`], the socket, what it keeps while the receiver
 //!   is full, the counts of what it dropped, the flush at exit;
 //! - `batch`: a tracker's steps folded into one message;
-//! - `hook`: a tracker's end of the channel (which channel, its number).
+//! - `hook`: a tracker's end of the channel (which channel, its number);
+//! - [`ranks`]: the process's rank in a job of several, from the variables
+//!   its launcher set (torchrun, MPI, Slurm), sent in every message.
 //!
 //! The training thread is never blocked or slowed for it, and nothing sent
 //! is lost without being counted:
@@ -55,10 +57,12 @@
 mod batch;
 mod hook;
 pub mod protocol;
+pub mod ranks;
 mod sender;
 
 pub(crate) use hook::Hook;
 pub use protocol::{MAX_DATAGRAM, VERSION};
+pub use ranks::Ranks;
 pub use sender::RunChannel;
 
 use std::time::Duration;

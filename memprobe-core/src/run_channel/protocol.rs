@@ -17,7 +17,11 @@
 //! steps in those of them that were batches), `"kind"` (`step`, `epoch`,
 //! `experience`, `stream`, `custom`), `"name"` (the kind's name, or a
 //! custom phase's), `"index"` (the phase's number among its kind and name,
-//! from 0) and `"depth"` (phases enclosing it). Then:
+//! from 0) and `"depth"` (phases enclosing it). A process that is one
+//! rank of a job of several (its launcher said so: [`Ranks`]) adds
+//! `"rank"`, `"world_size"` and, when known, `"local_rank"` after
+//! `"dropped_steps"`, in every message (any one of them may be the one that
+//! arrives); a process without ranks sends none of them. Then:
 //!
 //! - `begin`: `"t_ns"`, when the phase began;
 //! - `end`: `"started_ns"`, `"ended_ns"`, `"next"` (true when a phase of
@@ -41,9 +45,11 @@
 //! ```text
 //! {"v":1,"ev":"begin","pid":4242,"tracker":1,"seq":0,"dropped":0,"dropped_steps":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}
 //! {"v":1,"ev":"end","pid":4242,"tracker":1,"seq":7,"dropped":0,"dropped_steps":0,"kind":"step","name":"step","index":3,"depth":1,"started_ns":81240000000,"ended_ns":81250000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":373293056,"delta_used":0,"delta_peaked":268435456}],"truncated":false}
+//! {"v":1,"ev":"begin","pid":4243,"tracker":1,"seq":0,"dropped":0,"dropped_steps":0,"rank":1,"world_size":2,"local_rank":1,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":81234567890}
 //! {"v":1,"ev":"steps","pid":4242,"tracker":1,"seq":8,"dropped":0,"dropped_steps":0,"kind":"step","name":"step","index":4,"depth":1,"last":9,"count":6,"started_ns":81250000000,"ended_ns":81262000000,"next":true,"releases":0,"sources":[{"name":"rss","kind":"process","fidelity":"exact","used_start":104857600,"used_end":104857600,"peak":109051904,"delta_used":0,"delta_peaked":4194304,"index":7,"started_ns":81256000000,"ended_ns":81258000000}],"truncated":false}
 //! ```
 
+use super::ranks::Ranks;
 use crate::delta::SourceDelta;
 use crate::phase::PhaseKind;
 use crate::sink::Record;
@@ -80,6 +86,8 @@ pub(crate) struct Head {
     pub(crate) seq: u64,
     pub(crate) dropped: u64,
     pub(crate) dropped_steps: u64,
+    /// The sending process's ranks, when it has them.
+    pub(crate) ranks: Option<Ranks>,
 }
 
 /// In a batch being sent: the step with the largest peak of one source,
@@ -126,9 +134,16 @@ fn encode_head(buf: &mut String, head: &Head, ev: &str, kind: PhaseKind, name: &
     buf.clear();
     let _ = write!(
         buf,
-        r#"{{"v":{VERSION},"ev":"{ev}","pid":{},"tracker":{},"seq":{},"dropped":{},"dropped_steps":{},"kind":"#,
+        r#"{{"v":{VERSION},"ev":"{ev}","pid":{},"tracker":{},"seq":{},"dropped":{},"dropped_steps":{}"#,
         head.pid, head.tracker, head.seq, head.dropped, head.dropped_steps
     );
+    if let Some(r) = head.ranks {
+        let _ = write!(buf, r#","rank":{},"world_size":{}"#, r.rank, r.world_size);
+        if let Some(l) = r.local_rank {
+            let _ = write!(buf, r#","local_rank":{l}"#);
+        }
+    }
+    buf.push_str(",\"kind\":");
     json::string(buf, kind.as_str());
     buf.push_str(",\"name\":");
     json::string(buf, name);
@@ -269,6 +284,8 @@ pub struct Message {
     pub dropped: u64,
     /// Steps in the dropped messages that were batches of steps.
     pub dropped_steps: u64,
+    /// The sending process's ranks, when it sent them.
+    pub ranks: Option<Ranks>,
     /// The phase's kind.
     pub kind: PhaseKind,
     /// The phase's name.
@@ -364,6 +381,9 @@ mod wire {
         pub(super) dropped: u64,
         #[serde(default)]
         pub(super) dropped_steps: u64,
+        pub(super) rank: Option<u32>,
+        pub(super) local_rank: Option<u32>,
+        pub(super) world_size: Option<u32>,
         pub(super) kind: String,
         pub(super) name: String,
         pub(super) index: u64,
@@ -402,7 +422,8 @@ mod wire {
 
 /// Decodes one datagram, checking what a tracker could have sent: anything
 /// else (not JSON, missing or malformed fields, names longer than a
-/// tracker allows, times out of order) is [`Unreadable::Garbled`], another
+/// tracker allows, times out of order, ranks that are not a process's) is
+/// [`Unreadable::Garbled`], another
 /// version [`Unreadable::Version`]. Never panics.
 #[cfg(any(test, feature = "run-channel-decode"))]
 pub fn decode(bytes: &[u8]) -> Result<Message, Unreadable> {
@@ -421,6 +442,18 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Unreadable> {
     if !name_ok(&w.name) || w.sources.len() > MAX_SOURCES {
         return Err(Unreadable::Garbled);
     }
+    let ranks = match (w.rank, w.local_rank, w.world_size) {
+        (None, None, None) => None,
+        (Some(rank), local_rank, Some(world_size)) => Some(Ranks {
+            rank,
+            local_rank,
+            world_size,
+        })
+        .filter(Ranks::valid)
+        .map(Some)
+        .ok_or(Unreadable::Garbled)?,
+        _ => return Err(Unreadable::Garbled),
+    };
     let mut sources = Vec::with_capacity(w.sources.len());
     let mut steps = Vec::new();
     for s in w.sources {
@@ -497,6 +530,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Unreadable> {
         seq: w.seq,
         dropped: w.dropped,
         dropped_steps: w.dropped_steps,
+        ranks,
         kind,
         name: w.name,
         index: w.index,
@@ -542,6 +576,7 @@ pub(crate) mod tests {
         seq: 9,
         dropped: 2,
         dropped_steps: 1,
+        ranks: None,
     };
 
     #[test]
@@ -574,6 +609,93 @@ pub(crate) mod tests {
             buf,
             r#"{"v":1,"ev":"end","pid":4242,"tracker":3,"seq":9,"dropped":2,"dropped_steps":1,"kind":"step","name":"step","index":17,"depth":1,"started_ns":1000,"ended_ns":2000,"next":true,"releases":0,"sources":[{"name":"rss0","kind":"process","fidelity":"exact","used_start":100,"used_end":120,"peak":300,"delta_used":20,"delta_peaked":180}],"truncated":false}"#
         );
+    }
+
+    #[test]
+    fn a_rank_is_in_every_message_and_a_process_without_sends_none() {
+        let mut head = HEAD;
+        head.ranks = Some(Ranks {
+            rank: 1,
+            local_rank: Some(0),
+            world_size: 2,
+        });
+        let mut buf = String::new();
+        let begin = Outgoing::Begin {
+            kind: PhaseKind::Epoch,
+            name: "epoch",
+            index: 0,
+            depth: 0,
+            t_ns: 5,
+        };
+        encode(&mut buf, &head, &begin);
+        assert_eq!(
+            buf,
+            r#"{"v":1,"ev":"begin","pid":4242,"tracker":3,"seq":9,"dropped":2,"dropped_steps":1,"rank":1,"world_size":2,"local_rank":0,"kind":"epoch","name":"epoch","index":0,"depth":0,"t_ns":5}"#
+        );
+        head.ranks = head.ranks.map(|r| Ranks {
+            local_rank: None,
+            ..r
+        });
+        encode(
+            &mut buf,
+            &head,
+            &Outgoing::End {
+                record: &record(1, "rss"),
+                next: false,
+            },
+        );
+        assert!(
+            buf.contains(r#""dropped_steps":1,"rank":1,"world_size":2,"kind":"step","#),
+            "{buf}"
+        );
+        encode(&mut buf, &HEAD, &begin);
+        assert!(
+            !buf.contains("rank") && !buf.contains("world_size"),
+            "{buf}"
+        );
+    }
+
+    #[test]
+    fn ranks_no_process_could_have_are_refused() {
+        let good = BEGIN.replace(
+            r#""dropped":0,"#,
+            r#""dropped":0,"rank":1,"local_rank":1,"world_size":2,"#,
+        );
+        let m = decode(good.as_bytes()).unwrap();
+        assert_eq!(
+            m.ranks,
+            Some(Ranks {
+                rank: 1,
+                local_rank: Some(1),
+                world_size: 2
+            })
+        );
+        // Without a local rank: still a rank.
+        let no_local = good.replace(r#""local_rank":1,"#, "");
+        assert_eq!(
+            decode(no_local.as_bytes())
+                .unwrap()
+                .ranks
+                .unwrap()
+                .local_rank,
+            None
+        );
+        for bad in [
+            good.replace(r#""rank":1"#, r#""rank":2"#),
+            good.replace(r#""local_rank":1"#, r#""local_rank":5"#),
+            good.replace(r#""rank":1"#, r#""rank":-1"#),
+            good.replace(r#""rank":1"#, r#""rank":"1""#),
+            good.replace(r#""world_size":2"#, r#""world_size":0"#),
+            good.replace(r#","world_size":2"#, ""),
+            good.replace(r#""rank":1,"#, ""),
+            BEGIN.replace(r#""dropped":0,"#, r#""dropped":0,"local_rank":0,"#),
+        ] {
+            assert_eq!(
+                decode(bad.as_bytes()).err(),
+                Some(Unreadable::Garbled),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -625,23 +747,49 @@ pub(crate) mod tests {
     }
 
     /// What each end makes of the other: every message the sender can
-    /// encode decodes to what it said, field for field.
+    /// encode decodes to what it said, field for field, from a process
+    /// with ranks (with and without a local rank, at the bounds) and
+    /// without.
     #[test]
     fn every_message_round_trips() {
+        for ranks in [
+            None,
+            Some(Ranks {
+                rank: 1,
+                local_rank: Some(1),
+                world_size: 2,
+            }),
+            Some(Ranks {
+                rank: u32::MAX - 1,
+                local_rank: None,
+                world_size: u32::MAX,
+            }),
+            Some(Ranks {
+                rank: 0,
+                local_rank: Some(0),
+                world_size: 1,
+            }),
+        ] {
+            round_trip(Head {
+                pid: u32::MAX,
+                tracker: u64::MAX,
+                seq: 1 << 60,
+                dropped: 7,
+                dropped_steps: 4096,
+                ranks,
+            });
+        }
+    }
+
+    fn round_trip(head: Head) {
         let mut buf = String::new();
-        let head = Head {
-            pid: u32::MAX,
-            tracker: u64::MAX,
-            seq: 1 << 60,
-            dropped: 7,
-            dropped_steps: 4096,
-        };
         let expect = |kind, name: &str, index, depth, event| Message {
             pid: head.pid,
             tracker: head.tracker,
             seq: head.seq,
             dropped: head.dropped,
             dropped_steps: head.dropped_steps,
+            ranks: head.ranks,
             kind,
             name: name.into(),
             index,

@@ -5,6 +5,7 @@
 
 use super::batch::Batch;
 use super::protocol::{encode, Head, Outgoing};
+use super::ranks::Ranks;
 use super::{ENV, FLUSH_WAIT, GONE_SKIP, MAX_PENDING};
 use crate::error::{Error, Result};
 use crate::fork::GateGuard;
@@ -68,6 +69,9 @@ pub struct RunChannel {
     sent: AtomicU64,
     /// Messages numbered below this are dropped without a system call.
     skip_until: AtomicU64,
+    /// This process's ranks, sent in every message (a forked child keeps
+    /// its parent's: it works for the same rank).
+    ranks: Option<Ranks>,
     queue: Mutex<Queue>,
 }
 
@@ -86,7 +90,9 @@ extern "C" fn flush_at_exit() {
 
 impl RunChannel {
     /// A channel to the datagram socket bound at `path` (nothing is sent
-    /// yet; the receiver need not exist). Fails when the path cannot be a
+    /// yet; the receiver need not exist), its messages carrying this
+    /// process's ranks when its launcher set them ([`Ranks::from_env`]).
+    /// Fails when the path cannot be a
     /// socket address (longer than 107 bytes, or holding a NUL byte) or no
     /// socket can be created.
     pub fn connect(path: &Path) -> Result<RunChannel> {
@@ -140,8 +146,23 @@ impl RunChannel {
             dropped_steps: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             skip_until: AtomicU64::new(0),
+            ranks: Ranks::from_env(),
             queue: Mutex::new(Queue::default()),
         })
+    }
+
+    /// The same channel, its messages carrying `ranks` instead (`None`:
+    /// none), for a program that knows its rank better than its
+    /// environment does. Ranks that are not a process's (the rank or the
+    /// local rank not below the world size) are left out.
+    pub fn with_ranks(mut self, ranks: Option<Ranks>) -> RunChannel {
+        self.ranks = ranks.filter(Ranks::valid);
+        self
+    }
+
+    /// The ranks its messages carry.
+    pub fn ranks(&self) -> Option<Ranks> {
+        self.ranks
     }
 
     /// The channel named by [`ENV`], opened at the first call in this
@@ -269,6 +290,7 @@ impl RunChannel {
             seq,
             dropped: self.dropped.load(Ordering::Relaxed),
             dropped_steps: self.dropped_steps.load(Ordering::Relaxed),
+            ranks: self.ranks,
         }
     }
 
@@ -744,6 +766,59 @@ mod tests {
             "{}",
             mine[0]
         );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn every_message_carries_the_process_ranks_and_a_forked_child_keeps_them() {
+        let (path, sock) = bound("ranks");
+        let ranks = crate::run_channel::Ranks {
+            rank: 1,
+            local_rank: Some(1),
+            world_size: 2,
+        };
+        let ch = RunChannel::connect(&path).unwrap().with_ranks(Some(ranks));
+        assert_eq!(ch.ranks(), Some(ranks));
+        let mut hook = Hook::new();
+        let ch = Arc::new(ch);
+        hook.set(Some(Arc::clone(&ch)));
+        hook.begin(PhaseKind::Epoch, "epoch", || 0, 0, 10);
+        hook.begin(PhaseKind::Step, "step", || 0, 1, 10);
+        hook.end(&step_record(0, 10, 20, 1), false);
+        ch.flush(Duration::from_secs(5));
+        // SAFETY: the child only sends and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            ch.emit(1, &begin_event());
+            let ok = ch.flush(Duration::from_secs(5));
+            // SAFETY: ends the child without running the parent's handlers.
+            unsafe { libc::_exit(i32::from(!ok)) };
+        }
+        let mut status = 0;
+        // SAFETY: our child; a valid status pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(status, 0);
+        let got = read_all(&sock);
+        assert_eq!(got.len(), 4, "{got:?}");
+        for m in &got {
+            assert!(
+                m.contains(r#","rank":1,"world_size":2,"local_rank":1,"kind":"#),
+                "{m}"
+            );
+        }
+        assert!(got[3].contains(&format!(r#""pid":{pid},"#)), "{}", got[3]);
+        // Ranks no process could have are left out, not sent.
+        let bad = crate::run_channel::Ranks {
+            rank: 2,
+            local_rank: None,
+            world_size: 2,
+        };
+        let ch = RunChannel::connect(&path).unwrap().with_ranks(Some(bad));
+        assert_eq!(ch.ranks(), None);
+        ch.emit(1, &begin_event());
+        let got = read_all(&sock);
+        assert!(!got[0].contains("rank"), "{}", got[0]);
+        drop(hook);
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 

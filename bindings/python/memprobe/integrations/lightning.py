@@ -37,6 +37,12 @@ an epoch, and the first after a validation loop, begin at their
 ``on_train_batch_start``. Per step the hooks make that boundary and keep
 the history; metrics are built only on the steps that log.
 
+Ranks (DDP and the other strategies over ``torch.distributed``): with a
+process group of several ranks, every value logged is the maximum across
+ranks (one all-reduce of a few int64s at each log, never per step), so rank
+0's loggers show the rank that used the most; ``callback.history`` keeps
+this rank's own phases and ``callback.ranks.history`` the maxima logged.
+
 Out-of-memory reports: ``MemprobeCallback(oom_report="oom.json")`` keeps
 the phases in a :class:`memprobe.Tracker` and attaches PyTorch's
 out-of-memory observer to its report
@@ -61,6 +67,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 from ..sources import Source
 from ..units import MiB
 from ..windows import Delta
+from ._ranks import RankMaxima
 from .phases import PhasePeaks, check_unit
 
 
@@ -148,6 +155,8 @@ class MemprobeHooks:
         # end, with nothing measured apart since (no epoch, no validation):
         # the next step then runs on from it, one boundary per step.
         self._step_chained = False
+        #: This rank, the world size and the maxima logged (several ranks).
+        self.ranks = RankMaxima()
 
     @property
     def phases(self) -> PhasePeaks:
@@ -200,7 +209,8 @@ class MemprobeHooks:
         if self.keep_history:
             self.history.append((phase, index, deltas))
         if log and pl_module is not None:
-            metrics = self.phases.metrics(phase, deltas, prefix=self.prefix, unit=self.unit)
+            logged, _ = self.ranks.reduce(phase, index, deltas)
+            metrics = self.phases.metrics(phase, logged, prefix=self.prefix, unit=self.unit)
             self._log(pl_module, metrics, on_step=on_step)
         return deltas
 
@@ -270,6 +280,8 @@ class MemprobeHooks:
         self._step_chained = True
         if log and pl_module is not None:
             scale = MiB if self.unit == "MiB" else 1
+            # The maxima across ranks (one all-reduce; unchanged with one rank).
+            deltas, self._steps_peak = self.ranks.reduce("step", self._counts["step"] - 1, deltas, self._steps_peak)
             metrics = self.phases.metrics("step", deltas, prefix=self.prefix, unit=self.unit)
             for name, peak in zip(self.phases.names(), self._steps_peak):
                 metrics[f"{self.prefix}{name}/steps_peak"] = peak / scale

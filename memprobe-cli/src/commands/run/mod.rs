@@ -30,6 +30,7 @@ mod phase_report;
 mod plot;
 mod process_events;
 mod process_lines;
+mod ranks;
 mod recording;
 mod report;
 mod sampling;

@@ -17,6 +17,7 @@
 //! Times are kept as nanoseconds since the command was spawned (the
 //! timeline's clock); senders stamp `CLOCK_MONOTONIC`, shared with memprobe.
 
+use memprobe_core::run_channel::Ranks;
 use memprobe_core::PhaseKind;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -157,6 +158,9 @@ pub(crate) struct Sender {
     pub(crate) dropped: u64,
     /// The most steps it said it had dropped (in batches of steps).
     pub(crate) dropped_steps: u64,
+    /// Its ranks in a job of several, as its last message that had them
+    /// said.
+    pub(crate) ranks: Option<Ranks>,
 }
 
 impl Sender {
@@ -218,6 +222,11 @@ impl PhaseLog {
         self.senders.values().map(|s| s.dropped_steps).sum()
     }
 
+    /// The ranks process `pid` sent, if it sent any.
+    pub(crate) fn ranks_of(&self, pid: u32) -> Option<Ranks> {
+        self.senders.get(&pid).and_then(|s| s.ranks)
+    }
+
     /// Per (pid, source), the step with the largest peak of the run.
     pub(crate) fn peak_steps(&self) -> impl Iterator<Item = &PeakStep> {
         self.peak_steps.values()
@@ -243,6 +252,9 @@ impl PhaseLog {
         s.numbered = s.numbered.max(m.seq.saturating_add(1));
         s.dropped = s.dropped.max(m.dropped);
         s.dropped_steps = s.dropped_steps.max(m.dropped_steps);
+        if m.ranks.is_some() {
+            s.ranks = m.ranks;
+        }
         if self.trackers.len() >= MAX_TRACKERS && !self.trackers.contains_key(&(m.pid, m.tracker)) {
             if matches!(m.event, Event::Begin { .. }) && m.kind != PhaseKind::Step {
                 self.not_kept += 1;
@@ -570,6 +582,7 @@ mod tests {
             seq,
             dropped: 0,
             dropped_steps: 0,
+            ranks: None,
             kind,
             name: kind.as_str().into(),
             index,

@@ -7,8 +7,11 @@
 //! interval may hold none) and the program's own record (its sources'
 //! peaks, exact where its tracker measures them so). Steps appear as
 //! aggregates: per phase, how many and which step held each source's peak.
+//! Processes that are ranks of a job are named by their ranks, and phases
+//! several ranks ran are compared across them ([`super::ranks`]).
 
 use super::phase_log::{Phase, PhaseLog, SourceRecord, StepAggregate, StepPeak};
+use super::ranks::{self, RankFields, RankSpreadReport, SenderRanks};
 use super::report::RunReport;
 use super::timeline::Timeline;
 use crate::units;
@@ -36,6 +39,9 @@ fn s(ns: u64) -> f64 {
 pub(crate) struct PhaseReport {
     pub(crate) pid: u32,
     pub(crate) tracker: u64,
+    /// The sender's ranks (absent for a process without).
+    #[serde(flatten)]
+    pub(crate) ranks: Option<RankFields>,
     pub(crate) kind: &'static str,
     pub(crate) name: String,
     pub(crate) index: u64,
@@ -108,6 +114,21 @@ pub(crate) struct PhaseChannelReport {
     pub(crate) phases_not_kept: u64,
     pub(crate) peaks: Vec<PeakReport>,
     pub(crate) steps_outside_phases: Vec<LooseStepsReport>,
+    /// The senders that are ranks of a job, with their ranks (absent when
+    /// none is).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) ranks: Vec<SenderRanks>,
+    /// Per phase several ranks ran, and per source, the ranks compared
+    /// (absent when no phase was run by two ranks).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) rank_spread: Vec<RankSpreadReport>,
+}
+
+impl PhaseChannelReport {
+    /// The ranks of process `pid`, if it sent any.
+    pub(crate) fn rank_of(&self, pid: u32) -> Option<RankFields> {
+        self.ranks.iter().find(|s| s.pid == pid).map(|s| s.ranks)
+    }
 }
 
 /// Where one source of one process peaked.
@@ -115,6 +136,8 @@ pub(crate) struct PhaseChannelReport {
 pub(crate) struct PeakReport {
     pub(crate) pid: u32,
     pub(crate) tracker: u64,
+    #[serde(flatten)]
+    pub(crate) ranks: Option<RankFields>,
     pub(crate) source: String,
     pub(crate) fidelity: String,
     pub(crate) peak_bytes: u64,
@@ -133,6 +156,8 @@ pub(crate) struct PeakReport {
 pub(crate) struct LooseStepsReport {
     pub(crate) pid: u32,
     pub(crate) tracker: u64,
+    #[serde(flatten)]
+    pub(crate) ranks: Option<RankFields>,
     pub(crate) count: u64,
     pub(crate) peaks: Vec<StepPeakReport>,
 }
@@ -252,6 +277,7 @@ fn phase_report(log: &PhaseLog, i: usize, p: &Phase, series: &Series, run_end: u
     PhaseReport {
         pid: p.pid,
         tracker: p.tracker,
+        ranks: rank_of(log, p.pid),
         kind: p.kind.as_str(),
         name: p.name.clone(),
         index: p.index,
@@ -298,6 +324,7 @@ pub(crate) fn build(
             PeakReport {
                 pid: p.pid,
                 tracker: p.tracker,
+                ranks: rank_of(log, p.pid),
                 source: p.step.source.clone(),
                 fidelity: fidelity_of(log, p.pid, &p.step.source),
                 peak_bytes: p.step.peak,
@@ -338,6 +365,7 @@ pub(crate) fn build(
         }
     }
     peaks.sort_by(|a, b| (a.pid, &a.source).cmp(&(b.pid, &b.source)));
+    let rank_spread = ranks::spread(&phases, &peaks);
     let channel = PhaseChannelReport {
         received: log.received,
         dropped: log.dropped(),
@@ -354,12 +382,28 @@ pub(crate) fn build(
             .map(|((pid, tracker), a)| LooseStepsReport {
                 pid,
                 tracker,
+                ranks: rank_of(log, pid),
                 count: a.count,
                 peaks: step_peaks(a),
             })
             .collect(),
+        ranks: log
+            .senders
+            .iter()
+            .filter_map(|(&pid, s)| {
+                s.ranks.map(|r| SenderRanks {
+                    pid,
+                    ranks: r.into(),
+                })
+            })
+            .collect(),
+        rank_spread,
     };
     (phases, channel)
+}
+
+fn rank_of(log: &PhaseLog, pid: u32) -> Option<RankFields> {
+    log.ranks_of(pid).map(RankFields::from)
 }
 
 fn depth_of(log: &PhaseLog, phase: Option<usize>) -> usize {
@@ -379,6 +423,7 @@ fn phase_peak(log: &PhaseLog, i: usize, p: &Phase, d: &SourceRecord) -> PeakRepo
     PeakReport {
         pid: p.pid,
         tracker: p.tracker,
+        ranks: rank_of(log, p.pid),
         source: d.name.clone(),
         fidelity: d.fidelity.clone(),
         peak_bytes: d.peak,
@@ -481,23 +526,32 @@ pub(crate) fn summary(r: &RunReport) -> String {
     if parts.is_empty() {
         parts.push("no phase ended".into());
     }
-    let pids: Vec<String> = c.processes.iter().map(u32::to_string).collect();
+    let from = if c.ranks.is_empty() {
+        let pids: Vec<String> = c.processes.iter().map(u32::to_string).collect();
+        format!(
+            "{} {}",
+            if pids.len() == 1 { "pid" } else { "pids" },
+            pids.join(", ")
+        )
+    } else {
+        // Each named by its rank: `pid 1234 (rank 0), pid 1235 (rank 1)`.
+        c.processes
+            .iter()
+            .map(|&pid| ranks::who(pid, c.rank_of(pid)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     row(
         &mut out,
         "phases",
-        format!(
-            "{} from {} {}",
-            parts.join(", "),
-            if pids.len() == 1 { "pid" } else { "pids" },
-            pids.join(", ")
-        ),
+        format!("{} from {from}", parts.join(", ")),
     );
     if !r.phases.is_empty() {
         out.push_str(&phase_table(r));
     }
     for p in &c.peaks {
         let pid = if c.processes.len() > 1 || p.pid != r.pid {
-            format!(" (pid {})", p.pid)
+            format!(" (pid {}{})", p.pid, ranks::after_pid(p.ranks))
         } else {
             String::new()
         };
@@ -519,6 +573,9 @@ pub(crate) fn summary(r: &RunReport) -> String {
                 }
             ),
         );
+    }
+    for text in ranks::summary_lines(&c.rank_spread) {
+        row(&mut out, "rank spread", text);
     }
     let unreadable = c.garbled + c.oversized + c.unknown_version;
     if c.dropped > 0 || unreadable > 0 || c.phases_not_kept > 0 {
@@ -554,6 +611,7 @@ pub(crate) fn summary(r: &RunReport) -> String {
 fn phase_table(r: &RunReport) -> String {
     let phases = &r.phases;
     let many_pids = r.phase_channel.processes.len() > 1;
+    let rank_column = many_pids && !r.phase_channel.ranks.is_empty();
     // The child's own sources, in order of first appearance.
     let mut sources: Vec<(&str, &str)> = Vec::new();
     for p in phases {
@@ -567,6 +625,9 @@ fn phase_table(r: &RunReport) -> String {
     let mut head = vec!["PHASE".to_string()];
     if many_pids {
         head.push("PID".into());
+    }
+    if rank_column {
+        head.push("RANK".into());
     }
     head.extend(["START".into(), "TIME".into(), "TREE".into()]);
     if r.cgroup.is_some() {
@@ -618,6 +679,9 @@ fn phase_table(r: &RunReport) -> String {
         )];
         if many_pids {
             row.push(p.pid.to_string());
+        }
+        if rank_column {
+            row.push(p.ranks.map_or_else(|| "-".into(), |k| k.rank.to_string()));
         }
         row.push(units::secs(p.start_s));
         row.push(match p.end_s {
@@ -710,6 +774,7 @@ pub(crate) mod tests {
                     seq,
                     dropped: 0,
                     dropped_steps: 0,
+                    ranks: None,
                     kind,
                     name: kind.as_str().into(),
                     index,

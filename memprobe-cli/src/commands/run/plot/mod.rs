@@ -13,6 +13,7 @@
 //! panel of its own above, with its own scale.
 
 use super::phase_report::{PeakReport, PhaseReport};
+use super::ranks;
 use super::report::{command_line, PointReport, RunReport};
 use crate::units;
 use plotters::prelude::*;
@@ -227,7 +228,12 @@ fn process_series(r: &RunReport) -> Vec<Series> {
         .enumerate()
         .map(|(i, l)| {
             let label = if i < NAMED_PROCESSES {
-                format!("pid {} {} (peak {})", l.pid, l.name, units::bytes(l.peak))
+                format!(
+                    "{} {} (peak {})",
+                    ranks::who(l.pid, r.phase_channel.rank_of(l.pid)),
+                    l.name,
+                    units::bytes(l.peak)
+                )
             } else if i == NAMED_PROCESSES {
                 format!(
                     "{} more processes, grey (the {drawn} largest of {} drawn)",
@@ -728,7 +734,7 @@ fn peak_marks<'a, 'b: 'a>(
         let y = (p.peak_bytes as f64 / mem.divisor).min(y_max);
         let at = peak_time(r, p);
         let pid = if r.phase_channel.processes.len() > 1 || p.pid != r.pid {
-            format!(" (pid {})", p.pid)
+            format!(" (pid {}{})", p.pid, ranks::after_pid(p.ranks))
         } else {
             String::new()
         };
@@ -828,9 +834,10 @@ fn footer_text(r: &RunReport) -> String {
     let mut parts = Vec::new();
     if let Some(p) = &r.peak_process {
         parts.push(format!(
-            "peak single process {} (pid {}, {}, exact)",
+            "peak single process {} (pid {}{}, {}, exact)",
             units::bytes(p.peak_rss_bytes),
             p.pid,
+            ranks::after_pid(p.ranks),
             p.name
         ));
     }

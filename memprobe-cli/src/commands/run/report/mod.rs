@@ -7,6 +7,7 @@ use super::child::ExitInfo;
 use super::gpu_exact::GpuExactReport;
 use super::oom_kill::OomKillReport;
 use super::phase_report::{self, PhaseChannelReport, PhaseReport};
+use super::ranks::RankFields;
 use super::recording::{ProcessRecord, Recording};
 use super::tree_pss::PssReport;
 use crate::commands::SCHEMA_VERSION;
@@ -129,6 +130,10 @@ impl TreeReport {
 pub(crate) struct ProcessReport {
     pub(crate) pid: u32,
     pub(crate) ppid: Option<u32>,
+    /// Its ranks in a job of several, when it sent them over the run
+    /// channel (absent otherwise).
+    #[serde(flatten)]
+    pub(crate) ranks: Option<RankFields>,
     pub(crate) name: String,
     pub(crate) first_seen_s: f64,
     pub(crate) last_seen_s: f64,
@@ -200,6 +205,7 @@ fn process_report(p: &ProcessRecord) -> ProcessReport {
     ProcessReport {
         pid: p.pid,
         ppid: p.ppid,
+        ranks: None,
         name: p.name.clone(),
         first_seen_s: s(p.first_seen_ns),
         last_seen_s: s(p.last_seen_ns),
@@ -281,6 +287,10 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
     let end_ns = (facts.duration_s * 1e9) as u64;
     let (phases, phase_channel) =
         phase_report::build(rec.phases.as_ref(), &rec.timeline, rec.gpus.len(), end_ns);
+    let process = |p: &ProcessRecord| ProcessReport {
+        ranks: phase_channel.rank_of(p.pid),
+        ..process_report(p)
+    };
     RunReport {
         schema_version: SCHEMA_VERSION,
         kind: "run",
@@ -308,8 +318,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
                 .max(rec.processes.iter().filter_map(|p| p.rusage_maxrss).max()),
             rec.max_processes,
         ),
-        peak_process: rec.peak_process().map(process_report),
-        processes: rec.processes.iter().map(process_report).collect(),
+        peak_process: rec.peak_process().map(process),
+        processes: rec.processes.iter().map(process).collect(),
         processes_seen: rec.processes_seen,
         cgroup,
         gpus: rec

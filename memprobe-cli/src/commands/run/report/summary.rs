@@ -6,6 +6,7 @@
 use super::{command_line, RunReport};
 use crate::commands::run::gpu_exact::GpuExactReport;
 use crate::commands::run::phase_report;
+use crate::commands::run::ranks;
 use crate::commands::run::recording::PeakSource;
 use crate::commands::run::tree_pss;
 use crate::unavailable;
@@ -124,10 +125,11 @@ fn peak_process(out: &mut Rows, r: &RunReport) {
     out.row(
         "peak single process",
         format!(
-            "{}  pid {} ({}), {how}",
+            "{}  pid {} ({}{}), {how}",
             units::bytes(p.peak_rss_bytes),
             p.pid,
-            p.name
+            p.name,
+            ranks::after_pid(p.ranks)
         ),
     );
 }
