@@ -54,6 +54,7 @@ from .errors import (
     WrongOrderError,
 )
 from .monitor import MonitorStats
+from .notebook import load_ipython_extension, unload_ipython_extension
 from .sources import Fidelity, Sample, Source, SourceInfo, SourceKind
 from .trace import Trace, mem_trace
 from .tracker import (
@@ -155,8 +156,10 @@ __all__ = [
     "library_path",
     "library_version",
     "live_handles",
+    "load_ipython_extension",
     "mem_trace",
     "monitor",
     "soname",
     "status_name",
+    "unload_ipython_extension",
 ]

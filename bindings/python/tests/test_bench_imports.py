@@ -72,7 +72,12 @@ def test_torch_benchmarks_measure_the_installed_package(layout):
     require_module("lightning", "lightning")
     r = bench(tree, "bench_lightning.py", "--help", env={"PYTHONPATH": str(site)})  # imports, then argparse
     assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
+    r = bench(tree, "bench_lightning_hooks.py", "--help", env={"PYTHONPATH": str(site)})
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
     r = bench(tree, "bench_hf_hooks.py", "--help", env={"PYTHONPATH": str(site)})
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
+    require_module("IPython", "ipython")
+    r = bench(tree, "bench_notebook.py", "--help", env={"PYTHONPATH": str(site)})
     assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
 
 

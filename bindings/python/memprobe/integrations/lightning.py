@@ -29,6 +29,14 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
 ``callback.history`` keeps every ended phase, every step included, whatever
 is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes.
 
+A step's interval runs from the end of the step before it to its own end
+(``on_train_batch_end``): one window boundary per step, and nothing
+between two steps goes unmeasured (the next batch's loading, other
+callbacks' per-batch work are in the step that follows). The first step of
+an epoch, and the first after a validation loop, begin at their
+``on_train_batch_start``. Per step the hooks make that boundary and keep
+the history; metrics are built only on the steps that log.
+
 Ranks (DDP and the other strategies over ``torch.distributed``): with a
 process group of several ranks, every value logged is the maximum across
 ranks (one all-reduce of a few int64s at each log, never per step), so rank
@@ -143,6 +151,10 @@ class MemprobeHooks:
         self._counts = {"step": 0, "epoch": 0, "validation": 0}
         # The highest step peak per source since the last step log.
         self._steps_peak: List[int] = []
+        # Whether the step window's last boundary was the previous step's
+        # end, with nothing measured apart since (no epoch, no validation):
+        # the next step then runs on from it, one boundary per step.
+        self._step_chained = False
         #: This rank, the world size and the maxima logged (several ranks).
         self.ranks = RankMaxima()
 
@@ -232,21 +244,40 @@ class MemprobeHooks:
     # --- Lightning hooks -------------------------------------------------------
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._step_chained = False
         self.phases.start("epoch")
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, *_: Any) -> None:
-        self.phases.start("step")
+        # One boundary per step: the previous step's end (a window reset)
+        # started this step's interval already, so what runs between two
+        # batches (the next batch's loading, other callbacks' per-batch
+        # work) is in the step that follows it. The first step of an epoch,
+        # or after a validation loop, starts here.
+        if self._step_chained:
+            self._step_chained = False
+            self.phases.resume("step")
+        else:
+            self.phases.start("step")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any
     ) -> None:
+        # Per step only the boundary and plain bookkeeping; metrics are
+        # built at the logging interval alone.
         log = self._should_log_step(trainer)
-        deltas = self._ended("step", pl_module, False, on_step=True)
-        peaks = [d.peak for d in deltas]
-        if len(self._steps_peak) != len(peaks):
-            self._steps_peak = peaks
+        deltas = self.phases.end("step")
+        index = self._counts["step"]
+        self._counts["step"] = index + 1
+        if self.keep_history:
+            self.history.append(("step", index, deltas))
+        top = self._steps_peak
+        if len(top) != len(deltas):
+            self._steps_peak = [d.peak for d in deltas]
         else:
-            self._steps_peak = [max(a, b) for a, b in zip(self._steps_peak, peaks)]
+            for i, d in enumerate(deltas):
+                if d.peak > top[i]:
+                    top[i] = d.peak
+        self._step_chained = True
         if log and pl_module is not None:
             scale = MiB if self.unit == "MiB" else 1
             # The maxima across ranks (one all-reduce; unchanged with one rank).
@@ -258,9 +289,11 @@ class MemprobeHooks:
             self._log(pl_module, metrics, on_step=True)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._step_chained = False
         self._ended("epoch", pl_module, self.log_epochs, on_step=False)
 
     def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._step_chained = False
         self.phases.start("validation")
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -289,6 +322,7 @@ class MemprobeHooks:
             pass
 
     def teardown(self, trainer: Any, pl_module: Any, stage: Optional[str] = None) -> None:
+        self._step_chained = False
         if self._phases is not None:
             self._phases.close()
             self._phases = None

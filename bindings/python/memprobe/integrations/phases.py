@@ -41,6 +41,16 @@ class PhasePeaks:
             w.restart()
         self._open[phase] = True
 
+    def resume(self, phase: str) -> None:
+        """Begins ``phase`` with no boundary of its own: its interval runs on
+        from its last :meth:`end`, which started the next interval at the
+        same instant (one boundary per phase instead of two, for phases that
+        follow each other). A phase never ended is :meth:`start`-ed."""
+        if phase not in self._windows:
+            self.start(phase)
+            return
+        self._open[phase] = True
+
     def end(self, phase: str) -> List[Delta]:
         """Ends a phase: the ended interval of every source. A phase that was
         never started measures from the previous end (or its first use)."""
