@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import re
-import statistics
 import sys
 
 import pytest
@@ -188,18 +187,20 @@ def test_off_on_and_unload(shell, capsys):
     assert len(lines(out)) == 1
 
 
-def test_the_hook_costs_well_under_a_millisecond_per_cell(shell, capsys):
+def test_the_hook_records_its_own_cost_per_cell(shell, capsys):
+    # Speed is measured by bench/bench_notebook.py (docs/bindings-benchmarks.md),
+    # never as a timed pass/fail test; here only that each cell's own cost is
+    # recorded, fresh for each cell.
     from memprobe.notebook import current
 
     run(shell, capsys, "%load_ext memprobe")
     ext = current(shell)
     costs = []
-    for i in range(200):
+    for i in range(20):
         run(shell, capsys, f"v = {i}")
         costs.append(ext.last_cost_ns)
-    # Its own time: pre_run_cell + post_run_cell, printing included (wall
-    # time on a shared machine: the median; docs/bindings-benchmarks.md).
-    assert 0 < statistics.median(costs) < 1_000_000, sorted(costs)[::20]
+    assert all(isinstance(c, int) and c > 0 for c in costs), costs
+    assert len(set(costs)) > 1, costs
 
 
 @pytest.fixture
