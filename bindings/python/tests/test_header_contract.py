@@ -40,7 +40,8 @@ ENUMS = {
     "MEMPROBE_MARK_VALUE_": MarkValue,
 }
 # #defines that are not constants of the ABI's calls.
-NOT_CONSTANTS = {"MEMPROBE_H"}
+# (Include guards; a define is a constant only with a value on its own line.)
+NOT_CONSTANTS = {"MEMPROBE_H", "MEMPROBE_H_DEPRECATED"}
 VERSION_MACROS = {"MEMPROBE_VERSION_MAJOR", "MEMPROBE_VERSION_MINOR", "MEMPROBE_VERSION_PATCH"}
 
 
@@ -52,7 +53,7 @@ def strip_comments(text: str) -> str:
 def header_defines(text: str) -> List[str]:
     return [
         n
-        for n in re.findall(r"^#define\s+(MEMPROBE_[A-Z0-9_]+)\s+\S", text, re.M)
+        for n in re.findall(r"^#define[ \t]+(MEMPROBE_[A-Z0-9_]+)[ \t]+\S", text, re.M)
         if n not in NOT_CONSTANTS
     ]
 
