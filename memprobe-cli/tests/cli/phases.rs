@@ -409,7 +409,7 @@ fn ranks_that_do_not_hold_are_left_out_and_the_run_looks_as_before() {
     let c = &json["phase_channel"];
     assert_eq!(c["processes"].as_array().unwrap().len(), 5, "{c}");
     assert_eq!(json["phases"].as_array().unwrap().len(), 10, "{c}");
-    // (The worktree's path may hold the word: keys and phrases only.)
+    // (A checkout's path may hold the word: keys and phrases only.)
     let all = json.to_string();
     for key in [
         r#""rank":"#,
