@@ -62,11 +62,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 from ..sources import Source
 from ..windows import Delta
-from ._ranks import RankMaxima
-from .loop import LoopPeaks
+from .loop import LoopPeaks, LoopViews
 
 
-class MemprobeAccelerate:
+class MemprobeAccelerate(LoopViews):
     """Exact peaks of an Accelerate loop (see the module's documentation)."""
 
     def __init__(
@@ -108,20 +107,6 @@ class MemprobeAccelerate:
         #: Every ``(step, metrics)`` logged, in order (maxima across ranks with several).
         self.logged: List[Tuple[int, Dict[str, float]]] = []
         self._in_train = False
-
-    @property
-    def history(self) -> List[Tuple[str, int, List[Delta]]]:
-        """This rank's ended phases, ``(phase, index, [Delta, ...])``, exact bytes."""
-        return self.loop.history
-
-    @property
-    def ranks(self) -> RankMaxima:
-        return self.loop.ranks
-
-    @property
-    def stage_metrics(self) -> Dict[str, Dict[str, int]]:
-        """Trainer-named metrics of each ended stage (bytes)."""
-        return self.loop.stage_metrics
 
     def _log(self, **report: bool) -> Dict[str, float]:
         metrics, named = self.loop.report(**report)

@@ -67,6 +67,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 from ..sources import Source
 from ..units import MiB
 from ..windows import Delta
+from ._lazy_class import LazyClass
 from ._ranks import RankMaxima
 from .phases import PhasePeaks, check_unit
 
@@ -343,21 +344,15 @@ def _lightning_callback_base() -> type:
     return base
 
 
-_CLASS = None
+_CALLBACK = LazyClass(
+    __name__,
+    "MemprobeCallback",
+    MemprobeHooks,
+    _lightning_callback_base,
+    "PyTorch Lightning callback logging exact memory peaks per step, "
+    "epoch and validation loop (see the module's documentation).",
+)
 
 
 def __getattr__(name: str) -> Any:
-    global _CLASS
-    if name == "MemprobeCallback":
-        if _CLASS is None:
-            _CLASS = type(
-                "MemprobeCallback",
-                (MemprobeHooks, _lightning_callback_base()),
-                {
-                    "__doc__": "PyTorch Lightning callback logging exact memory peaks per step, "
-                    "epoch and validation loop (see the module's documentation).",
-                    "__module__": __name__,
-                },
-            )
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _CALLBACK.get(name)

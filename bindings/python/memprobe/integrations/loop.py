@@ -308,3 +308,24 @@ class LoopPeaks:
         if self._phases is not None:
             self._phases.close()
             self._phases = None
+
+
+class LoopViews:
+    """What an integration built on a :class:`LoopPeaks` (its ``loop``)
+    shows its users: the Transformers callback and the Accelerate helper."""
+
+    loop: LoopPeaks
+
+    @property
+    def history(self) -> List[Tuple[str, int, List[Delta]]]:
+        """This rank's ended phases, ``(phase, index, [Delta, ...])``, exact bytes."""
+        return self.loop.history
+
+    @property
+    def ranks(self) -> RankMaxima:
+        return self.loop.ranks
+
+    @property
+    def stage_metrics(self) -> Dict[str, Dict[str, int]]:
+        """Trainer-named metrics of each ended stage (bytes)."""
+        return self.loop.stage_metrics

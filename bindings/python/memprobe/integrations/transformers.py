@@ -62,9 +62,8 @@ import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
-from ..windows import Delta
-from ._ranks import RankMaxima
-from .loop import LoopPeaks
+from ._lazy_class import LazyClass
+from .loop import LoopPeaks, LoopViews
 
 
 def _log_kind(logs: Dict[str, Any]) -> Tuple[str, str]:
@@ -78,7 +77,7 @@ def _log_kind(logs: Dict[str, Any]) -> Tuple[str, str]:
     return "interval", ""
 
 
-class MemprobeTrainerHooks:
+class MemprobeTrainerHooks(LoopViews):
     """The callback's hooks, free of transformers (mixed into its ``TrainerCallback``)."""
 
     def __init__(
@@ -117,20 +116,6 @@ class MemprobeTrainerHooks:
         self._eval_named: Dict[str, int] = {}
         #: Every set of keys added to a log or to returned metrics, in order.
         self.logged: List[Dict[str, float]] = []
-
-    @property
-    def history(self) -> List[Tuple[str, int, List[Delta]]]:
-        """This rank's ended phases, ``(phase, index, [Delta, ...])``, exact bytes."""
-        return self.loop.history
-
-    @property
-    def ranks(self) -> RankMaxima:
-        return self.loop.ranks
-
-    @property
-    def stage_metrics(self) -> Dict[str, Dict[str, int]]:
-        """Trainer-named metrics of each ended stage (bytes)."""
-        return self.loop.stage_metrics
 
     def _put_first(self) -> None:
         """Moves this callback to the front of the Trainer's callback list
@@ -248,21 +233,15 @@ def _callback_base() -> type:
     return base
 
 
-_CLASS = None
+_CALLBACK = LazyClass(
+    __name__,
+    "MemprobeCallback",
+    MemprobeTrainerHooks,
+    _callback_base,
+    "Hugging Face TrainerCallback logging exact memory peaks per step, interval, "
+    "epoch, evaluation and stage (see the module's documentation).",
+)
 
 
 def __getattr__(name: str) -> Any:
-    global _CLASS
-    if name == "MemprobeCallback":
-        if _CLASS is None:
-            _CLASS = type(
-                "MemprobeCallback",
-                (MemprobeTrainerHooks, _callback_base()),
-                {
-                    "__doc__": "Hugging Face TrainerCallback logging exact memory peaks per step, interval, "
-                    "epoch, evaluation and stage (see the module's documentation).",
-                    "__module__": __name__,
-                },
-            )
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _CALLBACK.get(name)
