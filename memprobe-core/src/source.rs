@@ -491,6 +491,28 @@ impl Polled for Shared {
     }
 }
 
+/// The clock before a sampler call, to stamp its reading with in case the
+/// sampler leaves that to us; 0 (no clock read) when it stamped its last
+/// reading itself (`stamps`): it is trusted to stamp this one too.
+fn clock_unless(stamps: bool) -> u64 {
+    if stamps {
+        0
+    } else {
+        monotonic_ns()
+    }
+}
+
+/// Stamps `sample` where its sampler did not: at `t0` (from
+/// [`clock_unless`]) or, when that clock was skipped, now. Returns whether
+/// the sampler stamped it itself.
+fn stamp(sample: &mut Sample, t0: u64) -> bool {
+    if sample.taken_at_ns != 0 {
+        return true;
+    }
+    sample.taken_at_ns = if t0 == 0 { monotonic_ns() } else { t0 };
+    false
+}
+
 impl State {
     /// Raises the pending high-water mark with a reading. Exact sources keep
     /// it too: the kernel's mark can trail a reading when many threads fault
@@ -516,15 +538,10 @@ impl State {
         match self.sampler.as_mut() {
             None => Ok(self.last.unwrap_or_else(|| Sample::used(0))),
             Some(s) => {
-                // A stamp in case the sampler leaves it to us; one that
-                // stamped its last reading is trusted to stamp this one.
-                let t0 = if self.stamps { 0 } else { monotonic_ns() };
+                let t0 = clock_unless(self.stamps);
                 match s.read() {
                     Ok(mut sample) => {
-                        self.stamps = sample.taken_at_ns != 0;
-                        if sample.taken_at_ns == 0 {
-                            sample.taken_at_ns = if t0 == 0 { monotonic_ns() } else { t0 };
-                        }
+                        self.stamps = stamp(&mut sample, t0);
                         if sample.read_ns == 0 {
                             let since = if t0 == 0 { sample.taken_at_ns } else { t0 };
                             sample.read_ns = monotonic_ns().saturating_sub(since);
@@ -588,12 +605,9 @@ impl State {
         self.pending = None;
         if self.keeps_mark {
             let s = self.sampler.as_mut().expect("a mark implies a sampler");
-            let t0 = if self.stamps { 0 } else { monotonic_ns() };
+            let t0 = clock_unless(self.stamps);
             let mut sample = s.reset_peak()?;
-            self.stamps = sample.taken_at_ns != 0;
-            if sample.taken_at_ns == 0 {
-                sample.taken_at_ns = if t0 == 0 { monotonic_ns() } else { t0 };
-            }
+            self.stamps = stamp(&mut sample, t0);
             self.note(&sample);
             self.last = Some(sample);
             Ok((hwm, sample))

@@ -14,7 +14,7 @@ struct Part {
 }
 
 impl Part {
-    /// The record of the interval that ends at `used_end`.
+    /// The record of the interval that ends (or is read) at `used_end`.
     fn ended(&self, peak: u64, used_end: u64) -> SourceDelta {
         let info = self.source.info();
         SourceDelta::new(
@@ -29,15 +29,7 @@ impl Part {
 
     fn measure(&self) -> Result<SourceDelta> {
         let (peak, now) = self.source.peek_slot(self.slot)?;
-        let info = self.source.info();
-        Ok(SourceDelta::new(
-            &info.name,
-            info.kind,
-            info.fidelity,
-            self.start.used,
-            now.used,
-            peak,
-        ))
+        Ok(self.ended(peak, now.used))
     }
 }
 

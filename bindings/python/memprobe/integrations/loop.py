@@ -31,7 +31,6 @@ import gc
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
-from ..units import MiB
 from ..windows import Delta, Window
 from . import trainer_stages
 from ._ranks import RankMaxima
@@ -297,9 +296,6 @@ class LoopPeaks:
             metrics.update(phases.metrics(phase, maxima[at : at + n], prefix=self.prefix, unit=self.unit))
             at += n
         return metrics, named
-
-    def scale(self) -> int:
-        return MiB if self.unit == "MiB" else 1
 
     def close(self) -> None:
         if self._init is not None:

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..sources import Source, SourceKind
 from ..windows import Delta
+from .torch import cuda_initialized
 
 
 def _cpu_index(sources: Sequence[Source]) -> Optional[int]:
@@ -34,13 +35,11 @@ def _cpu_index(sources: Sequence[Source]) -> Optional[int]:
 
 def _gpu_index(sources: Sequence[Source]) -> Optional[int]:
     """The ``torch_alloc:N`` source of torch's current device, if any."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if not cuda_initialized():
         return None
+    torch = sys.modules["torch"]
     names = [s.name for s in sources]
     try:
-        if not torch.cuda.is_initialized():
-            return None
         name = f"torch_alloc:{int(torch.cuda.current_device())}"
     except Exception:  # noqa: BLE001 - a torch without CUDA
         return None
@@ -74,10 +73,10 @@ def torch_init_gpu(stage: str = "init") -> Dict[str, int]:
     """The GPU metrics of a stage during which PyTorch initialised CUDA
     (memprobe had no allocator source when it began): it began at 0 bytes
     and torch's own peak counter covers it since CUDA's initialisation."""
-    torch = sys.modules.get("torch")
+    if not cuda_initialized():
+        return {}
+    torch = sys.modules["torch"]
     try:
-        if torch is None or not torch.cuda.is_initialized():
-            return {}
         dev = int(torch.cuda.current_device())
         now = int(torch.cuda.memory_allocated(dev))
         peak = int(torch.cuda.max_memory_allocated(dev))
