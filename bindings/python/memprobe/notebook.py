@@ -122,12 +122,6 @@ def format_table(record: CellRecord) -> str:
     return "\n".join(rows)
 
 
-def _fastai_peaked(start: int, end: int, peak: int) -> int:
-    used = end - start
-    peaked = max(0, peak - start)
-    return max(0, peaked - used) if used > 0 else peaked
-
-
 class _Measured:
     """The sources a cell is measured over: this process's RSS, plus the
     allocator sources of every visible device once PyTorch has initialised
@@ -221,7 +215,9 @@ def _since_cuda_init() -> Dict[str, Delta]:
                 used_end=end,
                 peak=top,
                 delta_used=end,
-                delta_peaked=_fastai_peaked(0, end, top),
+                # fastai's delta peaked from a start of 0: the peak above
+                # what is held at the end.
+                delta_peaked=top - end,
                 kind=SourceKind.CUSTOM,
                 fidelity=Fidelity.EXACT,
             )
