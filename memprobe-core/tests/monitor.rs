@@ -200,3 +200,63 @@ fn fork_with_monitor_running_child_works() {
     monitor::clear_sinks().unwrap();
     monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
 }
+
+/// `fork()` waits while another thread is inside a memprobe call (here a
+/// read whose callback takes 300 ms, holding the source's lock), and the
+/// child then uses that same source without deadlocking.
+#[test]
+fn fork_waits_for_a_thread_inside_memprobe() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let inside = Arc::new(AtomicU64::new(0));
+    let (i, left) = (inside.clone(), Arc::new(AtomicU64::new(0)));
+    let l = left.clone();
+    let slow = Source::callback(
+        "slow",
+        Box::new(move || {
+            i.store(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+            l.store(1, Ordering::SeqCst);
+            Ok(7)
+        }),
+    )
+    .unwrap();
+    let s = slow.clone();
+    let reader = std::thread::spawn(move || s.read().unwrap().used);
+    while inside.load(Ordering::SeqCst) == 0 {
+        std::thread::yield_now();
+    }
+    // SAFETY: the child only runs memprobe calls and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // The read had ended when the fork went on: the lock is free here.
+        let ok = left.load(Ordering::SeqCst) == 1 && slow.read().map(|s| s.used) == Ok(7);
+        // SAFETY: ends the forked child without running the parent's atexit handlers.
+        unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+    }
+    assert_eq!(
+        left.load(Ordering::SeqCst),
+        1,
+        "the fork did not wait for the read"
+    );
+    let mut status = 0;
+    let t = Instant::now();
+    loop {
+        // SAFETY: `pid` is our child and `status` a valid, writable int.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            // SAFETY: kills our own child, which has not been reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("child deadlocked after fork");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child failed: status {status:#x}"
+    );
+    assert_eq!(reader.join().unwrap(), 7);
+}
