@@ -1594,6 +1594,14 @@ memprobe_status memprobe_source_free(memprobe_source *source);
 memprobe_status memprobe_source_read(const memprobe_source *source, memprobe_sample *out);
 
 /**
+ * The bytes in use now, in `*out`: the cheapest read, for a hot loop that
+ * needs only the figure. Like memprobe_source_read it counts towards the
+ * peak of every open window, but it reads no clock and fills no sample. A
+ * pushed source returns its last pushed value.
+ */
+memprobe_status memprobe_source_read_used(const memprobe_source *source, uint64_t *out);
+
+/**
  * Pushes the current value of a pushed source, in bytes.
  */
 memprobe_status memprobe_source_push(const memprobe_source *source, uint64_t used);

@@ -259,6 +259,19 @@ public:
         detail::store_drop(st, memprobe_source_read(h_, &s));
         return s;
     }
+    /** Bytes in use now: the cheapest read, for a hot loop (no sample, no
+     *  clock read; it still counts towards every open window's peak). */
+    std::uint64_t used() const {
+        std::uint64_t v = 0;
+        detail::check(memprobe_source_read_used(h_, &v));
+        return v;
+    }
+    /** Non-throwing used(). */
+    std::uint64_t used(Status &st) const noexcept {
+        std::uint64_t v = 0;
+        detail::store_drop(st, memprobe_source_read_used(h_, &v));
+        return v;
+    }
     /** Pushes a value (pushed sources only). */
     void push(std::uint64_t bytes) const { detail::check(memprobe_source_push(h_, bytes)); }
     /** Non-throwing push. */

@@ -198,7 +198,7 @@ func TestPushed(t *testing.T) {
 	p := must(NewPushed("allocator"))(t)
 	defer p.Close()
 	ok(t, p.Push(123*MiB))
-	if must(p.Read())(t).Used != 123*MiB {
+	if must(p.Read())(t).Used != 123*MiB || must(p.Used())(t) != 123*MiB {
 		t.Fatal("pushed value")
 	}
 	info := must(p.Info())(t)
@@ -225,6 +225,9 @@ func TestClosedSourceIsAnInvalidHandle(t *testing.T) {
 	ok(t, p.Close())
 	ok(t, p.Close())
 	if _, err := p.Read(); !errors.Is(err, ErrInvalidHandle) {
+		t.Fatal(err)
+	}
+	if _, err := p.Used(); !errors.Is(err, ErrInvalidHandle) {
 		t.Fatal(err)
 	}
 	if _, err := OpenWindow(p); !errors.Is(err, ErrInvalidHandle) {

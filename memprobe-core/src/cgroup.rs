@@ -394,15 +394,18 @@ impl Sampler for CgroupSampler {
 
     fn read(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
-        let text = self.usage.read()?;
-        let used = procfs::parse_u64(text)
-            .ok_or_else(|| procfs::malformed(self.usage.path(), "not a number"))?;
+        let used = self.read_used()?;
         let limit = self.read_limit()?;
         Ok(Sample {
             limit,
             free: limit.map(|l| l.saturating_sub(used)),
             ..Sample::timed(used, t0)
         })
+    }
+
+    fn read_used(&mut self) -> Result<u64> {
+        let text = self.usage.read()?;
+        procfs::parse_u64(text).ok_or_else(|| procfs::malformed(self.usage.path(), "not a number"))
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {

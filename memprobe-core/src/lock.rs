@@ -33,15 +33,14 @@ impl<T> Lock<T> {
 
     /// Locks; fails with [`ErrorKind::WrongOrder`](crate::ErrorKind::WrongOrder)
     /// when this thread already holds it (re-entry from a callback).
+    #[inline]
     pub fn lock(&self) -> Result<LockGuard<'_, T>> {
         // The gate first: it knows this thread's id. Re-entry holds it
         // already, so refusing below takes and gives back nothing else.
         let gate = GateGuard::enter();
         let me = gate.thread();
         if self.owner.load(Ordering::Acquire) == me {
-            return Err(Error::wrong_order(
-                "re-entered memprobe from a callback on the object that is running it",
-            ));
+            return Err(reentered());
         }
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         self.owner.store(me, Ordering::Release);
@@ -60,9 +59,7 @@ impl<T> Lock<T> {
         let gate = GateGuard::enter();
         let me = gate.thread();
         if self.owner.load(Ordering::Acquire) == me {
-            return Err(Error::wrong_order(
-                "re-entered memprobe from a callback on the object that is running it",
-            ));
+            return Err(reentered());
         }
         let guard = match self.inner.try_lock() {
             Ok(g) => g,
@@ -76,6 +73,14 @@ impl<T> Lock<T> {
             _gate: gate,
         }))
     }
+}
+
+/// The error of a lock taken again by the thread that holds it (kept out
+/// of line: every call's path inlines `lock`).
+#[cold]
+#[inline(never)]
+fn reentered() -> Error {
+    Error::wrong_order("re-entered memprobe from a callback on the object that is running it")
 }
 
 impl<T> std::ops::Deref for LockGuard<'_, T> {
@@ -92,6 +97,7 @@ impl<T> std::ops::DerefMut for LockGuard<'_, T> {
 }
 
 impl<T> Drop for LockGuard<'_, T> {
+    #[inline]
     fn drop(&mut self) {
         self.lock.owner.store(0, Ordering::Release);
         self.guard.take();

@@ -40,30 +40,55 @@ pub(crate) struct Sweep {
     outer: u64,
 }
 
+/// Sweep ids are handed to threads in blocks of this many, so that
+/// beginning a sweep touches no line another thread writes.
+const SWEEP_BLOCK: u64 = 1 << 16;
+
+/// The next block of sweep ids (0 is "outside any sweep").
 static SWEEPS: AtomicU64 = AtomicU64::new(1);
 
+/// This thread's sweep now, and what is left of its block of ids.
+struct ThreadSweeps {
+    current: Cell<u64>,
+    next: Cell<u64>,
+    end: Cell<u64>,
+}
+
 thread_local! {
-    static SWEEP: Cell<u64> = const { Cell::new(0) };
+    static SWEEP: ThreadSweeps = const {
+        ThreadSweeps {
+            current: Cell::new(0),
+            next: Cell::new(0),
+            end: Cell::new(0),
+        }
+    };
 }
 
 impl Sweep {
     /// Begins a sweep on this thread (a nested one, e.g. a callback opening
     /// a window, gets its own id and restores the outer one when it ends).
     pub(crate) fn begin() -> Sweep {
-        let id = SWEEPS.fetch_add(1, Ordering::Relaxed);
-        Sweep {
-            outer: SWEEP.with(|c| c.replace(id)),
-        }
+        SWEEP.with(|s| {
+            let mut id = s.next.get();
+            if id == s.end.get() {
+                id = SWEEPS.fetch_add(SWEEP_BLOCK, Ordering::Relaxed);
+                s.end.set(id + SWEEP_BLOCK);
+            }
+            s.next.set(id + 1);
+            Sweep {
+                outer: s.current.replace(id),
+            }
+        })
     }
 
     fn current() -> u64 {
-        SWEEP.with(Cell::get)
+        SWEEP.with(|s| s.current.get())
     }
 }
 
 impl Drop for Sweep {
     fn drop(&mut self) {
-        SWEEP.with(|c| c.set(self.outer));
+        SWEEP.with(|s| s.current.set(self.outer));
     }
 }
 

@@ -164,11 +164,16 @@ impl ProcessSampler {
     }
 
     fn rss(&mut self) -> Result<u64> {
-        let text = self.statm.read()?;
-        match procfs::field_u64(text, 1) {
-            Some(pages) => Ok(pages * self.page_size),
-            None => Err(procfs::malformed(self.statm.path(), "no resident field")),
-        }
+        rss(&mut self.statm, self.page_size)
+    }
+}
+
+/// The resident set from `statm` (its second field, in pages), bytes.
+fn rss(statm: &mut ProcFile, page_size: u64) -> Result<u64> {
+    let text = statm.read()?;
+    match procfs::field_u64(text, 1) {
+        Some(pages) => Ok(pages * page_size),
+        None => Err(procfs::malformed(statm.path(), "no resident field")),
     }
 }
 
@@ -192,32 +197,48 @@ impl Sampler for ProcessSampler {
         Ok(Sample::timed(used, t0))
     }
 
+    fn read_used(&mut self) -> Result<u64> {
+        self.rss()
+    }
+
     fn read_peak(&mut self) -> Result<Option<u64>> {
-        let Some(mut hwm) = self.hwm.take() else {
+        let Self {
+            statm,
+            page_size,
+            hwm,
+            ..
+        } = self;
+        let Some(hwm) = hwm else {
             return Ok(None);
         };
-        let r = hwm.read(|| self.rss());
-        self.hwm = Some(hwm);
-        r.map(Some)
+        hwm.read(|| rss(statm, *page_size)).map(Some)
     }
 
     fn read_peak_before_reset(&mut self) -> Result<Option<u64>> {
-        let Some(mut hwm) = self.hwm.take() else {
+        let Self {
+            statm,
+            page_size,
+            hwm,
+            ..
+        } = self;
+        let Some(hwm) = hwm else {
             return Ok(None);
         };
-        let r = hwm.read_before_reset(|| self.rss());
-        self.hwm = Some(hwm);
-        r.map(Some)
+        hwm.read_before_reset(|| rss(statm, *page_size)).map(Some)
     }
 
     fn reset_peak(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
-        let Some(mut hwm) = self.hwm.take() else {
+        let Self {
+            statm,
+            page_size,
+            hwm,
+            ..
+        } = self;
+        let Some(hwm) = hwm else {
             return self.read();
         };
-        let r = hwm.reset(|| self.rss());
-        self.hwm = Some(hwm);
-        let used = r?;
+        let used = hwm.reset(|| rss(statm, *page_size))?;
         Ok(Sample::timed(used, t0))
     }
 }

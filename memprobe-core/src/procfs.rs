@@ -93,10 +93,41 @@ fn trim_ascii_start(s: &[u8]) -> &[u8] {
 
 /// The `n`-th (0-based) whitespace-separated field of `s`, parsed as u64.
 pub(crate) fn field_u64(s: &[u8], n: usize) -> Option<u64> {
-    s.split(|c| c.is_ascii_whitespace())
-        .filter(|f| !f.is_empty())
-        .nth(n)
-        .and_then(parse_u64)
+    // One pass over the bytes, no splitting: this parses every RSS read
+    // (`statm`'s second field).
+    let mut i = 0;
+    let mut field = 0;
+    loop {
+        while i < s.len() && s[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i == s.len() {
+            return None;
+        }
+        if field == n {
+            break;
+        }
+        while i < s.len() && !s[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        field += 1;
+    }
+    let start = i;
+    let mut v: u64 = 0;
+    while i < s.len() {
+        let d = s[i].wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
+        i += 1;
+    }
+    match i - start {
+        0 => None,
+        // 19 digits never overflow; longer ones take the checked parse.
+        1..=19 => Some(v),
+        _ => parse_u64(&s[start..]),
+    }
 }
 
 /// The value of `key:` in a `/proc/*/status` or `/proc/meminfo` style file, in kB units
@@ -215,6 +246,11 @@ mod tests {
     fn parses_fields_and_keys() {
         assert_eq!(field_u64(b"123 456 789\n", 1), Some(456));
         assert_eq!(field_u64(b"1 x", 1), None);
+        assert_eq!(field_u64(b"  7\t\t8 9", 1), Some(8));
+        assert_eq!(field_u64(b"7 8", 2), None);
+        assert_eq!(field_u64(b"7 8 ", 2), None);
+        assert_eq!(field_u64(b"", 0), None);
+        assert_eq!(field_u64(b"18446744073709551616 1", 0), None);
         assert_eq!(
             keyed_u64(b"VmRSS:\t  100 kB\nVmHWM:\t 2048 kB\n", b"VmHWM"),
             Some(2048)

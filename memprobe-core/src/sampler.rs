@@ -24,6 +24,13 @@ pub trait Sampler: Send {
     /// Takes one reading now.
     fn read(&mut self) -> Result<Sample>;
 
+    /// The bytes in use now, without the rest of a reading (no clock read,
+    /// no other field): what [`Source::read_used`](crate::Source::read_used)
+    /// asks for on a hot path. The default reads.
+    fn read_used(&mut self) -> Result<u64> {
+        self.read().map(|s| s.used)
+    }
+
     /// The high-water mark of `used` since the last [`reset_peak`](Sampler::reset_peak)
     /// (or since the source began), in bytes. `Ok(None)` when this sampler
     /// keeps no high-water mark (the default).

@@ -79,6 +79,9 @@ pub struct Source {
 pub(crate) struct Shared {
     id: u64,
     info: SourceInfo,
+    /// Read by a sampler (each boundary takes a fresh, stamped reading),
+    /// not pushed (a boundary returns the last value pushed).
+    sampled: bool,
     state: Lock<State>,
 }
 
@@ -271,6 +274,7 @@ impl Source {
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             info,
+            sampled: sampler.is_some(),
             state: Lock::new(State {
                 sampler,
                 keeps_mark,
@@ -290,6 +294,17 @@ impl Source {
         Source { shared }
     }
 
+    /// When a boundary over this source that returned `sample` happened:
+    /// the time its sampler stamped on it (no clock read of its own), or
+    /// now for a pushed source, whose reading is the last value pushed.
+    pub(crate) fn boundary_time(&self, sample: &Sample) -> u64 {
+        if self.shared.sampled && sample.taken_at_ns != 0 {
+            sample.taken_at_ns
+        } else {
+            monotonic_ns()
+        }
+    }
+
     /// A process-unique id.
     pub fn id(&self) -> u64 {
         self.shared.id
@@ -305,6 +320,17 @@ impl Source {
     pub fn read(&self) -> Result<Sample> {
         let mut st = self.shared.state.lock()?;
         st.read_now()
+    }
+
+    /// The bytes in use now: the cheapest read, for a hot loop that needs
+    /// only the figure. Like [`read`](Self::read) it counts towards the
+    /// peak of every open window (and clears [`last_error`](Self::last_error)
+    /// or sets it), but it reads no clock and builds no [`Sample`]: it does
+    /// not replace [`last`](Self::last). A pushed source returns its last
+    /// value.
+    pub fn read_used(&self) -> Result<u64> {
+        let mut st = self.shared.state.lock()?;
+        st.read_used_now()
     }
 
     /// Pushes a new value of a pushed source, in bytes.
@@ -519,7 +545,11 @@ impl State {
     /// and unmap at once, and a window's peak must never be below a reading
     /// memprobe took while it was open.
     fn note(&mut self, sample: &Sample) {
-        self.pending = Some(self.pending.map_or(sample.used, |p| p.max(sample.used)));
+        self.note_used(sample.used);
+    }
+
+    fn note_used(&mut self, used: u64) {
+        self.pending = Some(self.pending.map_or(used, |p| p.max(used)));
     }
 
     /// In a forked child, lets the sampler reopen what it keeps open.
@@ -557,6 +587,24 @@ impl State {
                     }
                 }
             }
+        }
+    }
+
+    fn read_used_now(&mut self) -> Result<u64> {
+        self.check_fork();
+        match self.sampler.as_mut() {
+            None => Ok(self.last.map_or(0, |s| s.used)),
+            Some(s) => match s.read_used() {
+                Ok(used) => {
+                    self.note_used(used);
+                    self.last_error = None;
+                    Ok(used)
+                }
+                Err(e) => {
+                    self.last_error = Some(e.clone());
+                    Err(e)
+                }
+            },
         }
     }
 

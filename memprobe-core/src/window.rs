@@ -27,6 +27,27 @@ impl Part {
         )
     }
 
+    /// [`ended`](Self::ended) written over `out`, keeping its name's
+    /// allocation when it already names this source (a boundary that reuses
+    /// its record vector allocates nothing).
+    fn ended_into(&self, peak: u64, used_end: u64, out: &mut SourceDelta) {
+        let info = self.source.info();
+        let mut name = std::mem::take(&mut out.name);
+        if name != info.name {
+            name.clear();
+            name.push_str(&info.name);
+        }
+        *out = SourceDelta::new(
+            "",
+            info.kind,
+            info.fidelity,
+            self.start.used,
+            used_end,
+            peak,
+        );
+        out.name = name;
+    }
+
     fn measure(&self) -> Result<SourceDelta> {
         let (peak, now) = self.source.peek_slot(self.slot)?;
         Ok(self.ended(peak, now.used))
@@ -74,6 +95,9 @@ impl Part {
 pub struct Window {
     parts: Vec<Part>,
     started_at_ns: u64,
+    /// The new starts of a boundary over several sources, held until every
+    /// source's part succeeded (kept to reuse its allocation).
+    starts: Vec<Sample>,
 }
 
 impl Window {
@@ -85,6 +109,7 @@ impl Window {
         let mut window = Window {
             parts: Vec::with_capacity(sources.len()),
             started_at_ns: monotonic_ns(),
+            starts: Vec::new(),
         };
         let _sweep = Sweep::begin();
         for source in sources {
@@ -173,8 +198,25 @@ impl Window {
     /// had not been made — its start and every source's peak so far intact,
     /// those of the sources that were already restarted included.
     pub fn reset(&mut self) -> Result<Vec<SourceDelta>> {
-        let started_at_ns = monotonic_ns();
         let mut ended = Vec::with_capacity(self.parts.len());
+        self.reset_into(&mut ended)?;
+        Ok(ended)
+    }
+
+    /// [`reset`](Self::reset) into `ended`, for a loop that calls it every
+    /// step: its entries are overwritten (their allocations kept, so a
+    /// boundary over the same window allocates nothing), then it holds one
+    /// record per source. On failure `ended` is left empty.
+    pub fn reset_into(&mut self, ended: &mut Vec<SourceDelta>) -> Result<()> {
+        let r = self.restart_all(ended);
+        if r.is_err() {
+            ended.clear();
+        }
+        r
+    }
+
+    fn restart_all(&mut self, ended: &mut Vec<SourceDelta>) -> Result<()> {
+        ended.truncate(self.parts.len());
         if let [p] = self.parts.as_mut_slice() {
             // One source: its boundary is the whole boundary, and commits at
             // once (no later source can fail it).
@@ -182,19 +224,19 @@ impl Window {
                 let _sweep = Sweep::begin();
                 p.source.restart(p.slot)?
             };
-            ended.push(p.ended(peak, sample.used));
+            Self::record(p, 0, peak, sample.used, ended);
             p.start = sample;
-            self.started_at_ns = started_at_ns;
-            return Ok(ended);
+            self.started_at_ns = p.source.boundary_time(&sample);
+            return Ok(());
         }
-        let mut starts = Vec::with_capacity(self.parts.len());
+        self.starts.clear();
         {
             let _sweep = Sweep::begin();
             for (i, p) in self.parts.iter().enumerate() {
                 match p.source.begin_restart(p.slot) {
                     Ok((peak, sample)) => {
-                        ended.push(p.ended(peak, sample.used));
-                        starts.push(sample);
+                        Self::record(p, i, peak, sample.used, ended);
+                        self.starts.push(sample);
                     }
                     Err(e) => {
                         for q in &self.parts[..i] {
@@ -208,12 +250,22 @@ impl Window {
                 }
             }
         }
-        for (p, start) in self.parts.iter_mut().zip(starts) {
+        let started_at_ns = self.parts[0].source.boundary_time(&self.starts[0]);
+        for (p, start) in self.parts.iter_mut().zip(&self.starts) {
             p.source.commit_restart(p.slot)?;
-            p.start = start;
+            p.start = *start;
         }
         self.started_at_ns = started_at_ns;
-        Ok(ended)
+        Ok(())
+    }
+
+    /// Writes part `i`'s ended interval into `ended[i]` (pushed when the
+    /// vector is shorter).
+    fn record(p: &Part, i: usize, peak: u64, used_end: u64, ended: &mut Vec<SourceDelta>) {
+        match ended.get_mut(i) {
+            Some(slot) => p.ended_into(peak, used_end, slot),
+            None => ended.push(p.ended(peak, used_end)),
+        }
     }
 
     /// Measures one last time and closes the window.

@@ -79,6 +79,11 @@ fn v2_with_limit_and_namespace_root() {
     let mut s = CgroupSampler::at(loc, CgroupOptions { reset_peak: false }).unwrap();
     let r = s.read().unwrap();
     assert_eq!((r.used, r.limit, r.free), (1000, Some(4000), Some(3000)));
+    assert_eq!(
+        s.read_used().unwrap(),
+        1000,
+        "the bytes alone, the same figure"
+    );
     assert_eq!(s.lifetime_peak(), None, "no memory.peak before Linux 5.19");
     write(&root, "sys/fs/cgroup/memory.peak", "5000\n");
     assert_eq!(s.lifetime_peak(), Some(5000));
@@ -90,6 +95,50 @@ fn v2_with_limit_and_namespace_root() {
         ErrorKind::Parse,
         "malformed file: an error, not a number"
     );
+    assert_eq!(s.read_used().unwrap_err().kind(), ErrorKind::Parse);
+}
+
+#[test]
+fn read_used_is_the_reading_s_bytes_and_counts_towards_windows() {
+    use memprobe_core::{PeakFidelity, Window};
+    // This process: the same figure as a full reading, to the counters'
+    // batching (both read statm).
+    let rss = Source::process().unwrap();
+    let used = rss.read_used().unwrap();
+    let full = rss.read().unwrap().used;
+    assert!(used.abs_diff(full) < 4 << 20, "{used} vs {full}");
+    // A sampled source: a value only read_used saw is in every open
+    // window's peak, and the last full reading is untouched.
+    let value = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(10));
+    let v = value.clone();
+    let cb = Source::callback(
+        "cb",
+        Box::new(move || Ok(v.load(std::sync::atomic::Ordering::SeqCst))),
+    )
+    .unwrap();
+    assert_eq!(cb.info().fidelity, PeakFidelity::Sampled);
+    let w = Window::open(std::slice::from_ref(&cb)).unwrap();
+    let last = cb.last().unwrap();
+    value.store(1000, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(cb.read_used().unwrap(), 1000);
+    assert_eq!(cb.last().unwrap(), last, "read_used builds no reading");
+    value.store(5, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(w.peaks().unwrap(), vec![1000]);
+    // A pushed source: its last value; a failing read is an error, kept.
+    let pushed = Source::pushed("p").unwrap();
+    assert_eq!(pushed.read_used().unwrap(), 0);
+    pushed.push(77).unwrap();
+    assert_eq!(pushed.read_used().unwrap(), 77);
+    let failing = Source::callback(
+        "f",
+        Box::new(|| Err(memprobe_core::Error::new(ErrorKind::Unavailable, "gone"))),
+    )
+    .unwrap();
+    assert_eq!(
+        failing.read_used().unwrap_err().kind(),
+        ErrorKind::Unavailable
+    );
+    assert!(failing.last_error().unwrap().is_some());
 }
 
 #[test]

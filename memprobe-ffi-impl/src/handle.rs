@@ -8,7 +8,7 @@
 use crate::boundary::{FfiError, FfiResult};
 use crate::status::memprobe_status;
 use memprobe_core::lock::Lock;
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -88,6 +88,8 @@ pub(crate) struct Table<T> {
 struct Cached {
     token: usize,
     removals: u64,
+    /// The object's type, checked without a virtual call.
+    type_id: TypeId,
     object: Weak<dyn Any + Send + Sync>,
 }
 
@@ -150,10 +152,17 @@ impl<T> Table<T> {
             .try_with(|c| {
                 let c = c.borrow();
                 let cached = c[entry].as_ref()?;
-                if cached.token != token || cached.removals != removals {
+                if cached.token != token
+                    || cached.removals != removals
+                    || cached.type_id != TypeId::of::<T>()
+                {
                     return None;
                 }
-                cached.object.upgrade()?.downcast::<T>().ok()
+                let object = cached.object.upgrade()?;
+                // SAFETY: the object is a `T` (its type id was checked):
+                // the same conversion `Arc::downcast` makes, without asking
+                // the object its type again.
+                Some(unsafe { Arc::from_raw(Arc::into_raw(object) as *const T) })
             })
             .ok()
             .flatten();
@@ -175,6 +184,7 @@ impl<T> Table<T> {
             c.borrow_mut()[entry] = Some(Cached {
                 token,
                 removals,
+                type_id: TypeId::of::<T>(),
                 object: Arc::downgrade(&object),
             })
         });

@@ -378,6 +378,22 @@ pub extern "C" fn memprobe_source_read(
     })
 }
 
+/// The bytes in use now, in `*out`: the cheapest read, for a hot loop that
+/// needs only the figure. Like memprobe_source_read it counts towards the
+/// peak of every open window, but it reads no clock and fills no sample. A
+/// pushed source returns its last pushed value.
+#[no_mangle]
+pub extern "C" fn memprobe_source_read_used(
+    source: *const memprobe_source,
+    out: *mut u64,
+) -> memprobe_status {
+    entry_point("memprobe_source_read_used", || {
+        let slot = self::out(out, "out")?;
+        *slot = self::source(source)?.read_used()?;
+        Ok(())
+    })
+}
+
 /// Pushes the current value of a pushed source, in bytes.
 #[no_mangle]
 pub extern "C" fn memprobe_source_push(

@@ -13,11 +13,18 @@ pub struct memprobe_window {
     _private: [u8; 0],
 }
 
-static WINDOWS: Table<Lock<Window>> = Table::new(0x57, "memprobe_window");
+/// A window behind a handle, with the buffer its boundaries fill (reused,
+/// so a step boundary allocates nothing).
+pub(crate) struct OpenWindow {
+    window: Window,
+    ended: Vec<SourceDelta>,
+}
+
+static WINDOWS: Table<Lock<OpenWindow>> = Table::new(0x57, "memprobe_window");
 
 impl Handle for memprobe_window {
-    type Object = Lock<Window>;
-    fn table() -> &'static Table<Lock<Window>> {
+    type Object = Lock<OpenWindow>;
+    fn table() -> &'static Table<Lock<OpenWindow>> {
         &WINDOWS
     }
 }
@@ -78,8 +85,9 @@ pub extern "C" fn memprobe_window_open(
 ) -> memprobe_status {
     entry_point("memprobe_window_open", || {
         self::out(out, "out")?;
-        let w = Window::open(&self::sources(sources, n_sources)?)?;
-        publish(Lock::new(w), out)
+        let window = Window::open(&self::sources(sources, n_sources)?)?;
+        let ended = Vec::with_capacity(window.sources().count());
+        publish(Lock::new(OpenWindow { window, ended }), out)
     })
 }
 
@@ -94,7 +102,7 @@ pub extern "C" fn memprobe_window_peak(
 ) -> memprobe_status {
     entry_point("memprobe_window_peak", || {
         let slot = self::out(out, "out")?;
-        *slot = get(window)?.lock()?.peak_of(index)?;
+        *slot = get(window)?.lock()?.window.peak_of(index)?;
         Ok(())
     })
 }
@@ -109,7 +117,7 @@ pub extern "C" fn memprobe_window_measure(
 ) -> memprobe_status {
     entry_point("memprobe_window_measure", || {
         let slot = self::out(out, "out")?;
-        *slot = (&get(window)?.lock()?.measure_of(index)?).into();
+        *slot = (&get(window)?.lock()?.window.measure_of(index)?).into();
         Ok(())
     })
 }
@@ -129,8 +137,11 @@ pub extern "C" fn memprobe_window_reset(
     n_ended: usize,
 ) -> memprobe_status {
     entry_point("memprobe_window_reset", || {
-        let deltas = get(window)?.lock()?.reset()?;
-        opt_out_array(ended, n_ended, deltas.iter().map(Into::into));
+        let w = get(window)?;
+        let mut w = w.lock()?;
+        let OpenWindow { window, ended: buf } = &mut *w;
+        window.reset_into(buf)?;
+        opt_out_array(ended, n_ended, buf.iter().map(Into::into));
         Ok(())
     })
 }
@@ -143,7 +154,7 @@ pub extern "C" fn memprobe_window_source_count(
 ) -> memprobe_status {
     entry_point("memprobe_window_source_count", || {
         let slot = self::out(out, "out")?;
-        *slot = get(window)?.lock()?.sources().count();
+        *slot = get(window)?.lock()?.window.sources().count();
         Ok(())
     })
 }

@@ -31,6 +31,7 @@ struct Sample {
 
 type NewProcess = unsafe extern "C" fn(u32, *mut *mut c_void) -> u32;
 type Read = unsafe extern "C" fn(*const c_void, *mut Sample) -> u32;
+type ReadUsed = unsafe extern "C" fn(*const c_void, *mut u64) -> u32;
 type WindowOpen = unsafe extern "C" fn(*const *const c_void, usize, *mut *mut c_void) -> u32;
 type WindowPeak = unsafe extern "C" fn(*const c_void, usize, *mut u64) -> u32;
 type WindowFree = unsafe extern "C" fn(*mut c_void) -> u32;
@@ -58,6 +59,7 @@ struct Delta {
 
 struct CAbi {
     read: Read,
+    read_used: ReadUsed,
     open: WindowOpen,
     peak: WindowPeak,
     free: WindowFree,
@@ -100,6 +102,9 @@ fn load_c_abi() -> CAbi {
         assert_eq!(new(0, &mut source), 0);
         CAbi {
             read: std::mem::transmute::<*mut c_void, Read>(sym("memprobe_source_read")),
+            read_used: std::mem::transmute::<*mut c_void, ReadUsed>(sym(
+                "memprobe_source_read_used",
+            )),
             open: std::mem::transmute::<*mut c_void, WindowOpen>(sym("memprobe_window_open")),
             peak: std::mem::transmute::<*mut c_void, WindowPeak>(sym("memprobe_window_peak")),
             free: std::mem::transmute::<*mut c_void, WindowFree>(sym("memprobe_window_free")),
@@ -129,7 +134,7 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// `Window::reset` with `open - 1` other windows open over the process
+/// `Window::reset_into` with `open - 1` other windows open over the process
 /// source, for open in 1, 64, 1024: the median per-call time of each.
 fn window_scaling() -> Vec<(usize, f64)> {
     let rss = Source::process().unwrap();
@@ -140,14 +145,16 @@ fn window_scaling() -> Vec<(usize, f64)> {
                 .map(|_| Window::open(std::slice::from_ref(&rss)).unwrap())
                 .collect();
             let mut w = Window::open(std::slice::from_ref(&rss)).unwrap();
+            let mut ended = Vec::new();
             for _ in 0..ITERS / 4 {
-                black_box(w.reset().unwrap());
+                w.reset_into(&mut ended).unwrap();
             }
             let mut rounds: Vec<f64> = (0..ROUNDS)
                 .map(|_| {
                     let t = Instant::now();
                     for _ in 0..ITERS {
-                        black_box(w.reset().unwrap());
+                        w.reset_into(&mut ended).unwrap();
+                        black_box(&ended);
                     }
                     t.elapsed().as_nanos() as f64 / ITERS as f64
                 })
@@ -239,6 +246,23 @@ fn main() {
             black_box(unsafe { read(src, &mut s) });
         }),
     );
+    // The bytes alone (no clock read, no sample): the read for a hot loop.
+    let r = rss.clone();
+    add(
+        "rss read (bytes only), memprobe Rust",
+        Box::new(move || {
+            black_box(r.read_used().unwrap());
+        }),
+    );
+    let (src, read_used) = (c.source, c.read_used);
+    add(
+        "rss read (bytes only), memprobe C ABI",
+        Box::new(move || {
+            let mut used = 0u64;
+            // SAFETY: a live handle and a valid out-pointer.
+            black_box(unsafe { read_used(src, &mut used) });
+        }),
+    );
     add(
         "rss read, sysinfo refresh of one process",
         Box::new(move || {
@@ -256,8 +280,18 @@ fn main() {
     {
         let r = rss.clone();
         let mut w = Window::open(&[r]).unwrap();
+        let mut ended = Vec::new();
         add(
             "step boundary (reset), Rust, 1 window",
+            Box::new(move || {
+                w.reset_into(&mut ended).unwrap();
+                black_box(&ended);
+            }),
+        );
+        // The same through `reset`, which returns a new vector each time.
+        let mut w = Window::open(std::slice::from_ref(&rss)).unwrap();
+        add(
+            "step boundary (reset, new Vec), Rust, 1 window",
             Box::new(move || {
                 black_box(w.reset().unwrap());
             }),

@@ -183,6 +183,57 @@ static void test_sources(void) {
     FREE_OK(memprobe_source_free(cb));
 }
 
+/* memprobe_source_read_used: the bytes alone, counted towards open windows. */
+static void test_read_used(void) {
+    memprobe_source *rss = NULL, *pushed = NULL, *cb = NULL, *failing = NULL;
+    memprobe_window *w = NULL;
+    memprobe_sample s;
+    uint64_t used = 0, peak = 0, counter = 42;
+    const memprobe_source *one[1];
+
+    OK(memprobe_source_new_process(0, &rss));
+    OK(memprobe_source_read_used(rss, &used));
+    OK(memprobe_source_read(rss, &s));
+    CHECK(used > MIB && used + SLACK > s.used && s.used + SLACK > used);
+    EXPECT(memprobe_source_read_used(rss, NULL), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_read_used(NULL, &used), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_source_read_used((memprobe_source *)(uintptr_t)0x1234, &used),
+           MEMPROBE_STATUS_INVALID_HANDLE);
+
+    OK(memprobe_source_new_pushed("alloc", &pushed));
+    OK(memprobe_source_read_used(pushed, &used));
+    CHECK(used == 0);
+    OK(memprobe_source_push(pushed, 77));
+    OK(memprobe_source_read_used(pushed, &used));
+    CHECK(used == 77);
+
+    /* A sampled source: the value read_used saw is in the window's peak. */
+    OK(memprobe_source_new_callback("cb", read_counter, &counter, &cb));
+    one[0] = cb;
+    OK(memprobe_window_open(one, 1, &w));
+    counter = 1000;
+    OK(memprobe_source_read_used(cb, &used));
+    CHECK(used == 1000);
+    counter = 5;
+    OK(memprobe_window_peak(w, 0, &peak));
+    CHECK(peak == 1000);
+    /* A window handle is not a source. */
+    EXPECT(memprobe_source_read_used((const memprobe_source *)w, &used), MEMPROBE_STATUS_INVALID_HANDLE);
+
+    /* A failing read leaves the caller's value alone and says why. */
+    OK(memprobe_source_new_callback("fails", read_fails, NULL, &failing));
+    used = 0xdead;
+    EXPECT(memprobe_source_read_used(failing, &used), MEMPROBE_STATUS_UNAVAILABLE);
+    CHECK(used == 0xdead && strstr(memprobe_last_error(), "returned 7") != NULL);
+
+    FREE_OK(memprobe_window_free(w));
+    FREE_OK(memprobe_source_free(failing));
+    FREE_OK(memprobe_source_free(cb));
+    FREE_OK(memprobe_source_free(pushed));
+    EXPECT(memprobe_source_read_used(pushed, &used), MEMPROBE_STATUS_INVALID_HANDLE);
+    FREE_OK(memprobe_source_free(rss));
+}
+
 static void test_windows(void) {
     memprobe_source *rss = NULL, *p = NULL;
     memprobe_window *outer = NULL, *inner = NULL, *sibling = NULL, *bad = NULL;
@@ -432,6 +483,7 @@ int main(void) {
     test_basics();
     test_free_keeps_last_error();
     test_sources();
+    test_read_used();
     test_windows();
     test_traces();
     test_monitor();

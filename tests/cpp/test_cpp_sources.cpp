@@ -296,11 +296,23 @@ int main() {
         Source cb = Source::callback("custom", [&] { return value; });
         CHECK(cb.read().used == 5 * MIB);
         CHECK(cb.info().fidelity == MEMPROBE_FIDELITY_SAMPLED);
+        value = 6 * MIB;
+        CHECK(cb.used() == 6 * MIB);
+        bool threw = false;
         Source bad = Source::callback("bad", []() -> std::uint64_t { throw std::runtime_error("no"); });
         Status st;
         bad.read(st);
         CHECK(st.code == MEMPROBE_STATUS_UNAVAILABLE && !detail::pending());
-        bool threw = false;
+        st = Status{};
+        CHECK(bad.used(st) == 0 && st.code == MEMPROBE_STATUS_UNAVAILABLE && !detail::pending());
+        threw = false;
+        try {
+            bad.used();
+        } catch (const Error &e) {
+            threw = e.status() == MEMPROBE_STATUS_UNAVAILABLE;
+        }
+        CHECK(threw);
+        threw = false;
         try {
             Source::callback("empty", nullptr);
         } catch (const Error &e) {

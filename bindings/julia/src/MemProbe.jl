@@ -19,7 +19,7 @@ module MemProbe
 using Libdl
 
 export Source, Sample, SourceInfo, Window, Delta, Trace, Tracker, PhaseRecord,
-       MemprobeError, read_sample, peak, peaks, measure, reset!, report,
+       MemprobeError, read_sample, read_used, peak, peaks, measure, reset!, report,
        report_n_reset, format_report, data, data_mb, b2mb, withtrace, start!, stop!,
        isrunning, begin_phase, end_phase, next_phase, phase, monitor_set_interval,
        monitor_stats, monitor_stop, GPUMemory, GpuDevice, gpu_mem_get, gpu_mem_get_all,

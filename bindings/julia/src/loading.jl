@@ -13,7 +13,7 @@ const FUNCTIONS = (
     :memprobe_source_new_system_ram, :memprobe_source_new_cgroup, :memprobe_source_new_smaps,
     :memprobe_source_new_process_tree_smaps,
     :memprobe_source_new_pushed, :memprobe_source_new_callback, :memprobe_source_free,
-    :memprobe_source_read, :memprobe_source_push, :memprobe_source_get_info,
+    :memprobe_source_read, :memprobe_source_read_used, :memprobe_source_push, :memprobe_source_get_info,
     :memprobe_trace_new, :memprobe_trace_start, :memprobe_trace_stop, :memprobe_trace_reset,
     :memprobe_trace_is_running, :memprobe_trace_data, :memprobe_trace_measure,
     :memprobe_trace_report, :memprobe_trace_report_n_reset, :memprobe_trace_format,

@@ -163,6 +163,14 @@ end
 
 Base.read(s::Source) = read_sample(s)
 
+"Bytes in use now: the cheapest read, for a hot loop (no sample, no clock
+read; it still counts towards every open window's peak)."
+function read_used(s::Source)
+    out = Ref{UInt64}(0)
+    check(ccall(sym(:memprobe_source_read_used), UInt32, (Ptr{Cvoid}, Ref{UInt64}), s.handle, out))
+    out[]
+end
+
 "Pushes the current value of a pushed source, bytes."
 Base.push!(s::Source, used::Integer) =
     (check(ccall(sym(:memprobe_source_push), UInt32, (Ptr{Cvoid}, UInt64), s.handle, used)); s)

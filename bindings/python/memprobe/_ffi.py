@@ -266,6 +266,7 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     ),
     "memprobe_source_free": (status_t, [handle_t]),
     "memprobe_source_read": (status_t, [handle_t, P(memprobe_sample)]),
+    "memprobe_source_read_used": (status_t, [handle_t, P(c_uint64)]),
     "memprobe_source_push": (status_t, [handle_t, c_uint64]),
     "memprobe_source_get_info": (status_t, [handle_t, P(memprobe_source_info)]),
     "memprobe_source_get_last_error": (

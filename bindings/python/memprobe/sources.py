@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import atexit
 import enum
-from ctypes import byref, c_size_t, c_uint32, create_string_buffer
+from ctypes import byref, c_size_t, c_uint32, c_uint64, create_string_buffer
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, List, Optional, Union
 
@@ -105,6 +105,7 @@ class SourceInfo:
 
 _finalizing = False
 _read = C.memprobe_source_read
+_read_used = C.memprobe_source_read_used
 
 
 @atexit.register
@@ -269,13 +270,14 @@ class Source(Owned):
         return Sample._from_c(s)
 
     def used(self) -> int:
-        """Bytes in use now: one reading without building a :class:`Sample`
-        (the cheapest read, e.g. in a hot loop)."""
-        s = _ffi.memprobe_sample()
-        status = _read(self._handle, byref(s))
+        """Bytes in use now: the cheapest read, e.g. in a hot loop (no
+        :class:`Sample`, no clock read; it still counts towards the peak of
+        every open window)."""
+        out = c_uint64()
+        status = _read_used(self._handle, byref(out))
         if status:
             self._raise_read_error(status)
-        return int(s.used)
+        return int(out.value)
 
     def _raise_read_error(self, status: int) -> None:
         check_over(status, (self,))

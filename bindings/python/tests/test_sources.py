@@ -26,6 +26,34 @@ def test_process_reads_this_process_rss(rss):
     assert s.used_mb == s.used >> 20
 
 
+def test_used_is_the_bytes_alone_and_counts_towards_windows(rss):
+    assert abs(rss.used() - statm_rss()) < 4 * MiB
+    value = [10]
+    with Source.callback("pool", lambda: value[0]) as c, memprobe.Window([c]) as w:
+        value[0] = 1000
+        assert c.used() == 1000
+        value[0] = 5
+        assert w.peaks() == [1000], "a value only used() saw is in the window's peak"
+    with Source.pushed("p") as p:
+        assert p.used() == 0
+        p.push(77)
+        assert p.used() == 77
+
+
+def test_used_errors_carry_their_cause():
+    def broken() -> int:
+        raise RuntimeError("allocator gone")
+
+    with Source.callback("broken", broken) as c:
+        with pytest.raises(memprobe.UnavailableError) as e:
+            c.used()
+        assert isinstance(e.value.__cause__, RuntimeError)
+    s = Source.pushed("gone")
+    s.close()
+    with pytest.raises(memprobe.InvalidHandleError):
+        s.used()
+
+
 def test_process_follows_allocations(rss):
     before = rss.read().used
     held = keep(64 * MiB)

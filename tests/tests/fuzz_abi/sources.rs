@@ -88,16 +88,30 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
             }
             4 => {
                 let h = pick(rng, &p.sources, p);
-                let mut s = memprobe_sample::default();
-                let out = if rng.chance(90) {
-                    &mut s as *mut _
+                let null = !rng.chance(90);
+                if rng.chance(50) {
+                    let mut s = memprobe_sample::default();
+                    let out = if null {
+                        std::ptr::null_mut()
+                    } else {
+                        &mut s as *mut _
+                    };
+                    call(
+                        "source_read",
+                        source::memprobe_source_read(h as *const memprobe_source, out),
+                    );
                 } else {
-                    std::ptr::null_mut()
-                };
-                call(
-                    "source_read",
-                    source::memprobe_source_read(h as *const memprobe_source, out),
-                );
+                    let mut used = 0u64;
+                    let out = if null {
+                        std::ptr::null_mut()
+                    } else {
+                        &mut used as *mut _
+                    };
+                    call(
+                        "source_read_used",
+                        source::memprobe_source_read_used(h as *const memprobe_source, out),
+                    );
+                }
             }
             5 => {
                 let h = pick(rng, &p.sources, p);
