@@ -166,6 +166,24 @@ impl ProcessSampler {
     fn rss(&mut self) -> Result<u64> {
         rss(&mut self.statm, self.page_size)
     }
+
+    /// Runs `f` on the kernel mark (`None` without one) with a reader of
+    /// the current RSS, both borrowed in place.
+    fn with_mark(
+        &mut self,
+        f: impl FnOnce(&mut KernelHwm, &mut dyn FnMut() -> Result<u64>) -> Result<u64>,
+    ) -> Result<Option<u64>> {
+        let Self {
+            statm,
+            page_size,
+            hwm,
+            ..
+        } = self;
+        let Some(hwm) = hwm else {
+            return Ok(None);
+        };
+        f(hwm, &mut || rss(statm, *page_size)).map(Some)
+    }
 }
 
 /// The resident set from `statm` (its second field, in pages), bytes.
@@ -202,29 +220,11 @@ impl Sampler for ProcessSampler {
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
-        let Self {
-            statm,
-            page_size,
-            hwm,
-            ..
-        } = self;
-        let Some(hwm) = hwm else {
-            return Ok(None);
-        };
-        hwm.read(|| rss(statm, *page_size)).map(Some)
+        self.with_mark(|hwm, rss_now| hwm.read(rss_now))
     }
 
     fn read_peak_before_reset(&mut self) -> Result<Option<u64>> {
-        let Self {
-            statm,
-            page_size,
-            hwm,
-            ..
-        } = self;
-        let Some(hwm) = hwm else {
-            return Ok(None);
-        };
-        hwm.read_before_reset(|| rss(statm, *page_size)).map(Some)
+        self.with_mark(|hwm, rss_now| hwm.read_before_reset(rss_now))
     }
 
     fn reset_peak(&mut self) -> Result<Sample> {

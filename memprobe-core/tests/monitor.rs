@@ -177,25 +177,7 @@ fn fork_with_monitor_running_child_works() {
             // SAFETY: ends the forked child without running the parent's atexit handlers.
             unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 3 }) };
         }
-        let t = Instant::now();
-        let mut status = 0;
-        loop {
-            // SAFETY: `pid` is our child and `status` a valid, writable int.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(20) {
-                // SAFETY: kills our own child, which has not been reaped.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                panic!("child deadlocked after fork");
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "child failed: status {status:#x}"
-        );
+        wait_for_child(pid);
     }
     monitor::clear_sinks().unwrap();
     monitor::set_interval(monitor::DEFAULT_INTERVAL).unwrap();
@@ -239,8 +221,15 @@ fn fork_waits_for_a_thread_inside_memprobe() {
         1,
         "the fork did not wait for the read"
     );
-    let mut status = 0;
+    wait_for_child(pid);
+    assert_eq!(reader.join().unwrap(), 7);
+}
+
+/// Waits for a forked child: it must exit 0 within 20 s (a deadlock in it
+/// is killed and fails the test).
+fn wait_for_child(pid: libc::pid_t) {
     let t = Instant::now();
+    let mut status = 0;
     loop {
         // SAFETY: `pid` is our child and `status` a valid, writable int.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
@@ -258,5 +247,4 @@ fn fork_waits_for_a_thread_inside_memprobe() {
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "child failed: status {status:#x}"
     );
-    assert_eq!(reader.join().unwrap(), 7);
 }
