@@ -39,6 +39,10 @@ pub(crate) struct KernelHwm {
     floor_kb: Option<u64>,
     /// An upper bound of `signal->maxrss` in KiB (`u64::MAX` = unknown).
     floor_bound_kb: u64,
+    /// The highest exact RSS read since the last reset, bytes (0: none
+    /// yet). The mark is never below it, so a reading within the slack
+    /// of it is the mark, whatever the floor (see [`resolve`](Self::resolve)).
+    rss_seen: u64,
     generation: u64,
 }
 
@@ -52,6 +56,7 @@ impl KernelHwm {
             status: None,
             floor_kb: None,
             floor_bound_kb: u64::MAX,
+            rss_seen: 0,
             generation: fork::generation(),
         };
         // Before the first reset the mark covers everything since exec, so a
@@ -68,6 +73,7 @@ impl KernelHwm {
             // A forked child has its own signal struct: learn its floor anew.
             self.floor_kb = None;
             self.floor_bound_kb = u64::MAX;
+            self.rss_seen = 0;
             self.generation = fork::generation();
             self.learn_floor()?;
         }
@@ -89,7 +95,11 @@ impl KernelHwm {
     pub(crate) fn reset(&mut self, rss_after: impl FnOnce() -> Result<u64>) -> Result<u64> {
         self.check_fork()?;
         self.write_reset()?;
-        rss_after()
+        // Unknown until the read succeeds: a failed read leaves none.
+        self.rss_seen = 0;
+        let rss = rss_after()?;
+        self.rss_seen = rss;
+        Ok(rss)
     }
 
     /// Compares getrusage with `VmHWM` once: if getrusage is higher, the
@@ -114,6 +124,7 @@ impl KernelHwm {
         // yet folded: up to hundreds of KiB low); statm sums them (Linux ≥
         // 6.16), so a peak still resident now is read exactly.
         let now = rss_now()?;
+        self.rss_seen = self.rss_seen.max(now);
         if self.above_floor(kb) {
             return Ok((kb * 1024).max(now));
         }
@@ -136,7 +147,15 @@ impl KernelHwm {
         if self.above_floor(kb) {
             return Ok(kb * 1024);
         }
+        // At or below the floor's bound, but within the slack of an RSS
+        // read since the reset (the last boundary's own reading): the mark,
+        // without a read (a process whose RSS stays level takes this path
+        // at every boundary).
+        if self.rss_seen > 0 && kb <= self.rss_seen / 1024 + SLACK_KB / 4 {
+            return Ok((kb * 1024).max(self.rss_seen));
+        }
         let now = rss_now()?;
+        self.rss_seen = self.rss_seen.max(now);
         self.resolve(kb, now)
     }
 
