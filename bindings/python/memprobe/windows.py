@@ -4,7 +4,7 @@ sources. Windows are concurrent, nestable and independent."""
 from __future__ import annotations
 
 import struct
-from ctypes import addressof, byref, c_size_t, c_uint32, c_uint64, c_void_p, sizeof
+from ctypes import addressof, byref, c_char, c_size_t, c_uint32, c_uint64, c_void_p, sizeof
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Tuple, Union
 
@@ -137,11 +137,15 @@ _RESET = _unbound_reset()
 _NONE = c_size_t(0)
 
 
-def _result_array(n: int) -> Tuple[Any, c_void_p]:
-    """A boundary's result array for ``n`` sources, and its address as the
-    argument passed to C."""
-    arr = (_ffi.memprobe_delta * n)()
-    return arr, c_void_p(addressof(arr))
+def _result_array(n: int) -> Tuple[bytearray, c_void_p, Any]:
+    """A boundary's result array for ``n`` sources (``memprobe_delta[n]``),
+    its address as the argument passed to C, and the ctypes view that pins
+    it (a bytearray with an exported buffer is never moved). A bytearray,
+    not a ctypes array: struct reads it through Python's own buffer
+    protocol, not ctypes' (a cold boundary paid for that at every unpack)."""
+    arr = bytearray(sizeof(_ffi.memprobe_delta) * n)
+    pin = c_char.from_buffer(arr)
+    return arr, c_void_p(addressof(pin)), pin
 
 
 class Window(Owned):
@@ -174,7 +178,7 @@ class Window(Owned):
         # a boundary pops (atomic under the GIL) and gives back, so that two
         # threads resetting one window at once never share one.
         n = len(self._sources)
-        self._outs: List[Tuple[Any, c_void_p]] = [_result_array(n)]
+        self._outs: List[Tuple[bytearray, c_void_p, Any]] = [_result_array(n)]
         self._count = c_size_t(n)
         self._unpack: Callable[[Any], RawDeltas] = struct.Struct("=" + _DELTA_FORMAT * n).unpack_from
         self._reset = _RESET

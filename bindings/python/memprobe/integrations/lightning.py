@@ -304,12 +304,7 @@ class MemprobeHooks:
             self._history.add_raw("step", index, raw)
         peaks = peaks_of(raw)
         top = self._steps_peak
-        if len(top) != len(peaks):
-            self._steps_peak = list(peaks)
-        else:
-            for i, peak in enumerate(peaks):
-                if peak > top[i]:
-                    top[i] = peak
+        self._steps_peak = list(map(max, top, peaks)) if len(top) == len(peaks) else list(peaks)
         self._step_chained = True
         if log and pl_module is not None:
             scale = MiB if self.unit == "MiB" else 1
