@@ -19,28 +19,30 @@ class History:
     list itself (a user may clear or edit it), with every raw record made
     into ``Delta`` objects first."""
 
-    __slots__ = ("_records", "_raw")
+    __slots__ = ("_records", "_pending")
 
     def __init__(self) -> None:
         self._records: List[Record] = []
-        # Raw records that come after every one in _records.
-        self._raw: List[Tuple[str, int, RawDeltas]] = []
+        # Records added since the history was last read, in order, each
+        # with its Delta list or its raw reading (a tuple): nothing is built
+        # before the history is read (not at a log, which adds an interval).
+        self._pending: List[Tuple[str, int, Union[List[Delta], RawDeltas]]] = []
 
-    def add(self, phase: str, index: int, deltas: List[Delta]) -> Record:
-        rec = (phase, index, deltas)
-        self.records().append(rec)
-        return rec
+    def add(self, phase: str, index: int, deltas: List[Delta]) -> None:
+        self._pending.append((phase, index, deltas))
 
     def add_raw(self, phase: str, index: int, raw: RawDeltas) -> None:
-        self._raw.append((phase, index, raw))
+        self._pending.append((phase, index, raw))
 
     def records(self) -> List[Record]:
-        if self._raw:
-            self._records.extend((p, i, deltas_of(r)) for p, i, r in self._raw)
-            self._raw = []
+        if self._pending:
+            self._records.extend(
+                (p, i, deltas_of(d) if isinstance(d, tuple) else d) for p, i, d in self._pending
+            )
+            self._pending = []
         return self._records
 
     def replace(self, records: Union[List[Record], "History"]) -> None:
         """``owner.history = [...]``: the list given becomes the history."""
-        self._raw = []
+        self._pending = []
         self._records = records.records() if isinstance(records, History) else records
