@@ -294,12 +294,15 @@ class MemprobeHooks:
     ) -> None:
         # Per step only the boundary and plain bookkeeping; metrics are
         # built at the logging interval alone.
+        # (Every lookup counts here: the hook runs cold, right after the
+        # model's work evicted the interpreter's caches.)
         log = self._should_log_step(trainer)
         # The step's record is kept as read: Delta objects are made only
         # when it is logged or the history is read.
-        raw = self.phases.end_raw("step")
-        index = self._counts["step"]
-        self._counts["step"] = index + 1
+        raw = (self._phases or self.phases).end_raw("step")
+        counts = self._counts
+        index = counts["step"]
+        counts["step"] = index + 1
         if self.keep_history:
             self._history.add_raw("step", index, raw)
         peaks = peaks_of(raw)
