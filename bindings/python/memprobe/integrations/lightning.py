@@ -27,7 +27,9 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
   ``log_dict``, so they are in ``trainer.callback_metrics`` too.
 
 ``callback.history`` keeps every ended phase, every step included, whatever
-is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes.
+is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes (a
+step's ``Delta`` objects are built when ``history`` is read: read the
+attribute again for the steps ended since).
 
 A step's interval runs from the end of the step before it to its own end
 (``on_train_batch_end``): one window boundary per step, and nothing
