@@ -64,3 +64,30 @@ def test_history_can_be_cleared_or_replaced_and_keep_history_false_keeps_none(rs
     quiet.on_train_epoch_end(trainer, None)
     quiet.teardown(trainer, None)
     assert quiet.history == []
+
+
+def test_history_read_from_another_thread_during_steps_loses_and_repeats_none(rss):
+    import sys
+    import threading
+
+    hooks = MemprobeHooks(rss)
+    trainer = Trainer()
+    hooks.on_train_epoch_start(trainer, None)
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            hooks.history  # noqa: B018 - reading builds the pending records
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        run_steps(hooks, trainer, 3000)
+    finally:
+        done.set()
+        t.join()
+        sys.setswitchinterval(old)
+    hooks.teardown(trainer, None)
+    assert [i for p, i, _ in hooks.history if p == "step"] == list(range(3000))

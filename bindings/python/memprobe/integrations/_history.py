@@ -7,6 +7,7 @@ records are never read during training."""
 
 from __future__ import annotations
 
+import threading
 from typing import List, Tuple, Union
 
 from ..windows import Delta, RawDeltas, deltas_of
@@ -19,7 +20,7 @@ class History:
     list itself (a user may clear or edit it), with every raw record made
     into ``Delta`` objects first."""
 
-    __slots__ = ("_records", "_pending")
+    __slots__ = ("_records", "_pending", "_reading")
 
     def __init__(self) -> None:
         self._records: List[Record] = []
@@ -27,6 +28,8 @@ class History:
         # with its Delta list or its raw reading (a tuple): nothing is built
         # before the history is read (not at a log, which adds an interval).
         self._pending: List[Tuple[str, int, Union[List[Delta], RawDeltas]]] = []
+        # Readers take turns; the training thread's appends take no lock.
+        self._reading = threading.Lock()
 
     def add(self, phase: str, index: int, deltas: List[Delta]) -> None:
         self._pending.append((phase, index, deltas))
@@ -35,14 +38,19 @@ class History:
         self._pending.append((phase, index, raw))
 
     def records(self) -> List[Record]:
-        if self._pending:
-            self._records.extend(
-                (p, i, deltas_of(d) if isinstance(d, tuple) else d) for p, i, d in self._pending
-            )
-            self._pending = []
+        pending = self._pending
+        if pending:
+            with self._reading:
+                # The first n records, copied and then removed, each in one
+                # step under the GIL: a step the training thread adds
+                # meanwhile stays for the next read.
+                n = len(pending)
+                self._records.extend((p, i, deltas_of(d) if isinstance(d, tuple) else d) for p, i, d in pending[:n])
+                del pending[:n]
         return self._records
 
     def replace(self, records: Union[List[Record], "History"]) -> None:
         """``owner.history = [...]``: the list given becomes the history."""
-        self._pending = []
+        with self._reading:
+            del self._pending[:]
         self._records = records.records() if isinstance(records, History) else records
