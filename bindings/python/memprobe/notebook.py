@@ -49,7 +49,7 @@ from __future__ import annotations
 import ast
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from .errors import MemprobeError
 from .sources import Fidelity, Source, SourceKind
@@ -133,8 +133,16 @@ class _Measured:
         self.gpu: Optional[List[Source]] = None  # an AllocatorSources
         self.window: Optional[Window] = None
         self.gpu_error: Optional[str] = None
+        # Bound once: an import statement in the per-cell check cost a cold
+        # cell (after one that touched tens of MiB) ~10 µs.
+        self._cuda_initialized: Optional[Callable[[], bool]] = None
+        if torch_sources:
+            from .integrations.torch import cuda_initialized
+
+            self._cuda_initialized = cuda_initialized
         self._attach_gpu()
         self.window = Window(self.sources())
+        self._names = [s.name for s in self.sources()]
 
     def sources(self) -> List[Source]:
         assert self.rss is not None
@@ -142,11 +150,9 @@ class _Measured:
 
     def wants_gpu(self) -> bool:
         """Whether CUDA has been initialised since the sources were made."""
-        if not self.torch_sources or self.gpu is not None or self.gpu_error is not None:
+        if self._cuda_initialized is None or self.gpu is not None or self.gpu_error is not None:
             return False
-        from .integrations.torch import cuda_initialized
-
-        return cuda_initialized()
+        return self._cuda_initialized()
 
     def _attach_gpu(self) -> bool:
         if not self.wants_gpu():
@@ -168,10 +174,12 @@ class _Measured:
         if self.window is not None:
             self.window.close()
         self.window = Window(self.sources())
+        self._names = [s.name for s in self.sources()]
         return True
 
     def names(self) -> List[str]:
-        return [s.name for s in self.sources()]
+        """The window's source names, in order (made with the window)."""
+        return self._names
 
     def since_cuda_init(self) -> Dict[str, Delta]:
         """The GPU part of the cell in which CUDA was initialised (see

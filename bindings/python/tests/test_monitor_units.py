@@ -44,3 +44,21 @@ def test_b2mb_matches_fastai(num):
 
 def test_mib():
     assert memprobe.MiB == 2**20
+
+
+def test_b2mb_is_the_c_abis_rule_value_for_value():
+    """b2mb computes in Python what memprobe_b2mb (byte counts) and
+    memprobe_b2mb_signed (deltas) return, over both C types' ranges."""
+    import random
+
+    from memprobe._ffi import C
+
+    rng = random.Random(7)
+    edges = [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, (1 << 53) + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+    for n in edges + [rng.randrange(1 << 64) for _ in range(2000)]:
+        assert memprobe.b2mb(n) == C.memprobe_b2mb(n), n
+    negatives = [-1, -(1 << 20) + 1, -(1 << 20), -(1 << 20) - 1, -(1 << 63)]
+    for n in negatives + [-rng.randrange(1, 1 << 63) for _ in range(2000)]:
+        assert memprobe.b2mb(n) == C.memprobe_b2mb_signed(n), n
+    with pytest.raises(OverflowError):
+        memprobe.b2mb(1 << 64)

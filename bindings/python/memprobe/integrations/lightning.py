@@ -27,7 +27,9 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
   ``log_dict``, so they are in ``trainer.callback_metrics`` too.
 
 ``callback.history`` keeps every ended phase, every step included, whatever
-is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes.
+is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes (a
+step's ``Delta`` objects are built when ``history`` is read: read the
+attribute again for the steps ended since).
 
 A step's interval runs from the end of the step before it to its own end
 (``on_train_batch_end``): one window boundary per step, and nothing
@@ -66,7 +68,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
 from ..units import MiB
-from ..windows import Delta
+from ..windows import Delta, RawDeltas, deltas_of, peaks_of, raw_of
+from ._history import History, Record
 from ._lazy_class import LazyClass
 from ._ranks import RankMaxima
 from .phases import PhasePeaks, check_unit
@@ -109,6 +112,9 @@ class _TrackerPhases(PhasePeaks):
         self._open[phase] = False
         return list(self.tracker.end(phase).deltas)
 
+    def end_raw(self, phase: str) -> RawDeltas:
+        return raw_of(self.end(phase))
+
     def close(self) -> None:
         super().close()
         self._stack.clear()
@@ -148,7 +154,7 @@ class MemprobeHooks:
         self.unit = check_unit(unit)
         self.prog_bar = prog_bar
         self.keep_history = keep_history
-        self.history: List[Tuple[str, int, List[Delta]]] = []
+        self._history = History()
         self._counts = {"step": 0, "epoch": 0, "validation": 0}
         # The highest step peak per source since the last step log.
         self._steps_peak: List[int] = []
@@ -176,6 +182,17 @@ class MemprobeHooks:
         return self._phases
 
     @property
+    def history(self) -> List[Record]:
+        """Every ended phase, ``(phase, index, [Delta, ...])``, exact bytes:
+        the steps' records are kept as read and made into ``Delta`` objects
+        here (read the attribute again to see the steps ended since)."""
+        return self._history.records()
+
+    @history.setter
+    def history(self, records: List[Record]) -> None:
+        self._history.replace(records)
+
+    @property
     def tracker(self) -> Any:
         """The :class:`memprobe.Tracker` keeping the phases (with
         ``oom_report``), else None."""
@@ -192,7 +209,21 @@ class MemprobeHooks:
         if self.log_every_n_steps is not None:
             return (count + 1) % self.log_every_n_steps == 0
         # Lightning's own decision for this step (what update_train_step_metrics
-        # uses right after this hook); the interval by our count otherwise.
+        # uses right after this hook): _LoggerConnector.should_update_logs,
+        # taken here from the attributes it reads during training (its
+        # active loop is then the fit loop): the property itself, through
+        # trainer.training and the active loop, cost a cold step ~9 µs.
+        try:
+            n = trainer.log_every_n_steps
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+            stop = trainer.should_stop
+        except AttributeError:
+            pass
+        else:
+            if isinstance(n, int) and isinstance(step, int):
+                return n != 0 and (step % n == 0 or bool(stop))
+        # A trainer without those attributes: its connector's answer, else
+        # the interval by our count.
         connector = getattr(trainer, "_logger_connector", None)
         try:
             decided = connector.should_update_logs if connector is not None else None
@@ -208,7 +239,7 @@ class MemprobeHooks:
         index = self._counts[phase]
         self._counts[phase] = index + 1
         if self.keep_history:
-            self.history.append((phase, index, deltas))
+            self._history.add(phase, index, deltas)
         if log and pl_module is not None:
             logged, _ = self.ranks.reduce(phase, index, deltas)
             metrics = self.phases.metrics(phase, logged, prefix=self.prefix, unit=self.unit)
@@ -265,24 +296,25 @@ class MemprobeHooks:
     ) -> None:
         # Per step only the boundary and plain bookkeeping; metrics are
         # built at the logging interval alone.
+        # (Every lookup counts here: the hook runs cold, right after the
+        # model's work evicted the interpreter's caches.)
         log = self._should_log_step(trainer)
-        deltas = self.phases.end("step")
-        index = self._counts["step"]
-        self._counts["step"] = index + 1
+        # The step's record is kept as read: Delta objects are made only
+        # when it is logged or the history is read.
+        raw = (self._phases or self.phases).end_raw("step")
+        counts = self._counts
+        index = counts["step"]
+        counts["step"] = index + 1
         if self.keep_history:
-            self.history.append(("step", index, deltas))
+            self._history.add_raw("step", index, raw)
+        peaks = peaks_of(raw)
         top = self._steps_peak
-        if len(top) != len(deltas):
-            self._steps_peak = [d.peak for d in deltas]
-        else:
-            for i, d in enumerate(deltas):
-                if d.peak > top[i]:
-                    top[i] = d.peak
+        self._steps_peak = list(map(max, top, peaks)) if len(top) == len(peaks) else list(peaks)
         self._step_chained = True
         if log and pl_module is not None:
             scale = MiB if self.unit == "MiB" else 1
             # The maxima across ranks (one all-reduce; unchanged with one rank).
-            deltas, self._steps_peak = self.ranks.reduce("step", self._counts["step"] - 1, deltas, self._steps_peak)
+            deltas, self._steps_peak = self.ranks.reduce("step", index, deltas_of(raw), self._steps_peak)
             metrics = self.phases.metrics("step", deltas, prefix=self.prefix, unit=self.unit)
             for name, peak in zip(self.phases.names(), self._steps_peak):
                 metrics[f"{self.prefix}{name}/steps_peak"] = peak / scale

@@ -31,12 +31,11 @@ import gc
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
-from ..windows import Delta, Window
+from ..windows import Delta, RawDeltas, Window, deltas_of
 from . import trainer_stages
+from ._history import History, Record
 from ._ranks import RankMaxima
 from .phases import PhasePeaks, check_unit
-
-Record = Tuple[str, int, List[Delta]]
 
 
 def device_cache_release(gc_collect: bool = False) -> Callable[[], None]:
@@ -104,13 +103,13 @@ class LoopPeaks:
         self._release = release
         #: Releases run by the schedule.
         self.releases = 0
-        self.history: List[Record] = []
+        self._history = History()
         self.ranks = RankMaxima()
         #: Trainer-named metrics of each ended stage (bytes; maxima across ranks with several).
         self.stage_metrics: Dict[str, Dict[str, int]] = {}
         self._counts: Dict[str, int] = {}
         self._phases: Optional[PhasePeaks] = None
-        self._last_step: Optional[List[Delta]] = None
+        self._last_step: Optional[RawDeltas] = None
         self._pending: List[Record] = []
         self._stages: List[Tuple[str, List[Delta]]] = []
         # Trainer's "init" stage: open from now (RSS, and the allocator
@@ -128,6 +127,17 @@ class LoopPeaks:
         return default_sources(self.torch_sources)
 
     @property
+    def history(self) -> List[Record]:
+        """This rank's ended phases, ``(phase, index, [Delta, ...])``, exact
+        bytes: the steps' records are kept as read and made into ``Delta``
+        objects here (read the attribute again to see the steps ended since)."""
+        return self._history.records()
+
+    @history.setter
+    def history(self, records: List[Record]) -> None:
+        self._history.replace(records)
+
+    @property
     def phases(self) -> PhasePeaks:
         """The windows (created at the first phase, when the model is on its device)."""
         if self._phases is None:
@@ -139,7 +149,7 @@ class LoopPeaks:
         self._counts[phase] = index + 1
         rec = (phase, index, deltas)
         if self.keep_history:
-            self.history.append(rec)
+            self._history.add(phase, index, deltas)
         if pending:
             self._pending.append(rec)
         if stage is not None:
@@ -201,13 +211,30 @@ class LoopPeaks:
 
     def step_end(self) -> List[Delta]:
         """Ends a step and begins the next (the one boundary per step)."""
-        deltas = self.phases.end("step")
-        self._last_step = deltas
-        self._ended("step", deltas, False)
-        n = self.release_every_n_steps
-        if n is not None and self._counts["step"] % n == 0:
-            self.release_now()
+        raw = self.phases.end_raw("step")
+        deltas = deltas_of(raw)
+        self._step_ended(raw, deltas)
         return deltas
+
+    def step_end_raw(self) -> RawDeltas:
+        """:meth:`step_end`, the step as the boundary read it (no ``Delta``
+        is built until the step is reported or the history read)."""
+        raw = self.phases.end_raw("step")
+        self._step_ended(raw, None)
+        return raw
+
+    def _step_ended(self, raw: RawDeltas, deltas: Optional[List[Delta]]) -> None:
+        self._last_step = raw
+        index = self._counts.get("step", 0)
+        self._counts["step"] = index + 1
+        if self.keep_history:
+            if deltas is None:
+                self._history.add_raw("step", index, raw)
+            else:
+                self._history.add("step", index, deltas)
+        n = self.release_every_n_steps
+        if n is not None and (index + 1) % n == 0:
+            self.release_now()
 
     def epoch_begin(self) -> None:
         phases = self.phases
@@ -263,7 +290,7 @@ class LoopPeaks:
         phases = self.phases
         records: List[Record] = []
         if self._last_step is not None and last_step:
-            records.append(("step", self.count("step") - 1, self._last_step))
+            records.append(("step", self.count("step") - 1, deltas_of(self._last_step)))
             self._last_step = None
         if interval:
             records.append(self._ended("interval", phases.end("interval"), False))

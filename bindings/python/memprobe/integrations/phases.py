@@ -9,7 +9,7 @@ from typing import Dict, Iterable, List, Optional, Union
 
 from ..sources import Source, as_sources
 from ..units import MiB
-from ..windows import Delta, Window
+from ..windows import Delta, RawDeltas, Window
 
 
 _METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
@@ -59,6 +59,15 @@ class PhasePeaks:
             self._windows[phase] = w = Window(self.sources)
         self._open[phase] = False
         return w.reset()
+
+    def end_raw(self, phase: str) -> RawDeltas:
+        """:meth:`end`, the ended interval as the boundary read it
+        (:meth:`memprobe.Window.reset_raw`: no ``Delta`` built)."""
+        w = self._windows.get(phase)
+        if w is None:
+            self._windows[phase] = w = Window(self.sources)
+        self._open[phase] = False
+        return w.reset_raw()
 
     def is_open(self, phase: str) -> bool:
         return self._open.get(phase, False)

@@ -162,7 +162,7 @@ class MemprobeTrainerHooks(LoopViews):
         self.loop.epoch_begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.loop.step_end()
+        self.loop.step_end_raw()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.loop.epoch_end()
