@@ -44,6 +44,29 @@ def test_history_read_between_steps_holds_every_phase_in_order(rss):
     assert hooks.history[:3] == early[:3]
 
 
+def test_a_reference_kept_from_before_sees_the_phases_ended_since(rss):
+    import copy
+    import pickle
+
+    hooks = MemprobeHooks(rss)
+    trainer = Trainer()
+    hooks.on_train_epoch_start(trainer, None)
+    kept = hooks.history
+    assert kept == [] and len(kept) == 0 and not kept
+    run_steps(hooks, trainer, 3, spike_at=2)
+    assert len(kept) == 3 and [(p, i) for p, i, _ in kept] == [("step", 0), ("step", 1), ("step", 2)]
+    assert kept[2][2][0].peak >= kept[2][2][0].used_start + 62 * MiB
+    run_steps(hooks, trainer, 1)
+    assert kept[-1][:2] == ("step", 3) and ("step", 3, kept[-1][2]) in kept
+    # Copied or pickled, a plain list of the same records.
+    run_steps(hooks, trainer, 1)
+    for other in (copy.copy(kept), pickle.loads(pickle.dumps(kept)), list(kept), kept[:]):
+        assert type(other) is list and len(other) == 5
+        assert [(p, i) for p, i, _ in other] == [("step", i) for i in range(5)]
+    assert pickle.loads(pickle.dumps(kept)) == kept
+    hooks.teardown(trainer, None)
+
+
 def test_history_can_be_cleared_or_replaced_and_keep_history_false_keeps_none(rss):
     hooks = MemprobeHooks(rss)
     trainer = Trainer()
