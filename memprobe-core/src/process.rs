@@ -171,7 +171,7 @@ impl ProcessSampler {
     /// the current RSS, both borrowed in place.
     fn with_mark(
         &mut self,
-        f: impl FnOnce(&mut KernelHwm, &mut dyn FnMut() -> Result<u64>) -> Result<u64>,
+        f: impl FnOnce(&mut KernelHwm, Statm<'_>) -> Result<u64>,
     ) -> Result<Option<u64>> {
         let Self {
             statm,
@@ -182,7 +182,26 @@ impl ProcessSampler {
         let Some(hwm) = hwm else {
             return Ok(None);
         };
-        f(hwm, &mut || rss(statm, *page_size)).map(Some)
+        f(
+            hwm,
+            Statm {
+                file: statm,
+                page_size: *page_size,
+            },
+        )
+        .map(Some)
+    }
+}
+
+/// `statm` borrowed from its sampler beside the kernel mark.
+struct Statm<'a> {
+    file: &'a mut ProcFile,
+    page_size: u64,
+}
+
+impl Statm<'_> {
+    fn rss(self) -> Result<u64> {
+        rss(self.file, self.page_size)
     }
 }
 
@@ -220,26 +239,19 @@ impl Sampler for ProcessSampler {
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {
-        self.with_mark(|hwm, rss_now| hwm.read(rss_now))
+        self.with_mark(|hwm, statm| hwm.read(|| statm.rss()))
     }
 
     fn read_peak_before_reset(&mut self) -> Result<Option<u64>> {
-        self.with_mark(|hwm, rss_now| hwm.read_before_reset(rss_now))
+        self.with_mark(|hwm, statm| hwm.read_before_reset(|| statm.rss()))
     }
 
     fn reset_peak(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
-        let Self {
-            statm,
-            page_size,
-            hwm,
-            ..
-        } = self;
-        let Some(hwm) = hwm else {
-            return self.read();
-        };
-        let used = hwm.reset(|| rss(statm, *page_size))?;
-        Ok(Sample::timed(used, t0))
+        match self.with_mark(|hwm, statm| hwm.reset(|| statm.rss()))? {
+            Some(used) => Ok(Sample::timed(used, t0)),
+            None => self.read(),
+        }
     }
 }
 

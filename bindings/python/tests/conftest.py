@@ -62,6 +62,45 @@ def require_module(name: str, install: str):
         require(False, f"{name} is not installed ({e}); pip install {install}")
 
 
+def lightning():
+    """``lightning.pytorch`` (or the older ``pytorch_lightning``), with torch:
+    skipped when missing, failed in CI."""
+    require_module("torch", "torch")
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        pl = require_module("pytorch_lightning", "lightning")
+    return pl
+
+
+def tiny_lightning_module(validation: bool = True):
+    """A LightningModule class with one linear layer over 4 features, whose
+    loss is its output's sum (and a validation step, unless asked not to)."""
+    pl = lightning()
+    import torch
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return self.layer(x).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    if validation:
+
+        def validation_step(self, batch, batch_idx):
+            (x,) = batch
+            return self.layer(x).sum()
+
+        Tiny.validation_step = validation_step
+    return Tiny
+
+
 def spike(nbytes: int) -> None:
     """Touches ``nbytes`` of fresh memory, then frees it: a short RSS spike."""
     buf = b"\x01" * nbytes

@@ -5,7 +5,7 @@ not installed, and fail instead in CI (CI=true), which installs them."""
 from __future__ import annotations
 
 import pytest
-from conftest import PKG, MiB, require_module, run_python, spike, SITE
+from conftest import PKG, MiB, lightning, require_module, run_python, spike, SITE, tiny_lightning_module
 
 import memprobe
 from memprobe import Source
@@ -195,24 +195,12 @@ def test_torch_empty_cache_release():
 
 
 def test_lightning_callback_in_a_real_trainer(tmp_path, rss):
-    torch = require_module("torch", "torch")
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = require_module("pytorch_lightning", "lightning")
+    pl = lightning()
+    import torch
+
     from memprobe.integrations.lightning import MemprobeCallback
 
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.layer(x).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
+    Tiny = tiny_lightning_module(validation=False)
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
     cb = MemprobeCallback(rss)

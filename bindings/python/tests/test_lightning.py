@@ -6,19 +6,10 @@ from __future__ import annotations
 
 import csv
 
-from conftest import MiB, require_module
+from conftest import MiB, lightning
 
 SPIKE = 256 * MiB
 SPIKE_STEP = 6  # the global training step (0-based) whose training_step allocates it
-
-
-def lightning():
-    require_module("torch", "torch")
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = require_module("pytorch_lightning", "lightning")
-    return pl
 
 
 def test_step_with_a_temporary_allocation_shows_it_with_dataloader_workers(tmp_path):

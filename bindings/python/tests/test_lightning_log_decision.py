@@ -8,16 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import require_module
-
-
-def lightning():
-    require_module("torch", "torch")
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = require_module("pytorch_lightning", "lightning")
-    return pl
+from conftest import lightning, tiny_lightning_module
 
 
 @pytest.mark.parametrize(
@@ -30,21 +21,7 @@ def test_the_step_log_decision_is_lightnings_own(tmp_path, log_every_n_steps, ac
 
     from memprobe.integrations.lightning import MemprobeCallback
 
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.layer(x).sum()
-
-        def validation_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.layer(x).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
+    Tiny = tiny_lightning_module()
 
     class Stopper(pl.Callback):
         """Requests a stop at one step, before the memprobe callback's hook."""

@@ -5,7 +5,7 @@ an epoch, and the first after a validation loop, start at their batch."""
 
 from __future__ import annotations
 
-from conftest import MiB, require_module, spike
+from conftest import MiB, lightning, spike, tiny_lightning_module
 
 from memprobe.integrations.lightning import MemprobeHooks
 
@@ -87,30 +87,12 @@ def test_validation_and_epochs_between_steps_are_not_in_a_step(rss):
 
 
 def test_a_real_fit_starts_the_step_window_once_per_epoch(tmp_path):
-    require_module("torch", "torch")
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = require_module("pytorch_lightning", "lightning")
+    pl = lightning()
     import torch
 
     from memprobe.integrations.lightning import MemprobeCallback
 
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.layer(x).sum()
-
-        def validation_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.layer(x).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
+    Tiny = tiny_lightning_module()
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=2)
     cb = MemprobeCallback()

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import PKG, ROOT, MiB, require, require_module, run_python, SITE
+from conftest import PKG, ROOT, MiB, lightning, require, require_module, run_python, SITE
 from fake_torch_cuda import FakeCuda
 from schema_check import assert_valid, check, load
 
@@ -265,15 +265,6 @@ def test_report_oom_never_initialises_cuda():
 
 
 # --- Lightning -----------------------------------------------------------------
-
-
-def lightning():
-    require_module("torch", "torch")
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        pl = require_module("pytorch_lightning", "lightning")
-    return pl
 
 
 def _fit(pl, tmp_path, cb, fail):
