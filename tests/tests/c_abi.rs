@@ -80,6 +80,13 @@ fn fork_with_monitor_running() {
     check_all_ways("test_fork.c", &[]);
 }
 
+/// The fork gate's other path, taken where the kernel (before 4.14) or a
+/// seccomp filter refuses `membarrier(2)`: each entry takes its own barrier.
+#[test]
+fn fork_with_monitor_running_without_membarrier() {
+    check_all_ways("test_fork.c", &[("MEMPROBE_TEST_NO_MEMBARRIER", "1")]);
+}
+
 #[test]
 fn injected_panic_is_a_status() {
     check_all_ways(
