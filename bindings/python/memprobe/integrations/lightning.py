@@ -28,8 +28,8 @@ Metrics (``unit="MiB"`` by default), per source (``rss``, ``torch_alloc_0``
 
 ``callback.history`` keeps every ended phase, every step included, whatever
 is logged, as ``(phase, index, [Delta, ...])`` with exact peaks in bytes (a
-step's ``Delta`` objects are built when ``history`` is read: read the
-attribute again for the steps ended since).
+step's ``Delta`` objects are built when the history is first read; a
+reference kept from before sees the steps ended since).
 
 A step's interval runs from the end of the step before it to its own end
 (``on_train_batch_end``): one window boundary per step, and nothing
@@ -185,7 +185,8 @@ class MemprobeHooks:
     def history(self) -> List[Record]:
         """Every ended phase, ``(phase, index, [Delta, ...])``, exact bytes:
         the steps' records are kept as read and made into ``Delta`` objects
-        here (read the attribute again to see the steps ended since)."""
+        when the list is used (a reference kept from before sees the steps
+        ended since)."""
         return self._history.records()
 
     @history.setter

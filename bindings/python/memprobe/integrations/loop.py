@@ -130,7 +130,8 @@ class LoopPeaks:
     def history(self) -> List[Record]:
         """This rank's ended phases, ``(phase, index, [Delta, ...])``, exact
         bytes: the steps' records are kept as read and made into ``Delta``
-        objects here (read the attribute again to see the steps ended since)."""
+        objects when the list is used (a reference kept from before sees the
+        steps ended since)."""
         return self._history.records()
 
     @history.setter
