@@ -147,12 +147,13 @@ impl KernelHwm {
         if self.above_floor(kb) {
             return Ok(kb * 1024);
         }
-        // At or below the floor's bound, but within the slack of an RSS
-        // read since the reset (the last boundary's own reading): the mark,
-        // without a read (a process whose RSS stays level takes this path
-        // at every boundary).
-        if self.rss_seen > 0 && kb <= self.rss_seen / 1024 + SLACK_KB / 4 {
-            return Ok((kb * 1024).max(self.rss_seen));
+        // At or below the floor's bound, but settled by an RSS read since
+        // the reset (the last boundary's own reading), without a read: a
+        // process whose RSS stays level takes this path at every boundary.
+        if self.rss_seen > 0 {
+            if let Some(mark) = settled(kb, self.rss_seen) {
+                return Ok(mark);
+            }
         }
         let now = rss_now()?;
         self.rss_seen = self.rss_seen.max(now);
@@ -178,11 +179,10 @@ impl KernelHwm {
     /// The mark when getrusage's `kb` may be the exec floor; `now` is the
     /// exact current RSS.
     fn resolve(&mut self, kb: u64, now: u64) -> Result<u64> {
-        // Ambiguous: the floor may hide the true mark. The mark is never
-        // below the current RSS, so a reading at the current RSS is the mark;
-        // otherwise ask /proc/self/status, and learn.
-        if kb <= now / 1024 + SLACK_KB / 4 {
-            return Ok((kb * 1024).max(now));
+        // Ambiguous: the floor may hide the true mark. Settled by the
+        // current RSS; otherwise ask /proc/self/status, and learn.
+        if let Some(mark) = settled(kb, now) {
+            return Ok(mark);
         }
         let exact_kb = self.read_status()? / 1024;
         if exact_kb + SLACK_KB < kb {
@@ -205,6 +205,14 @@ impl KernelHwm {
             None => Err(procfs::malformed(f.path(), "no VmHWM line")),
         }
     }
+}
+
+/// The mark, when a getrusage reading of `kb` that may be the exec floor is
+/// within the slack of `rss`, an exact RSS (bytes) read since the last
+/// reset: the mark is never below such a reading, so the reading is the
+/// mark (up to the slack).
+fn settled(kb: u64, rss: u64) -> Option<u64> {
+    (kb <= rss / 1024 + SLACK_KB / 4).then(|| (kb * 1024).max(rss))
 }
 
 fn open_clear_refs(path: &std::path::Path) -> Result<File> {

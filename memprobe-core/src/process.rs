@@ -120,8 +120,7 @@ pub enum HwmMode {
 
 /// Reads this process's RSS.
 pub struct ProcessSampler {
-    statm: ProcFile,
-    page_size: u64,
+    statm: Statm,
     hwm: Option<KernelHwm>,
     /// Why the peak is not exact, when it is not.
     hwm_error: Option<Error>,
@@ -140,7 +139,10 @@ impl ProcessSampler {
     /// instead of `/proc/self/clear_refs` (to test how the sampler degrades
     /// when the reset is refused).
     pub fn with_clear_refs(mode: HwmMode, clear_refs: impl AsRef<std::path::Path>) -> Result<Self> {
-        let statm = ProcFile::open("/proc/self/statm")?;
+        let statm = Statm {
+            file: ProcFile::open("/proc/self/statm")?,
+            page_size: procfs::page_size(),
+        };
         let (hwm, hwm_error) = match mode {
             HwmMode::Preserve => (None, None),
             HwmMode::Reset => match KernelHwm::open(clear_refs.as_ref()) {
@@ -150,11 +152,10 @@ impl ProcessSampler {
         };
         let mut s = ProcessSampler {
             statm,
-            page_size: procfs::page_size(),
             hwm,
             hwm_error,
         };
-        s.rss()?;
+        s.statm.rss()?;
         Ok(s)
     }
 
@@ -163,54 +164,34 @@ impl ProcessSampler {
         self.hwm_error.as_ref()
     }
 
-    fn rss(&mut self) -> Result<u64> {
-        rss(&mut self.statm, self.page_size)
-    }
-
-    /// Runs `f` on the kernel mark (`None` without one) with a reader of
-    /// the current RSS, both borrowed in place.
+    /// Runs `f` on the kernel mark (`None` without one) with `statm`,
+    /// both borrowed in place.
     fn with_mark(
         &mut self,
-        f: impl FnOnce(&mut KernelHwm, Statm<'_>) -> Result<u64>,
+        f: impl FnOnce(&mut KernelHwm, &mut Statm) -> Result<u64>,
     ) -> Result<Option<u64>> {
-        let Self {
-            statm,
-            page_size,
-            hwm,
-            ..
-        } = self;
-        let Some(hwm) = hwm else {
-            return Ok(None);
-        };
-        f(
-            hwm,
-            Statm {
-                file: statm,
-                page_size: *page_size,
-            },
-        )
-        .map(Some)
+        let Self { statm, hwm, .. } = self;
+        match hwm {
+            Some(hwm) => f(hwm, statm).map(Some),
+            None => Ok(None),
+        }
     }
 }
 
-/// `statm` borrowed from its sampler beside the kernel mark.
-struct Statm<'a> {
-    file: &'a mut ProcFile,
+/// `/proc/self/statm`, read for the resident set.
+struct Statm {
+    file: ProcFile,
     page_size: u64,
 }
 
-impl Statm<'_> {
-    fn rss(self) -> Result<u64> {
-        rss(self.file, self.page_size)
-    }
-}
-
-/// The resident set from `statm` (its second field, in pages), bytes.
-fn rss(statm: &mut ProcFile, page_size: u64) -> Result<u64> {
-    let text = statm.read()?;
-    match procfs::field_u64(text, 1) {
-        Some(pages) => Ok(pages * page_size),
-        None => Err(procfs::malformed(statm.path(), "no resident field")),
+impl Statm {
+    /// The resident set (the second field, in pages), bytes.
+    fn rss(&mut self) -> Result<u64> {
+        let text = self.file.read()?;
+        match procfs::field_u64(text, 1) {
+            Some(pages) => Ok(pages * self.page_size),
+            None => Err(procfs::malformed(self.file.path(), "no resident field")),
+        }
     }
 }
 
@@ -230,12 +211,12 @@ impl Sampler for ProcessSampler {
 
     fn read(&mut self) -> Result<Sample> {
         let t0 = monotonic_ns();
-        let used = self.rss()?;
+        let used = self.statm.rss()?;
         Ok(Sample::timed(used, t0))
     }
 
     fn read_used(&mut self) -> Result<u64> {
-        self.rss()
+        self.statm.rss()
     }
 
     fn read_peak(&mut self) -> Result<Option<u64>> {

@@ -16,36 +16,29 @@ struct Part {
 impl Part {
     /// The record of the interval that ends (or is read) at `used_end`.
     fn ended(&self, peak: u64, used_end: u64) -> SourceDelta {
-        let info = self.source.info();
-        SourceDelta::new(
-            &info.name,
-            info.kind,
-            info.fidelity,
-            self.start.used,
-            used_end,
-            peak,
-        )
+        self.ended_named(peak, used_end, String::new())
     }
 
-    /// [`ended`](Self::ended) written over `out`, keeping its name's
-    /// allocation when it already names this source (a boundary that reuses
-    /// its record vector allocates nothing).
-    fn ended_into(&self, peak: u64, used_end: u64, out: &mut SourceDelta) {
+    /// [`ended`](Self::ended) with its name written into `name`, whose
+    /// allocation is kept (a boundary that reuses its records allocates
+    /// nothing once they name their sources).
+    fn ended_named(&self, peak: u64, used_end: u64, mut name: String) -> SourceDelta {
         let info = self.source.info();
-        let mut name = std::mem::take(&mut out.name);
         if name != info.name {
             name.clear();
             name.push_str(&info.name);
         }
-        *out = SourceDelta::new(
-            "",
-            info.kind,
-            info.fidelity,
-            self.start.used,
-            used_end,
-            peak,
-        );
-        out.name = name;
+        SourceDelta {
+            name,
+            ..SourceDelta::new(
+                "",
+                info.kind,
+                info.fidelity,
+                self.start.used,
+                used_end,
+                peak,
+            )
+        }
     }
 
     fn measure(&self) -> Result<SourceDelta> {
@@ -263,7 +256,7 @@ impl Window {
     /// vector is shorter).
     fn record(p: &Part, i: usize, peak: u64, used_end: u64, ended: &mut Vec<SourceDelta>) {
         match ended.get_mut(i) {
-            Some(slot) => p.ended_into(peak, used_end, slot),
+            Some(slot) => *slot = p.ended_named(peak, used_end, std::mem::take(&mut slot.name)),
             None => ended.push(p.ended(peak, used_end)),
         }
     }

@@ -141,8 +141,7 @@ class _Measured:
 
             self._cuda_initialized = cuda_initialized
         self._attach_gpu()
-        self.window = Window(self.sources())
-        self._names = [s.name for s in self.sources()]
+        self._open_window()
 
     def sources(self) -> List[Source]:
         assert self.rss is not None
@@ -173,9 +172,13 @@ class _Measured:
             return False
         if self.window is not None:
             self.window.close()
-        self.window = Window(self.sources())
-        self._names = [s.name for s in self.sources()]
+        self._open_window()
         return True
+
+    def _open_window(self) -> None:
+        sources = self.sources()
+        self.window = Window(sources)
+        self._names = [s.name for s in sources]
 
     def names(self) -> List[str]:
         """The window's source names, in order (made with the window)."""
