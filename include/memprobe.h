@@ -1881,7 +1881,8 @@ memprobe_status memprobe_window_reset(memprobe_window *window, memprobe_delta *e
 memprobe_status memprobe_window_source_count(const memprobe_window *window, size_t *out);
 
 /**
- * Closes the window. NULL is a no-op.
+ * Closes the window. NULL is a no-op. A call in progress on the window on
+ * another thread finishes first.
  */
 memprobe_status memprobe_window_free(memprobe_window *window);
 

@@ -26,7 +26,7 @@
 
 use std::cell::Cell;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Once;
 
 struct RawRwLock(UnsafeCell<libc::pthread_rwlock_t>);
@@ -69,8 +69,13 @@ struct Presence {
     inside: AtomicBool,
     /// Claimed by a live thread.
     taken: AtomicBool,
+    /// The node's number (from 1): the id of the live thread holding it.
+    id: u32,
     next: *const Presence,
 }
+
+/// The number of the next new [`Presence`].
+static NEXT_PRESENCE: AtomicU32 = AtomicU32::new(1);
 
 /// The list of every [`Presence`], newest first.
 static PRESENCES: AtomicPtr<Presence> = AtomicPtr::new(std::ptr::null_mut());
@@ -101,6 +106,9 @@ fn claim() -> &'static Presence {
     let node: &'static mut Presence = Box::leak(Box::new(Presence {
         inside: AtomicBool::new(false),
         taken: AtomicBool::new(true),
+        // Never 0 (a free lock's owner): 2^32 - 1 threads at once are out
+        // of reach, as each holds a node.
+        id: NEXT_PRESENCE.fetch_add(1, Ordering::Relaxed),
         next: std::ptr::null(),
     }));
     let mut head = PRESENCES.load(Ordering::Relaxed);
@@ -124,13 +132,9 @@ fn claim() -> &'static Presence {
 struct ThreadGate {
     /// How many guards this thread holds (calls nest through callbacks).
     depth: Cell<u32>,
-    /// This thread's id for [`GateGuard::thread`] (0 until first asked).
-    id: Cell<u64>,
     /// This thread's presence (null until its first call).
     presence: Cell<*const Presence>,
 }
-
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
 /// Gives the thread's presence back when the thread exits.
 struct GiveBack;
@@ -150,7 +154,6 @@ thread_local! {
     static THREAD: ThreadGate = const {
         ThreadGate {
             depth: Cell::new(0),
-            id: Cell::new(0),
             presence: Cell::new(std::ptr::null()),
         }
     };
@@ -319,20 +322,32 @@ impl GateGuard {
         GateGuard { thread }
     }
 
-    /// A process-unique id of the thread holding this guard.
+    /// The id of the thread holding this guard: never 0, and no two live
+    /// threads have the same (an exited thread's is taken again by a new
+    /// one). Its presence exists: the first entry at depth 0 claimed it.
     #[inline]
-    pub(crate) fn thread(&self) -> u64 {
-        // SAFETY: as in `enter`; the guard never leaves its thread.
-        let t = unsafe { &*self.thread };
-        match t.id.get() {
-            0 => {
-                let id = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-                t.id.set(id);
-                id
-            }
-            id => id,
-        }
+    pub(crate) fn thread(&self) -> u32 {
+        // SAFETY: as in `enter`; the guard never leaves its thread, and the
+        // node, claimed by the first entry, is never freed.
+        unsafe { (*(*self.thread).presence.get()).id }
     }
+}
+
+/// Whether a lock may be released with a plain store ([`Lock`] and a
+/// thread about to wait for it meet with `membarrier`, as the gate and the
+/// fork do): see [`crate::lock`].
+///
+/// [`Lock`]: crate::lock::Lock
+#[inline]
+pub(crate) fn asymmetric() -> bool {
+    ASYMMETRIC.load(Ordering::Relaxed)
+}
+
+/// The waiting side's barrier of [`asymmetric`] release: every thread of
+/// the process running now executes a full memory barrier. `false` when
+/// the kernel refused it (the caller then waits with a timeout).
+pub(crate) fn barrier_with_every_thread() -> bool {
+    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
 }
 
 impl Drop for GateGuard {

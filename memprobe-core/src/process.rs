@@ -234,6 +234,13 @@ impl Sampler for ProcessSampler {
             None => self.read(),
         }
     }
+
+    fn reset_peak_used(&mut self) -> Result<u64> {
+        match self.with_mark(|hwm, statm| hwm.reset(|| statm.rss()))? {
+            Some(used) => Ok(used),
+            None => self.read_used(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -92,9 +92,50 @@ fn trim_ascii_start(s: &[u8]) -> &[u8] {
 }
 
 /// The `n`-th (0-based) whitespace-separated field of `s`, parsed as u64.
+#[inline]
 pub(crate) fn field_u64(s: &[u8], n: usize) -> Option<u64> {
-    // One pass over the bytes, no splitting: this parses every RSS read
-    // (`statm`'s second field).
+    // This parses every RSS read (`statm`'s second field). The kernel
+    // writes such files as decimals with one space between them: the
+    // fields before the n-th are stepped over as runs of digits, each with
+    // one space after it. Any other text (leading or repeated whitespace,
+    // tabs, a field not a number) takes the general parse.
+    let mut i = 0;
+    for _ in 0..n {
+        let start = i;
+        while i < s.len() && s[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start || s.get(i) != Some(&b' ') {
+            return field_u64_general(s, n);
+        }
+        i += 1;
+    }
+    match leading_u64(&s[i..]) {
+        Some(v) => Some(v),
+        None => field_u64_general(s, n),
+    }
+}
+
+/// The leading decimal of `s` when it has 1 to 19 digits (which never
+/// overflow); `None` otherwise, for the caller's checked parse.
+#[inline]
+fn leading_u64(s: &[u8]) -> Option<u64> {
+    let mut v: u64 = 0;
+    let mut i = 0;
+    while i < s.len() {
+        let d = s[i].wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
+        i += 1;
+    }
+    (1..=19).contains(&i).then_some(v)
+}
+
+/// [`field_u64`] for any whitespace: one pass over the bytes, no splitting.
+#[cold]
+fn field_u64_general(s: &[u8], n: usize) -> Option<u64> {
     let mut i = 0;
     let mut field = 0;
     loop {
@@ -112,21 +153,10 @@ pub(crate) fn field_u64(s: &[u8], n: usize) -> Option<u64> {
         }
         field += 1;
     }
-    let start = i;
-    let mut v: u64 = 0;
-    while i < s.len() {
-        let d = s[i].wrapping_sub(b'0');
-        if d > 9 {
-            break;
-        }
-        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
-        i += 1;
-    }
-    match i - start {
-        0 => None,
-        // 19 digits never overflow; longer ones take the checked parse.
-        1..=19 => Some(v),
-        _ => parse_u64(&s[start..]),
+    match leading_u64(&s[i..]) {
+        Some(v) => Some(v),
+        // Longer than 19 digits (or none): the checked parse.
+        None => parse_u64(&s[i..]),
     }
 }
 
@@ -251,6 +281,19 @@ mod tests {
         assert_eq!(field_u64(b"7 8 ", 2), None);
         assert_eq!(field_u64(b"", 0), None);
         assert_eq!(field_u64(b"18446744073709551616 1", 0), None);
+        // The fast path (single spaces after runs of digits) and the
+        // general parse agree on every shape either takes.
+        assert_eq!(field_u64(b"18446744073709551615 1", 0), Some(u64::MAX));
+        assert_eq!(field_u64(b"00000000000000000000042 1", 0), Some(42));
+        assert_eq!(field_u64(b"1 00000000000000000000042", 1), Some(42));
+        assert_eq!(field_u64(b"12 34x 5", 1), Some(34));
+        assert_eq!(field_u64(b"12x 34 5", 1), Some(34));
+        assert_eq!(field_u64(b"12  34", 1), Some(34));
+        assert_eq!(field_u64(b"12 -3", 1), None);
+        assert_eq!(field_u64(b"12 ", 1), None);
+        assert_eq!(field_u64(b"12", 1), None);
+        assert_eq!(field_u64(b"4 5 6 7", 3), Some(7));
+        assert_eq!(field_u64(b"S 1234 99", 1), Some(1234));
         assert_eq!(
             keyed_u64(b"VmRSS:\t  100 kB\nVmHWM:\t 2048 kB\n", b"VmHWM"),
             Some(2048)

@@ -55,6 +55,13 @@ pub trait Sampler: Send {
         self.read()
     }
 
+    /// [`reset_peak`](Sampler::reset_peak) for a boundary that keeps no
+    /// time: the bytes alone (no clock read where the sampler can skip
+    /// it). The default resets and keeps the reading's bytes.
+    fn reset_peak_used(&mut self) -> Result<u64> {
+        self.reset_peak().map(|s| s.used)
+    }
+
     /// Re-opens whatever the sampler keeps open after `fork()` in the child,
     /// where descriptors opened on `/proc/self/...` still point at the parent.
     /// The default does nothing.

@@ -82,6 +82,11 @@ pub(crate) struct Shared {
     /// Read by a sampler (each boundary takes a fresh, stamped reading),
     /// not pushed (a boundary returns the last value pushed).
     sampled: bool,
+    /// Its reads and boundaries may run a caller's code (a callback, a
+    /// mark's functions, a sampler from outside memprobe). memprobe's own
+    /// readers of the kernel's files and pushed sources run none, so nothing
+    /// their boundaries do can see a [`Sweep`](crate::mark::Sweep).
+    runs_caller_code: bool,
     state: Lock<State>,
 }
 
@@ -134,10 +139,29 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlotId(usize);
 
+/// Whether a window boundary stamps its reading with the time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Clock {
+    /// Stamped (`taken_at_ns`, `read_ns`), kept as the source's last reading.
+    Read,
+    /// The bytes alone: no clock read (see [`Window::reset_untimed_into`](crate::Window::reset_untimed_into)).
+    Skip,
+}
+
 impl Source {
     /// Wraps a sampler. Its [`SourceInfo::fidelity`] decides how peaks are
     /// kept: `Exact` samplers must implement `read_peak`/`reset_peak`.
-    pub fn from_sampler(mut sampler: Box<dyn Sampler>) -> Source {
+    pub fn from_sampler(sampler: Box<dyn Sampler>) -> Source {
+        Self::wrap(sampler, false)
+    }
+
+    /// [`from_sampler`](Self::from_sampler) for one of memprobe's own
+    /// readers of the kernel's files (see [`Shared::runs_caller_code`]).
+    fn builtin(sampler: Box<dyn Sampler>) -> Source {
+        Self::wrap(sampler, true)
+    }
+
+    fn wrap(mut sampler: Box<dyn Sampler>, builtin: bool) -> Source {
         let info = sampler.info();
         let keeps_mark =
             info.fidelity == PeakFidelity::Exact && matches!(sampler.read_peak(), Ok(Some(_)));
@@ -149,7 +173,14 @@ impl Source {
         } else {
             info
         };
-        Self::build(info, Some(sampler), keeps_mark, false)
+        Self::build(info, Some(sampler), keeps_mark, false, !builtin)
+    }
+
+    /// Whether a boundary over this source may run a caller's code (a
+    /// callback, a mark's functions): then it needs a
+    /// [`Sweep`](crate::mark::Sweep) around it.
+    pub(crate) fn runs_caller_code(&self) -> bool {
+        self.shared.runs_caller_code
     }
 
     /// A source whose values the caller pushes (e.g. a framework allocator's
@@ -161,7 +192,7 @@ impl Source {
             kind: SourceKind::Custom,
             fidelity: PeakFidelity::Pushed,
         };
-        Ok(Self::build(info, None, false, false))
+        Ok(Self::build(info, None, false, false, false))
     }
 
     /// This process's RSS, with an exact peak from the kernel high-water mark
@@ -175,33 +206,33 @@ impl Source {
             } else {
                 HwmMode::Reset
             };
-            Ok(Source::from_sampler(Box::new(ProcessSampler::new(mode)?)))
+            Ok(Source::builtin(Box::new(ProcessSampler::new(mode)?)))
         })
     }
 
     /// This process's RSS with `VmHWM` left untouched: peaks are sampled by
     /// the monitor. A new, independent source each call.
     pub fn process_preserving_hwm() -> Result<Source> {
-        Ok(Source::from_sampler(Box::new(ProcessSampler::new(
+        Ok(Source::builtin(Box::new(ProcessSampler::new(
             HwmMode::Preserve,
         )?)))
     }
 
     /// This process and its descendants (sampled).
     pub fn process_tree() -> Result<Source> {
-        Ok(Source::from_sampler(Box::new(ProcessTreeSampler::new()?)))
+        Ok(Source::builtin(Box::new(ProcessTreeSampler::new()?)))
     }
 
     /// The machine's RAM (sampled).
     pub fn system_ram() -> Result<Source> {
-        Ok(Source::from_sampler(Box::new(SystemRamSampler::new()?)))
+        Ok(Source::builtin(Box::new(SystemRamSampler::new()?)))
     }
 
     /// The container's memory cgroup (exact where the kernel's peak can be
     /// reset, else sampled). Shared process-wide.
     pub fn cgroup() -> Result<Source> {
         shared(&CGROUP, || {
-            Ok(Source::from_sampler(Box::new(CgroupSampler::new(
+            Ok(Source::builtin(Box::new(CgroupSampler::new(
                 CgroupOptions::default(),
             )?)))
         })
@@ -209,7 +240,7 @@ impl Source {
 
     /// PSS or USS from smaps_rollup (opt-in: costs milliseconds per GiB).
     pub fn smaps(metric: SmapsMetric) -> Result<Source> {
-        Ok(Source::from_sampler(Box::new(SmapsSampler::new(metric)?)))
+        Ok(Source::builtin(Box::new(SmapsSampler::new(metric)?)))
     }
 
     /// PSS or USS of this process and its descendants: the sum over the
@@ -226,9 +257,7 @@ impl Source {
     /// [`ErrorKind::PermissionDenied`] when a process of the tree may not be
     /// read (another user's).
     pub fn process_tree_smaps(metric: SmapsMetric) -> Result<Source> {
-        Ok(Source::from_sampler(Box::new(TreeSmapsSampler::new(
-            metric,
-        )?)))
+        Ok(Source::builtin(Box::new(TreeSmapsSampler::new(metric)?)))
     }
 
     /// A custom source read by calling `read` (sampled by the monitor).
@@ -256,7 +285,7 @@ impl Source {
     ) -> Result<Source> {
         let sampler = group.member(index, name, kind)?;
         let info = sampler.info();
-        Ok(Self::build(info, Some(Box::new(sampler)), true, true))
+        Ok(Self::build(info, Some(Box::new(sampler)), true, true, true))
     }
 
     /// An exact source over one caller's mark with a reset of its own: a
@@ -270,11 +299,13 @@ impl Source {
         sampler: Option<Box<dyn Sampler>>,
         keeps_mark: bool,
         check_mark: bool,
+        runs_caller_code: bool,
     ) -> Source {
         let shared = Arc::new(Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             info,
             sampled: sampler.is_some(),
+            runs_caller_code,
             state: Lock::new(State {
                 sampler,
                 keeps_mark,
@@ -351,7 +382,10 @@ impl Source {
         Ok(())
     }
 
-    /// The last reading taken (by a read, a window boundary or the monitor).
+    /// The last reading taken (by a read, a window boundary or the monitor);
+    /// a bytes-only read ([`read_used`](Self::read_used)) and an untimed
+    /// boundary ([`Window::reset_untimed_into`](crate::Window::reset_untimed_into))
+    /// leave it as it was.
     pub fn last(&self) -> Result<Option<Sample>> {
         Ok(self.shared.state.lock()?.last)
     }
@@ -372,7 +406,7 @@ impl Source {
     pub(crate) fn open_slot(&self) -> Result<(SlotId, Sample)> {
         let (slot, sample, first) = {
             let mut st = self.shared.state.lock()?;
-            let (_, sample) = st.boundary()?;
+            let (_, sample) = st.boundary(Clock::Read)?;
             let new = Slot {
                 cohort: st.cohorts.join(sample.used),
                 restart: None,
@@ -409,10 +443,10 @@ impl Source {
     /// a later source ([`abort_restart`](Self::abort_restart)) loses no peak.
     /// Returns the ended interval's peak and the reading that both ends it
     /// and starts the next.
-    pub(crate) fn begin_restart(&self, slot: SlotId) -> Result<(u64, Sample)> {
+    pub(crate) fn begin_restart(&self, slot: SlotId, clock: Clock) -> Result<(u64, Sample)> {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
-        let (hwm, sample) = st.boundary()?;
+        let (hwm, sample) = st.boundary(clock)?;
         let peak = st.folded(slot).max(hwm).max(sample.used);
         if st.slot_mut(slot)?.restart.replace(sample.used).is_none() {
             st.restarting.push(slot.0);
@@ -423,10 +457,10 @@ impl Source {
     /// [`begin_restart`](Self::begin_restart) and
     /// [`commit_restart`](Self::commit_restart) under one lock: a window
     /// over this source alone, whose boundary nothing else can fail.
-    pub(crate) fn restart(&self, slot: SlotId) -> Result<(u64, Sample)> {
+    pub(crate) fn restart(&self, slot: SlotId, clock: Clock) -> Result<(u64, Sample)> {
         let mut st = self.shared.state.lock()?;
         st.check_slot(slot)?;
-        let (hwm, sample) = st.boundary()?;
+        let (hwm, sample) = st.boundary(clock)?;
         let peak = st.folded(slot).max(hwm).max(sample.used);
         st.drop_restart(slot);
         st.move_to(slot, sample.used);
@@ -634,8 +668,10 @@ impl State {
 
     /// A window boundary: fold the high-water mark into every open slot,
     /// reset it, and return the mark (0 when no slot was open, as then it is
-    /// not read) and a reading taken right after the reset.
-    fn boundary(&mut self) -> Result<(u64, Sample)> {
+    /// not read) and a reading taken right after the reset. With
+    /// [`Clock::Skip`] the reading has no stamp (`taken_at_ns` 0) and is
+    /// not kept as the source's [`last`](Source::last).
+    fn boundary(&mut self, clock: Clock) -> Result<(u64, Sample)> {
         self.check_fork();
         let mut hwm = 0;
         if self.open > 0 {
@@ -651,6 +687,24 @@ impl State {
             }
         }
         self.pending = None;
+        if clock == Clock::Skip {
+            let used = match self.sampler.as_mut() {
+                Some(s) if self.keeps_mark => {
+                    let used = s.reset_peak_used()?;
+                    self.note_used(used);
+                    used
+                }
+                // Notes the reading itself.
+                _ => self.read_used_now()?,
+            };
+            return Ok((
+                hwm,
+                Sample {
+                    used,
+                    ..Sample::default()
+                },
+            ));
+        }
         if self.keeps_mark {
             let s = self.sampler.as_mut().expect("a mark implies a sampler");
             let t0 = clock_unless(self.stamps);

@@ -5,7 +5,7 @@ use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
 use crate::mark::Sweep;
 use crate::sample::{monotonic_ns, Sample};
-use crate::source::{SlotId, Source};
+use crate::source::{Clock, SlotId, Source};
 
 struct Part {
     source: Source,
@@ -91,6 +91,10 @@ pub struct Window {
     /// The new starts of a boundary over several sources, held until every
     /// source's part succeeded (kept to reuse its allocation).
     starts: Vec<Sample>,
+    /// A boundary may run a caller's code (a mark, a callback), so it runs
+    /// inside a [`Sweep`]; over memprobe's own readers nothing could see
+    /// one, and it costs two thread-local accesses.
+    sweeps: bool,
 }
 
 impl Window {
@@ -103,6 +107,7 @@ impl Window {
             parts: Vec::with_capacity(sources.len()),
             started_at_ns: monotonic_ns(),
             starts: Vec::new(),
+            sweeps: sources.iter().any(Source::runs_caller_code),
         };
         let _sweep = Sweep::begin();
         for source in sources {
@@ -128,7 +133,8 @@ impl Window {
         self.parts.iter().map(|p| p.start).collect()
     }
 
-    /// When the window (last) started, monotonic nanoseconds.
+    /// When the window (last) started, monotonic nanoseconds; 0 after a
+    /// [`reset_untimed_into`](Self::reset_untimed_into).
     pub fn started_at_ns(&self) -> u64 {
         self.started_at_ns
     }
@@ -201,32 +207,48 @@ impl Window {
     /// boundary over the same window allocates nothing), then it holds one
     /// record per source. On failure `ended` is left empty.
     pub fn reset_into(&mut self, ended: &mut Vec<SourceDelta>) -> Result<()> {
-        let r = self.restart_all(ended);
+        self.reset_with(ended, Clock::Read)
+    }
+
+    /// [`reset_into`](Self::reset_into) without the time: the new interval's
+    /// readings carry no stamp (`taken_at_ns` 0 in [`starts`](Self::starts)),
+    /// [`started_at_ns`](Self::started_at_ns) is 0 until a timed boundary,
+    /// and the sources' [`last`](Source::last) readings stay as they were.
+    /// The peaks and records are the same. A built-in source then reads no
+    /// clock at all (the process's RSS: two clock reads fewer, about 4 %
+    /// of a boundary); it is how every window of the C ABI, which never
+    /// reports a window's time, is reset.
+    pub fn reset_untimed_into(&mut self, ended: &mut Vec<SourceDelta>) -> Result<()> {
+        self.reset_with(ended, Clock::Skip)
+    }
+
+    fn reset_with(&mut self, ended: &mut Vec<SourceDelta>, clock: Clock) -> Result<()> {
+        let r = self.restart_all(ended, clock);
         if r.is_err() {
             ended.clear();
         }
         r
     }
 
-    fn restart_all(&mut self, ended: &mut Vec<SourceDelta>) -> Result<()> {
+    fn restart_all(&mut self, ended: &mut Vec<SourceDelta>, clock: Clock) -> Result<()> {
         ended.truncate(self.parts.len());
         if let [p] = self.parts.as_mut_slice() {
             // One source: its boundary is the whole boundary, and commits at
             // once (no later source can fail it).
             let (peak, sample) = {
-                let _sweep = Sweep::begin();
-                p.source.restart(p.slot)?
+                let _sweep = self.sweeps.then(Sweep::begin);
+                p.source.restart(p.slot, clock)?
             };
             Self::record(p, 0, peak, sample.used, ended);
             p.start = sample;
-            self.started_at_ns = p.source.boundary_time(&sample);
+            self.started_at_ns = Self::time(p, &sample, clock);
             return Ok(());
         }
         self.starts.clear();
         {
-            let _sweep = Sweep::begin();
+            let _sweep = self.sweeps.then(Sweep::begin);
             for (i, p) in self.parts.iter().enumerate() {
-                match p.source.begin_restart(p.slot) {
+                match p.source.begin_restart(p.slot, clock) {
                     Ok((peak, sample)) => {
                         Self::record(p, i, peak, sample.used, ended);
                         self.starts.push(sample);
@@ -243,13 +265,21 @@ impl Window {
                 }
             }
         }
-        let started_at_ns = self.parts[0].source.boundary_time(&self.starts[0]);
+        let started_at_ns = Self::time(&self.parts[0], &self.starts[0], clock);
         for (p, start) in self.parts.iter_mut().zip(&self.starts) {
             p.source.commit_restart(p.slot)?;
             p.start = *start;
         }
         self.started_at_ns = started_at_ns;
         Ok(())
+    }
+
+    /// When a boundary whose first source read `sample` happened (0 untimed).
+    fn time(first: &Part, sample: &Sample, clock: Clock) -> u64 {
+        match clock {
+            Clock::Read => first.source.boundary_time(sample),
+            Clock::Skip => 0,
+        }
     }
 
     /// Writes part `i`'s ended interval into `ended[i]` (pushed when the

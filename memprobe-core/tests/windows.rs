@@ -169,3 +169,59 @@ fn one_failing_source_does_not_hide_the_others() {
     broken.store(false, Ordering::Relaxed);
     assert_eq!(w.peak_of(1).unwrap(), 7);
 }
+
+/// An untimed boundary keeps the same peaks and records as a timed one,
+/// over the kernel's mark, a pushed source and both at once; it stamps
+/// nothing and leaves the sources' last readings alone.
+#[test]
+fn an_untimed_reset_measures_as_a_timed_one_and_stamps_nothing() {
+    let _g = serial();
+    let rss = Source::process().unwrap();
+    let pushed = Source::pushed("untimed").unwrap();
+    for sources in [vec![rss.clone()], vec![rss.clone(), pushed.clone()]] {
+        let mut timed = Window::open(&sources).unwrap();
+        let mut untimed = Window::open(&sources).unwrap();
+        let mut ended = Vec::new();
+        for step in 0..6u64 {
+            pushed.push(100 + step * 7).unwrap();
+            pushed.push(10 + step).unwrap();
+            spike(96 * MIB as usize);
+            let last = rss.last().unwrap();
+            untimed.reset_untimed_into(&mut ended).unwrap();
+            assert_eq!(
+                rss.last().unwrap(),
+                last,
+                "an untimed boundary kept its reading"
+            );
+            assert_eq!(untimed.started_at_ns(), 0);
+            assert!(untimed
+                .starts()
+                .iter()
+                .all(|s| s.taken_at_ns == 0 && s.read_ns == 0));
+            let timed_ended = timed.reset().unwrap();
+            assert!(timed.started_at_ns() > 0);
+            assert_eq!(ended.len(), sources.len());
+            for (u, t) in ended.iter().zip(&timed_ended) {
+                assert_eq!((&u.name, u.kind, u.fidelity), (&t.name, t.kind, t.fidelity));
+            }
+            // The RSS: the spike is in both intervals, whole.
+            for d in [&ended[0], &timed_ended[0]] {
+                assert!(
+                    d.peak + SLACK >= d.used_start + 96 * MIB,
+                    "step {step}: {d:?}"
+                );
+            }
+            if sources.len() == 2 {
+                // The pushed source's peak and deltas are exact in both.
+                let (u, t) = (&ended[1], &timed_ended[1]);
+                assert_eq!((u.peak, u.used_end), (100 + step * 7, 10 + step));
+                assert_eq!((t.peak, t.used_end), (u.peak, u.used_end));
+                assert_eq!(u.delta_used, t.delta_used);
+            }
+        }
+        // A timed boundary after untimed ones stamps again.
+        untimed.reset_into(&mut ended).unwrap();
+        assert!(untimed.started_at_ns() > 0);
+        assert!(untimed.starts().iter().all(|s| s.taken_at_ns > 0));
+    }
+}

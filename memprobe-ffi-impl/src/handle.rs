@@ -19,23 +19,27 @@ const _: () = assert!(
 );
 
 const INDEX_BITS: u32 = 24;
-const MAX_SLOTS: usize = 1 << INDEX_BITS;
+pub(crate) const MAX_SLOTS: usize = 1 << INDEX_BITS;
 
 /// The token format both tables use: a type tag in the top byte, the slot
 /// index in the next 24 bits, the slot's generation (never 0) below.
 #[derive(Debug)]
-struct Tokens {
+pub(crate) struct Tokens {
     tag: u8,
-    what: &'static str,
+    pub(crate) what: &'static str,
 }
 
 impl Tokens {
-    fn encode(&self, index: usize, generation: u32) -> usize {
+    pub(crate) const fn new(tag: u8, what: &'static str) -> Self {
+        Tokens { tag, what }
+    }
+
+    pub(crate) fn encode(&self, index: usize, generation: u32) -> usize {
         (usize::from(self.tag) << 56) | (index << 32) | generation as usize
     }
 
     /// (index, generation); INVALID_HANDLE for a token of another table.
-    fn decode(&self, token: usize, slots: usize) -> FfiResult<(usize, u32)> {
+    pub(crate) fn decode(&self, token: usize, slots: usize) -> FfiResult<(usize, u32)> {
         let index = (token >> 32) & (MAX_SLOTS - 1);
         if token >> 56 == usize::from(self.tag) && index < slots {
             Ok((index, token as u32))
@@ -44,7 +48,7 @@ impl Tokens {
         }
     }
 
-    fn invalid(&self) -> FfiError {
+    pub(crate) fn invalid(&self) -> FfiError {
         FfiError::new(
             memprobe_status::InvalidHandle,
             format!(
@@ -54,7 +58,7 @@ impl Tokens {
         )
     }
 
-    fn full(&self, max: usize) -> FfiError {
+    pub(crate) fn full(&self, max: usize) -> FfiError {
         FfiError::new(
             memprobe_status::InvalidArgument,
             format!("more than {max} live {} handles", self.what),

@@ -1,11 +1,10 @@
 //! The Prometheus exporter through the C ABI.
 
 use crate::boundary::{entry_point, free_point, opt_text, out, FfiError, FfiResult};
-use crate::handle::{get, publish, release, Handle, Table};
+use crate::locked_handle::{lock, publish, release, LockedHandle, LockedTable};
 use crate::source::{memprobe_source, source};
 use crate::status::memprobe_status;
 use crate::tracker::memprobe_tracker;
-use memprobe_core::lock::Lock;
 use memprobe_metrics::{Exporter, ExporterOptions, Rank};
 use std::ffi::c_char;
 use std::net::SocketAddr;
@@ -18,11 +17,11 @@ pub struct memprobe_exporter {
     _private: [u8; 0],
 }
 
-static EXPORTERS: Table<Lock<Exporter>> = Table::new(0x45, "memprobe_exporter");
+static EXPORTERS: LockedTable<Exporter> = LockedTable::new(0x45, "memprobe_exporter");
 
-impl Handle for memprobe_exporter {
-    type Object = Lock<Exporter>;
-    fn table() -> &'static Table<Lock<Exporter>> {
+impl LockedHandle for memprobe_exporter {
+    type Object = Exporter;
+    fn table() -> &'static LockedTable<Exporter> {
         &EXPORTERS
     }
 }
@@ -55,7 +54,7 @@ pub extern "C" fn memprobe_exporter_start(
             listen,
             ..ExporterOptions::default()
         })?;
-        publish(Lock::new(e), out)
+        publish(e, out)
     })
 }
 
@@ -67,7 +66,7 @@ pub extern "C" fn memprobe_exporter_port(
 ) -> memprobe_status {
     entry_point("memprobe_exporter_port", || {
         let slot = out(port, "port")?;
-        *slot = get(exporter)?.lock()?.port();
+        *slot = lock(exporter)?.port();
         Ok(())
     })
 }
@@ -82,7 +81,7 @@ pub extern "C" fn memprobe_exporter_add_source(
 ) -> memprobe_status {
     entry_point("memprobe_exporter_add_source", || {
         let s = self::source(source)?;
-        Ok(get(exporter)?.lock()?.add_source(&s)?)
+        Ok(lock(exporter)?.add_source(&s)?)
     })
 }
 
@@ -96,9 +95,8 @@ pub extern "C" fn memprobe_exporter_watch_tracker(
     tracker: *mut memprobe_tracker,
 ) -> memprobe_status {
     entry_point("memprobe_exporter_watch_tracker", || {
-        let e = get(exporter)?;
-        let t = get(tracker)?;
-        let e = e.lock()?;
+        let e = lock(exporter)?;
+        let t = crate::handle::get(tracker)?;
         let mut t = t.lock()?;
         Ok(e.watch(&mut t)?)
     })
@@ -130,7 +128,7 @@ pub extern "C" fn memprobe_exporter_set_rank(
             local_rank: v(local_rank, "local_rank")?,
             world_size: v(world_size, "world_size")?,
         };
-        Ok(get(exporter)?.lock()?.set_rank(r)?)
+        Ok(lock(exporter)?.set_rank(r)?)
     })
 }
 
@@ -146,9 +144,7 @@ pub extern "C" fn memprobe_exporter_add_gpus(
 ) -> memprobe_status {
     entry_point("memprobe_exporter_add_gpus", || {
         let gpus = memprobe_gpu::Gpus::shared();
-        Ok(get(exporter)?
-            .lock()?
-            .set_gpus(Some(gpus), with_processes != 0)?)
+        Ok(lock(exporter)?.set_gpus(Some(gpus), with_processes != 0)?)
     })
 }
 
@@ -157,17 +153,14 @@ pub extern "C" fn memprobe_exporter_add_gpus(
 /// stays valid until memprobe_exporter_free.
 #[no_mangle]
 pub extern "C" fn memprobe_exporter_stop(exporter: *mut memprobe_exporter) -> memprobe_status {
-    entry_point("memprobe_exporter_stop", || {
-        Ok(get(exporter)?.lock()?.stop()?)
-    })
+    entry_point("memprobe_exporter_stop", || Ok(lock(exporter)?.stop()?))
 }
 
 /// Stops the exporter if it is running and releases it. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn memprobe_exporter_free(exporter: *mut memprobe_exporter) -> memprobe_status {
     free_point("memprobe_exporter_free", || {
-        if let Some(e) = release(exporter)? {
-            let mut e = e.lock()?;
+        if let Some(mut e) = release(exporter)? {
             if e.is_running() {
                 e.stop()?;
             }

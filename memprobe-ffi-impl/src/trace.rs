@@ -3,11 +3,10 @@
 use crate::boundary::{
     check_flags, copy_out, entry_point, free_point, opt_text, out, FdWriter, UserData,
 };
-use crate::handle::{get, publish, release, Handle, Table};
+use crate::locked_handle::{lock, publish, release, LockedHandle, LockedTable};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
 use crate::window::{memprobe_delta, pick};
-use memprobe_core::lock::Lock;
 use memprobe_core::{Trace, TraceOptions};
 use std::ffi::{c_char, c_void, CString};
 use std::io::Write;
@@ -19,11 +18,11 @@ pub struct memprobe_trace {
     _private: [u8; 0],
 }
 
-static TRACES: Table<Lock<Trace>> = Table::new(0x54, "memprobe_trace");
+static TRACES: LockedTable<Trace> = LockedTable::new(0x54, "memprobe_trace");
 
-impl Handle for memprobe_trace {
-    type Object = Lock<Trace>;
-    fn table() -> &'static Table<Lock<Trace>> {
+impl LockedHandle for memprobe_trace {
+    type Object = Trace;
+    fn table() -> &'static LockedTable<Trace> {
         &TRACES
     }
 }
@@ -58,32 +57,28 @@ pub extern "C" fn memprobe_trace_new(
             start: flags & MEMPROBE_TRACE_DEFERRED == 0,
         };
         let t = Trace::new(&self::sources(sources, n_sources)?, options)?;
-        publish(Lock::new(t), out)
+        publish(t, out)
     })
 }
 
 /// Starts measuring. MEMPROBE_STATUS_WRONG_ORDER if already running.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_start(trace: *mut memprobe_trace) -> memprobe_status {
-    entry_point("memprobe_trace_start", || {
-        Ok(get(trace)?.lock()?.start()?)
-    })
+    entry_point("memprobe_trace_start", || Ok(lock(trace)?.start()?))
 }
 
 /// Stops and freezes the data. MEMPROBE_STATUS_WRONG_ORDER if not running
 /// (stop before start, double stop).
 #[no_mangle]
 pub extern "C" fn memprobe_trace_stop(trace: *mut memprobe_trace) -> memprobe_status {
-    entry_point("memprobe_trace_stop", || Ok(get(trace)?.lock()?.stop()?))
+    entry_point("memprobe_trace_stop", || Ok(lock(trace)?.stop()?))
 }
 
 /// Restarts the counters of a running trace (WRONG_ORDER if stopped). All or
 /// nothing: a source that fails leaves every delta as it was.
 #[no_mangle]
 pub extern "C" fn memprobe_trace_reset(trace: *mut memprobe_trace) -> memprobe_status {
-    entry_point("memprobe_trace_reset", || {
-        Ok(get(trace)?.lock()?.reset()?)
-    })
+    entry_point("memprobe_trace_reset", || Ok(lock(trace)?.reset()?))
 }
 
 /// Whether the trace is measuring.
@@ -94,7 +89,7 @@ pub extern "C" fn memprobe_trace_is_running(
 ) -> memprobe_status {
     entry_point("memprobe_trace_is_running", || {
         let slot = self::out(out, "out")?;
-        *slot = get(trace)?.lock()?.is_running();
+        *slot = lock(trace)?.is_running();
         Ok(())
     })
 }
@@ -111,7 +106,7 @@ pub extern "C" fn memprobe_trace_data(
     entry_point("memprobe_trace_data", || {
         let used = out(delta_used, "delta_used")?;
         let peaked = out(delta_peaked, "delta_peaked")?;
-        let data = get(trace)?.lock()?.data()?;
+        let data = lock(trace)?.data()?;
         let d = pick(&data, index)?;
         (*used, *peaked) = (d.delta_used, d.delta_peaked);
         Ok(())
@@ -127,7 +122,7 @@ pub extern "C" fn memprobe_trace_measure(
 ) -> memprobe_status {
     entry_point("memprobe_trace_measure", || {
         let slot = self::out(out, "out")?;
-        let data = get(trace)?.lock()?.data()?;
+        let data = lock(trace)?.data()?;
         *slot = pick(&data, index)?.into();
         Ok(())
     })
@@ -142,7 +137,7 @@ pub extern "C" fn memprobe_trace_report(
 ) -> memprobe_status {
     entry_point("memprobe_trace_report", || {
         let note = opt_text(note, "note")?;
-        get(trace)?.lock()?.report(note)?;
+        lock(trace)?.report(note)?;
         Ok(())
     })
 }
@@ -155,7 +150,7 @@ pub extern "C" fn memprobe_trace_report_n_reset(
 ) -> memprobe_status {
     entry_point("memprobe_trace_report_n_reset", || {
         let note = opt_text(note, "note")?;
-        get(trace)?.lock()?.report_n_reset(note)?;
+        lock(trace)?.report_n_reset(note)?;
         Ok(())
     })
 }
@@ -174,7 +169,7 @@ pub extern "C" fn memprobe_trace_format(
 ) -> memprobe_status {
     entry_point("memprobe_trace_format", || {
         let note = opt_text(note, "note")?;
-        let line = get(trace)?.lock()?.line(note)?;
+        let line = lock(trace)?.line(note)?;
         copy_out(&line, buf, len, needed)
     })
 }
@@ -186,7 +181,7 @@ pub extern "C" fn memprobe_trace_set_silent(
     silent: bool,
 ) -> memprobe_status {
     entry_point("memprobe_trace_set_silent", || {
-        get(trace)?.lock()?.set_silent(silent);
+        lock(trace)?.set_silent(silent);
         Ok(())
     })
 }
@@ -203,7 +198,7 @@ pub extern "C" fn memprobe_trace_set_output_fd(
 ) -> memprobe_status {
     entry_point("memprobe_trace_set_output_fd", || {
         let w = FdWriter::new(fd)?;
-        get(trace)?.lock()?.set_output(Box::new(w));
+        lock(trace)?.set_output(Box::new(w));
         Ok(())
     })
 }
@@ -250,7 +245,7 @@ pub extern "C" fn memprobe_trace_set_output_callback(
 ) -> memprobe_status {
     entry_point("memprobe_trace_set_output_callback", || {
         let f = callback.ok_or_else(|| crate::boundary::null("callback"))?;
-        get(trace)?.lock()?.set_output(Box::new(CallbackWriter {
+        lock(trace)?.set_output(Box::new(CallbackWriter {
             f,
             data: UserData::new(user_data),
             pending: Vec::new(),

@@ -1,10 +1,9 @@
 //! Peak windows through the C ABI.
 
 use crate::boundary::{entry_point, free_point, opt_out_array, out, FfiError, FfiResult};
-use crate::handle::{get, publish, release, Handle, Table};
+use crate::locked_handle::{lock, publish, release, LockedHandle, LockedTable};
 use crate::source::{fidelity_code, kind_code, memprobe_source, sources};
 use crate::status::memprobe_status;
-use memprobe_core::lock::Lock;
 use memprobe_core::{SourceDelta, Window};
 
 /// An open peak window over one or more sources.
@@ -20,11 +19,11 @@ pub(crate) struct OpenWindow {
     ended: Vec<SourceDelta>,
 }
 
-static WINDOWS: Table<Lock<OpenWindow>> = Table::new(0x57, "memprobe_window");
+static WINDOWS: LockedTable<OpenWindow> = LockedTable::new(0x57, "memprobe_window");
 
-impl Handle for memprobe_window {
-    type Object = Lock<OpenWindow>;
-    fn table() -> &'static Table<Lock<OpenWindow>> {
+impl LockedHandle for memprobe_window {
+    type Object = OpenWindow;
+    fn table() -> &'static LockedTable<OpenWindow> {
         &WINDOWS
     }
 }
@@ -87,7 +86,7 @@ pub extern "C" fn memprobe_window_open(
         self::out(out, "out")?;
         let window = Window::open(&self::sources(sources, n_sources)?)?;
         let ended = Vec::with_capacity(window.sources().count());
-        publish(Lock::new(OpenWindow { window, ended }), out)
+        publish(OpenWindow { window, ended }, out)
     })
 }
 
@@ -102,7 +101,7 @@ pub extern "C" fn memprobe_window_peak(
 ) -> memprobe_status {
     entry_point("memprobe_window_peak", || {
         let slot = self::out(out, "out")?;
-        *slot = get(window)?.lock()?.window.peak_of(index)?;
+        *slot = lock(window)?.window.peak_of(index)?;
         Ok(())
     })
 }
@@ -117,7 +116,7 @@ pub extern "C" fn memprobe_window_measure(
 ) -> memprobe_status {
     entry_point("memprobe_window_measure", || {
         let slot = self::out(out, "out")?;
-        *slot = (&get(window)?.lock()?.window.measure_of(index)?).into();
+        *slot = (&lock(window)?.window.measure_of(index)?).into();
         Ok(())
     })
 }
@@ -137,10 +136,10 @@ pub extern "C" fn memprobe_window_reset(
     n_ended: usize,
 ) -> memprobe_status {
     entry_point("memprobe_window_reset", || {
-        let w = get(window)?;
-        let mut w = w.lock()?;
+        let mut w = lock(window)?;
         let OpenWindow { window, ended: buf } = &mut *w;
-        window.reset_into(buf)?;
+        // No C function reports a window's time: the boundary reads no clock.
+        window.reset_untimed_into(buf)?;
         opt_out_array(ended, n_ended, buf.iter().map(Into::into));
         Ok(())
     })
@@ -154,12 +153,13 @@ pub extern "C" fn memprobe_window_source_count(
 ) -> memprobe_status {
     entry_point("memprobe_window_source_count", || {
         let slot = self::out(out, "out")?;
-        *slot = get(window)?.lock()?.window.sources().count();
+        *slot = lock(window)?.window.sources().count();
         Ok(())
     })
 }
 
-/// Closes the window. NULL is a no-op.
+/// Closes the window. NULL is a no-op. A call in progress on the window on
+/// another thread finishes first.
 #[no_mangle]
 pub extern "C" fn memprobe_window_free(window: *mut memprobe_window) -> memprobe_status {
     free_point("memprobe_window_free", || {

@@ -288,6 +288,16 @@ fn main() {
                 black_box(&ended);
             }),
         );
+        // Without the time (no clock read): what the C ABI's reset does.
+        let mut w = Window::open(std::slice::from_ref(&rss)).unwrap();
+        let mut ended = Vec::new();
+        add(
+            "step boundary (reset, untimed), Rust, 1 window",
+            Box::new(move || {
+                w.reset_untimed_into(&mut ended).unwrap();
+                black_box(&ended);
+            }),
+        );
         // The same through `reset`, which returns a new vector each time.
         let mut w = Window::open(std::slice::from_ref(&rss)).unwrap();
         add(

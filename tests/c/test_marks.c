@@ -24,6 +24,10 @@ typedef struct {
     memprobe_source *reenter;
     memprobe_mark_group *reenter_group;
     memprobe_status reenter_status, reenter_new_status;
+    /* A window each callback tries to free (the one whose boundary runs
+     * it), and one freed by the first callback (another window). */
+    memprobe_window *reenter_window, *free_inside;
+    memprobe_status reenter_window_status, free_inside_status;
 } allocator;
 
 static void set(allocator *a, int i, uint64_t bytes) {
@@ -47,6 +51,11 @@ static int32_t read_current(void *user_data, size_t index, uint64_t *out) {
         a->reenter_status = memprobe_source_read(a->reenter, &s);
         a->reenter_new_status = memprobe_source_new_mark(a->reenter_group, 3, "inner", &src);
         if (src) memprobe_source_free(src);
+    }
+    if (a->reenter_window) a->reenter_window_status = memprobe_window_free(a->reenter_window);
+    if (a->free_inside) {
+        a->free_inside_status = memprobe_window_free(a->free_inside);
+        a->free_inside = NULL;
     }
     if (a->fail_current) return a->fail_current;
     if (index >= N_MARKS) return -1;
@@ -393,6 +402,45 @@ static void test_reentry_is_wrong_order(void) {
     free_group(g, src);
 }
 
+/* A callback of a window's boundary freeing that window is refused (the
+ * window is in use on this thread) and the window goes on, its interval
+ * whole; freeing another window there closes it. */
+static void test_window_free_inside_its_boundary(void) {
+    allocator a = {0};
+    memprobe_source *src[N_MARKS], *rss = NULL;
+    memprobe_mark_group *g = make_group(&a, src);
+    memprobe_window *w = NULL, *other = NULL;
+    memprobe_delta d[1];
+    uint64_t p = 0;
+    const memprobe_source *one[1];
+    const memprobe_source *proc[1];
+
+    one[0] = src[0];
+    OK(memprobe_source_new_process(0, &rss));
+    proc[0] = rss;
+    OK(memprobe_window_open(one, 1, &w));
+    OK(memprobe_window_open(proc, 1, &other));
+    set(&a, 0, 3 * MIB);
+    spike(&a, 0, 5 * MIB);
+    a.reenter_window = w;
+    a.free_inside = other;
+    a.reenter_window_status = a.free_inside_status = MEMPROBE_STATUS_OK;
+    OK(memprobe_window_reset(w, d, 1));
+    a.reenter_window = NULL;
+    CHECK(a.reenter_window_status == MEMPROBE_STATUS_WRONG_ORDER);
+    CHECK(d[0].used_start == 0 && d[0].used_end == 3 * MIB && d[0].peak == 8 * MIB);
+    CHECK(a.free_inside == NULL && a.free_inside_status == MEMPROBE_STATUS_OK);
+    EXPECT(memprobe_window_peak(other, 0, &p), MEMPROBE_STATUS_INVALID_HANDLE);
+    /* The window was not freed: its next interval is measured. */
+    spike(&a, 0, 2 * MIB);
+    OK(memprobe_window_reset(w, d, 1));
+    CHECK(d[0].used_start == 3 * MIB && d[0].peak == 5 * MIB);
+    FREE_OK(memprobe_window_free(w));
+    EXPECT(memprobe_window_peak(w, 0, &p), MEMPROBE_STATUS_INVALID_HANDLE);
+    FREE_OK(memprobe_source_free(rss));
+    free_group(g, src);
+}
+
 /* A step window over one device's allocated and reserved sources: one
  * reset per boundary either way; five callbacks with one read per mark,
  * three with every mark read at once; the same peaks. */
@@ -527,6 +575,7 @@ int main(void) {
         test_trace_report_line();
         test_failing_callbacks_leave_windows_intact();
         test_reentry_is_wrong_order();
+        test_window_free_inside_its_boundary();
         test_callbacks_per_boundary();
     }
     test_bad_input();
