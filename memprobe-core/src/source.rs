@@ -669,8 +669,8 @@ impl State {
     /// A window boundary: fold the high-water mark into every open slot,
     /// reset it, and return the mark (0 when no slot was open, as then it is
     /// not read) and a reading taken right after the reset. With
-    /// [`Clock::Skip`] the reading has no stamp (`taken_at_ns` 0) and is
-    /// not kept as the source's [`last`](Source::last).
+    /// [`Clock::Skip`] the reading holds the bytes alone (no stamp, no
+    /// other field) and is not kept as the source's [`last`](Source::last).
     fn boundary(&mut self, clock: Clock) -> Result<(u64, Sample)> {
         self.check_fork();
         let mut hwm = 0;

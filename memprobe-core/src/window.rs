@@ -211,9 +211,10 @@ impl Window {
     }
 
     /// [`reset_into`](Self::reset_into) without the time: the new interval's
-    /// readings carry no stamp (`taken_at_ns` 0 in [`starts`](Self::starts)),
-    /// [`started_at_ns`](Self::started_at_ns) is 0 until a timed boundary,
-    /// and the sources' [`last`](Source::last) readings stay as they were.
+    /// readings in [`starts`](Self::starts) carry the bytes alone (no stamp,
+    /// `taken_at_ns` 0; no other field), [`started_at_ns`](Self::started_at_ns)
+    /// is 0 until a timed boundary, and the sources' [`last`](Source::last)
+    /// readings stay as they were.
     /// The peaks and records are the same. A built-in source then reads no
     /// clock at all (the process's RSS: two clock reads fewer, about 4 %
     /// of a boundary); it is how every window of the C ABI, which never

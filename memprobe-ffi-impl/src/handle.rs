@@ -229,13 +229,50 @@ pub(crate) struct IdTable<const N: usize> {
     /// Per slot: the generation in the high half, then [`LIVE`] and the id;
     /// 0 for a slot never used.
     words: [AtomicU64; N],
-    alloc: Lock<IdAlloc>,
+    alloc: Lock<Indices>,
 }
 
-struct IdAlloc {
+/// A table's slot indices: freed ones are taken again before the table
+/// grows.
+pub(crate) struct Indices {
     free: Vec<usize>,
     next: usize,
     live: usize,
+}
+
+impl Indices {
+    pub(crate) const fn new() -> Self {
+        Indices {
+            free: Vec::new(),
+            next: 0,
+            live: 0,
+        }
+    }
+
+    /// A free index below `max`; `None` when all of them are live.
+    pub(crate) fn take(&mut self, max: usize) -> Option<usize> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None if self.next < max => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return None,
+        };
+        self.live += 1;
+        Some(index)
+    }
+
+    /// Frees `index` (taken before) for a later handle.
+    pub(crate) fn give_back(&mut self, index: usize) {
+        self.free.push(index);
+        self.live -= 1;
+    }
+
+    /// How many indices are taken.
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
 }
 
 const LIVE: u64 = 1 << 31;
@@ -247,11 +284,7 @@ impl<const N: usize> IdTable<N> {
         IdTable {
             tokens: Tokens { tag, what },
             words: [const { AtomicU64::new(0) }; N],
-            alloc: Lock::new(IdAlloc {
-                free: Vec::new(),
-                next: 0,
-                live: 0,
-            }),
+            alloc: Lock::new(Indices::new()),
         }
     }
 
@@ -259,21 +292,13 @@ impl<const N: usize> IdTable<N> {
     pub(crate) fn insert(&self, id: u32) -> FfiResult<usize> {
         debug_assert!(u64::from(id) <= ID_MASK);
         let mut a = self.alloc.lock()?;
-        let index = match a.free.pop() {
-            Some(i) => i,
-            None if a.next < N => {
-                a.next += 1;
-                a.next - 1
-            }
-            None => return Err(self.tokens.full(N)),
-        };
+        let index = a.take(N).ok_or_else(|| self.tokens.full(N))?;
         // Freeing already advanced the generation; a slot never used starts at 1.
         let generation = ((self.words[index].load(Ordering::Relaxed) >> 32) as u32).max(1);
         self.words[index].store(
             (u64::from(generation) << 32) | LIVE | (u64::from(id) & ID_MASK),
             Ordering::Release,
         );
-        a.live += 1;
         Ok(self.tokens.encode(index, generation))
     }
 
@@ -299,14 +324,13 @@ impl<const N: usize> IdTable<N> {
         // Skip 0 so a token is never NULL.
         let next = generation.checked_add(1).unwrap_or(1);
         self.words[index].store(u64::from(next) << 32, Ordering::Release);
-        a.free.push(index);
-        a.live -= 1;
+        a.give_back(index);
         Ok((w & ID_MASK) as u32)
     }
 
     /// Number of live handles (for leak checks in tests).
     pub(crate) fn live(&self) -> usize {
-        self.alloc.lock().map(|a| a.live).unwrap_or(0)
+        self.alloc.lock().map(|a| a.live()).unwrap_or(0)
     }
 }
 

@@ -14,7 +14,7 @@
 //! the free returns.
 
 use crate::boundary::FfiResult;
-use crate::handle::{Tokens, MAX_SLOTS};
+use crate::handle::{Indices, Tokens, MAX_SLOTS};
 use memprobe_core::lock::{Lock, LockGuard};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -30,17 +30,11 @@ struct Entry<T> {
     value: Option<T>,
 }
 
-struct Alloc {
-    free: Vec<usize>,
-    next: usize,
-    live: usize,
-}
-
 /// A process-wide table of objects of one type, each behind its slot's lock.
 pub(crate) struct LockedTable<T: 'static> {
     tokens: Tokens,
     chunks: [AtomicPtr<Lock<Entry<T>>>; CHUNKS],
-    alloc: Lock<Alloc>,
+    alloc: Lock<Indices>,
 }
 
 /// The chunk holding slot `index`, and the slot's place in it.
@@ -74,11 +68,7 @@ impl<T: Send + 'static> LockedTable<T> {
         LockedTable {
             tokens: Tokens::new(tag, what),
             chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS],
-            alloc: Lock::new(Alloc {
-                free: Vec::new(),
-                next: 0,
-                live: 0,
-            }),
+            alloc: Lock::new(Indices::new()),
         }
     }
 
@@ -96,34 +86,33 @@ impl<T: Send + 'static> LockedTable<T> {
     /// Stores `value` and returns its token.
     pub(crate) fn insert(&self, value: T) -> FfiResult<usize> {
         let mut a = self.alloc.lock()?;
-        let index = match a.free.pop() {
-            Some(i) => i,
-            None if a.next < MAX_SLOTS => {
-                let i = a.next;
-                let (k, _) = place(i);
-                if self.chunks[k].load(Ordering::Relaxed).is_null() {
-                    let chunk: Box<[Lock<Entry<T>>]> = (0..FIRST_CHUNK << k)
-                        .map(|_| {
-                            Lock::new(Entry {
-                                generation: 1,
-                                value: None,
-                            })
-                        })
-                        .collect();
-                    self.chunks[k].store(Box::leak(chunk).as_mut_ptr(), Ordering::Release);
-                }
-                a.next += 1;
-                i
+        let index = a
+            .take(MAX_SLOTS)
+            .ok_or_else(|| self.tokens.full(MAX_SLOTS))?;
+        let (k, _) = place(index);
+        if self.chunks[k].load(Ordering::Relaxed).is_null() {
+            // Made under the indices' lock, by the first index in it.
+            let chunk: Box<[Lock<Entry<T>>]> = (0..FIRST_CHUNK << k)
+                .map(|_| {
+                    Lock::new(Entry {
+                        generation: 1,
+                        value: None,
+                    })
+                })
+                .collect();
+            self.chunks[k].store(Box::leak(chunk).as_mut_ptr(), Ordering::Release);
+        }
+        let slot = self.slot(index).expect("made above");
+        let generation = match slot.lock() {
+            Ok(mut e) => {
+                e.value = Some(value);
+                e.generation
             }
-            None => return Err(self.tokens.full(MAX_SLOTS)),
+            Err(e) => {
+                a.give_back(index);
+                return Err(e.into());
+            }
         };
-        let slot = self.slot(index).expect("allocated above");
-        let generation = {
-            let mut e = slot.lock()?;
-            e.value = Some(value);
-            e.generation
-        };
-        a.live += 1;
         Ok(self.tokens.encode(index, generation))
     }
 
@@ -159,15 +148,14 @@ impl<T: Send + 'static> LockedTable<T> {
         // re-entry check would refuse (the slot's was released above), but
         // should it, the slot stays out of use rather than reused twice.
         if let Ok(mut a) = self.alloc.lock() {
-            a.free.push(index);
-            a.live -= 1;
+            a.give_back(index);
         }
         Ok(value)
     }
 
     /// Number of live handles (for leak checks in tests).
     pub(crate) fn live(&self) -> usize {
-        self.alloc.lock().map(|a| a.live).unwrap_or(0)
+        self.alloc.lock().map(|a| a.live()).unwrap_or(0)
     }
 }
 
