@@ -7,13 +7,18 @@ wheels of ``make wheel`` (and reuses the helpers here).
 
 Only committed files are in a clone. The release build of the Rust crates
 is shared through CARGO_TARGET_DIR (default: this repository's target/), so
-the installs and ``make test`` build it once. Without git, cargo or network
+the installs and ``make test`` build it once, when the checkout is its last
+commit (as in CI). A checkout with changes builds the clone under
+``<target>/clone`` instead: the clone's artifacts are the commit's, and
+cargo, which compares times rather than contents, would take them for the
+checkout's own (a later build or bench of the checkout would run them). Without git, cargo or network
 access to PyPI (the build backend) these tests skip, except in CI (CI=true),
 where they fail.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -28,11 +33,25 @@ from conftest import MiB, ROOT, require
 BUILD_TIMEOUT = 1800  # a release build from scratch on two cores
 
 
+@functools.lru_cache(maxsize=None)
+def checkout_differs_from_head() -> bool:
+    """Whether the checkout has changes a clone lacks (tracked or not;
+    ignored files aside). Unknown (no git answer) counts as changed."""
+    r = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    return r.returncode != 0 or bool(r.stdout.strip())
+
+
+def clone_target_dir() -> str:
+    """Where a clone's cargo builds go (see the module's docstring)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
+    return str(target / "clone" if checkout_differs_from_head() else target)
+
+
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment of a new user: no MEMPROBE_LIBRARY, no library path,
     no virtual environment of ours, the release build shared."""
     env = {k: v for k, v in os.environ.items() if k not in ("MEMPROBE_LIBRARY", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONPATH")}
-    env.setdefault("CARGO_TARGET_DIR", str(ROOT / "target"))
+    env["CARGO_TARGET_DIR"] = clone_target_dir()
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env.update(extra or {})
     return env
