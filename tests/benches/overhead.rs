@@ -319,9 +319,9 @@ fn main() {
         }
         let w = *handles.last().unwrap();
         let name: &'static str = if open == 1 {
-            "step boundary (reset), C ABI, 1 window"
+            "step boundary (reset, untimed), C ABI, 1 window"
         } else {
-            "step boundary (reset), C ABI, 64 windows"
+            "step boundary (reset, untimed), C ABI, 64 windows"
         };
         add(
             name,
