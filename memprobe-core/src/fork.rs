@@ -197,7 +197,7 @@ extern "C" fn prepare() {
         unsafe { libc::pthread_rwlock_wrlock(WAIT.0.get()) };
         FORKING.store(true, Ordering::SeqCst);
         if ASYMMETRIC.load(Ordering::Relaxed)
-            && !membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
+            && !barrier_with_every_thread()
             && !membarrier(MEMBARRIER_CMD_GLOBAL)
         {
             // Neither barrier can fail once registered; should both, the

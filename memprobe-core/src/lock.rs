@@ -74,11 +74,7 @@ impl<T> Lock<T> {
         // already, so refusing below takes and gives back nothing else.
         let gate = GateGuard::enter();
         let me = gate.thread();
-        if self
-            .owner
-            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if !self.try_take(me) {
             self.lock_contended(me)?;
         }
         Ok(LockGuard {

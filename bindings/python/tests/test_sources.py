@@ -40,20 +40,6 @@ def test_used_is_the_bytes_alone_and_counts_towards_windows(rss):
         assert p.used() == 77
 
 
-def test_used_errors_carry_their_cause():
-    def broken() -> int:
-        raise RuntimeError("allocator gone")
-
-    with Source.callback("broken", broken) as c:
-        with pytest.raises(memprobe.UnavailableError) as e:
-            c.used()
-        assert isinstance(e.value.__cause__, RuntimeError)
-    s = Source.pushed("gone")
-    s.close()
-    with pytest.raises(memprobe.InvalidHandleError):
-        s.used()
-
-
 def test_process_follows_allocations(rss):
     before = rss.read().used
     held = keep(64 * MiB)
@@ -196,13 +182,14 @@ def test_callback_source_reads_through_python():
         assert c.read().used == 7 * MiB
 
 
-def test_callback_exception_becomes_the_cause():
+@pytest.mark.parametrize("method", ["read", "used"])
+def test_callback_exception_becomes_the_cause(method: str) -> None:
     def broken() -> int:
         raise RuntimeError("allocator gone")
 
     with Source.callback("broken", broken) as c:
         with pytest.raises(memprobe.UnavailableError) as e:
-            c.read()
+            getattr(c, method)()
         assert isinstance(e.value.__cause__, RuntimeError)
         assert "allocator gone" in str(e.value.__cause__)
 
@@ -222,6 +209,8 @@ def test_closed_source_is_an_invalid_handle():
     with pytest.raises(memprobe.InvalidHandleError) as e:
         s.read()
     assert e.value.status is memprobe.Status.INVALID_HANDLE
+    with pytest.raises(memprobe.InvalidHandleError):
+        s.used()
     with pytest.raises(memprobe.InvalidHandleError):
         s.push(1)
     assert "closed" in repr(s)

@@ -18,11 +18,7 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
             // Mark groups: a caller's resettable marks, one or many
             // values per read, callbacks that fail now and then.
             let mut g = std::ptr::null_mut::<mark::memprobe_mark_group>();
-            let out = if rng.chance(95) {
-                &mut g as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
+            let out = out_ptr(&mut g, rng.chance(95));
             let cb = |rng: &mut Rng| rng.chance(90);
             let st = if rng.chance(50) {
                 let (c, k, r) = (cb(rng), cb(rng), cb(rng));

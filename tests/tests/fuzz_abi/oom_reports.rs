@@ -122,11 +122,7 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                     }
                     2 => {
                         let mut st = oom_report::memprobe_oom_report_status::default();
-                        let out = if rng.chance(90) {
-                            &mut st as *mut _
-                        } else {
-                            std::ptr::null_mut()
-                        };
+                        let out = out_ptr(&mut st, rng.chance(90));
                         call(
                             "tracker_oom_status",
                             oom_report::memprobe_tracker_oom_status(h, out),

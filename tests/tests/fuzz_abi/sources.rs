@@ -67,11 +67,7 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                     } else {
                         rng.next() as u32
                     };
-                    let out = if rng.chance(90) {
-                        &mut h as *mut _
-                    } else {
-                        std::ptr::null_mut()
-                    };
+                    let out = out_ptr(&mut h, rng.chance(90));
                     call(
                         "new_process_tree_smaps",
                         source::memprobe_source_new_process_tree_smaps(metric, out),
@@ -88,25 +84,17 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
             }
             4 => {
                 let h = pick(rng, &p.sources, p);
-                let null = !rng.chance(90);
+                let give = rng.chance(90);
                 if rng.chance(50) {
                     let mut s = memprobe_sample::default();
-                    let out = if null {
-                        std::ptr::null_mut()
-                    } else {
-                        &mut s as *mut _
-                    };
+                    let out = out_ptr(&mut s, give);
                     call(
                         "source_read",
                         source::memprobe_source_read(h as *const memprobe_source, out),
                     );
                 } else {
                     let mut used = 0u64;
-                    let out = if null {
-                        std::ptr::null_mut()
-                    } else {
-                        &mut used as *mut _
-                    };
+                    let out = out_ptr(&mut used, give);
                     call(
                         "source_read_used",
                         source::memprobe_source_read_used(h as *const memprobe_source, out),

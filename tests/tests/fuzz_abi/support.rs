@@ -94,6 +94,15 @@ pub(crate) unsafe extern "C" fn mark_reset_cb(data: *mut c_void) -> i32 {
     i32::from(v % 17 == 9)
 }
 
+/// An out-pointer to hand memprobe: `slot`, or NULL when `give` is false.
+pub(crate) fn out_ptr<T>(slot: &mut T, give: bool) -> *mut T {
+    if give {
+        slot
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
 /// A file descriptor to hand memprobe: /dev/null, or one that is not open.
 pub(crate) fn fd(rng: &mut Rng, null_fd: i32) -> i32 {
     match rng.below(4) {
