@@ -36,6 +36,18 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// A directory of its own under `scratch(name)`, new at each call: for
+/// tests of one binary that build or write the same names at the same
+/// time (two tests building one C file: one would run the binary the other
+/// is still writing, ETXTBSY or worse).
+pub fn fresh_scratch(name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = scratch(name).join(n.to_string());
+    std::fs::create_dir_all(&d).expect("create scratch dir");
+    d
+}
+
 /// Builds memprobe-ffi (dev profile) once and returns a directory holding
 /// `libmemprobe.so`, the SONAME link and `libmemprobe.a`.
 pub fn lib_dir() -> &'static Path {

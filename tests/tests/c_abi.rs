@@ -2,7 +2,8 @@
 //! and run plainly, under AddressSanitizer + UBSan, and under valgrind.
 
 use memprobe_tests::{
-    assert_ok, compile, have_valgrind, lib_dir, root, run, run_valgrind, scratch, soname, Build,
+    assert_ok, compile, fresh_scratch, have_valgrind, lib_dir, root, run, run_valgrind, scratch,
+    soname, Build,
 };
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,7 +18,9 @@ fn source(name: &str) -> Vec<PathBuf> {
 }
 
 fn check_all_ways(name: &str, env: &[(&str, &str)]) {
-    let dir = scratch(name);
+    // Two tests may check one file (test_fork.c, with and without
+    // membarrier) at the same time: each builds in a directory of its own.
+    let dir = fresh_scratch(name);
     let plain = dir.join("plain");
     compile(&source(name), &plain, Build::Plain, &[]);
     let o = run(&plain, &[], env);

@@ -4,11 +4,10 @@
 //! plainly, under AddressSanitizer + UBSan, and under valgrind.
 
 use memprobe_tests::{
-    assert_ok, compile, have_valgrind, root, run, run_valgrind, scratch, stage_fake_gpu, Build,
-    FakeGpu,
+    assert_ok, compile, fresh_scratch, have_valgrind, root, run, run_valgrind, scratch,
+    stage_fake_gpu, Build, FakeGpu,
 };
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 const GIB: u64 = 1 << 30;
@@ -29,8 +28,7 @@ fn programs() -> &'static (PathBuf, PathBuf) {
 
 /// A fresh directory for one scenario's fakes.
 fn fake_dir(name: &str) -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    scratch("gpu_abi").join(format!("{name}-{}", NEXT.fetch_add(1, Ordering::Relaxed)))
+    fresh_scratch("gpu_abi").join(name)
 }
 
 /// A fake NVML with `script` (built without the symbols in `omit`).
