@@ -1,6 +1,7 @@
 # memprobe — the two commands of the README:
 #   make demo   runs the main job on a workload shipped in the repo
-#   make test   runs every test in every language
+#   make test   runs every test in every language (one layer: make test-rust |
+#               test-c | test-python | test-go)
 # and the rest: make lib | examples | demo-c | bench | header | clean | install
 # | wheel | sdist | dist | crates (the releases: docs/release.md)
 
@@ -11,7 +12,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
+.PHONY: all lib examples demo demo-c lint test test-rust test-c test-prefix test-python test-go bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
 
 all: lib examples
 
@@ -58,19 +59,40 @@ lint:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -j$(JOBS) --workspace --no-deps
 	$(CARGO) package --quiet --workspace $(UNPUBLISHED:%=--exclude %) --no-verify --allow-dirty
 
-# Every test: the lint gate, Rust unit and integration tests, the C ABI from C
-# (plain, under AddressSanitizer and valgrind), the header check, the examples;
-# the Python type check (mypy) and tests (the release build is shared with the
-# pip-install and wheel tests through CARGO_TARGET_DIR); Go's tests, gofmt, vet.
-test: lint
+# Every test: the lint gate, then each layer's tests in this order. Each
+# layer runs alone too (`make test-c`); a new layer is a new target added to
+# this list of prerequisites.
+test: lint test-rust test-c test-python test-go
+
+# Rust: every crate's unit and integration tests but the cross-language
+# crate (memprobe-tests, run by test-c).
+test-rust:
+	$(CARGO) test -j$(JOBS) --workspace --exclude memprobe-tests --no-fail-fast
+
+# The C ABI from C (plain, under AddressSanitizer and valgrind), the header
+# check, the examples, the fuzzer and the packaging: memprobe-tests, against
+# the debug libmemprobe.so built first.
+test-c:
 	$(CARGO) build -j$(JOBS) -p memprobe-ffi
-	$(CARGO) test -j$(JOBS) --workspace --no-fail-fast
+	$(CARGO) test -j$(JOBS) -p memprobe-tests --no-fail-fast
+
+# The bindings' tests run against an installed prefix, built once per make
+# run whichever of test-python and test-go asks first.
+test-prefix:
 	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
+
+# Python: the type check (mypy), then the tests against the package as pip
+# installs it (the release build is shared with the pip-install and wheel
+# tests through CARGO_TARGET_DIR).
+test-python: test-prefix
 	@$(PYTHON) -c 'import pytest, mypy' 2>/dev/null || { echo "make test: pytest and mypy are missing for $(PYTHON); run .ci/run, or $(PYTHON) -m pip install pytest mypy" >&2; exit 1; }
 	cd bindings/python && $(PYTHON) -m mypy --cache-dir $(abspath $(BUILD))/mypy-cache
 	rm -rf $(PY_SITE)
 	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} CARGO_BUILD_JOBS=$(JOBS) $(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --target $(PY_SITE) ./bindings/python
 	MEMPROBE_PYTHON_SITE=$(PY_SITE) MEMPROBE_LIBRARY=$(TEST_PREFIX)/lib/libmemprobe.so CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} $(PYTHON) -m pytest -q -p no:cacheprovider bindings/python/tests
+
+# Go: the tests, gofmt, vet.
+test-go: test-prefix
 	@command -v $(GO) >/dev/null || { echo "make test: Go (>= 1.21, with cgo) is required for bindings/go; install it from https://go.dev/dl" >&2; exit 1; }
 	@command -v pkg-config >/dev/null || { echo "make test: pkg-config is required for bindings/go (it finds memprobe through memprobe.pc); install it (Debian: apt-get install pkg-config)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
