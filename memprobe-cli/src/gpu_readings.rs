@@ -5,7 +5,7 @@
 
 use crate::columns::render_rows;
 use crate::units;
-use memprobe_core::process::command_name;
+use memprobe_core::internal::process::command_name;
 use serde::Serialize;
 
 /// One reading of one GPU device. Bytes everywhere.

@@ -7,9 +7,9 @@ use crate::commands::SCHEMA_VERSION;
 use crate::gpu_readings::{self, GpuReading};
 use crate::unavailable;
 use crate::units;
-use memprobe_core::cgroup::{CgroupOptions, CgroupSampler};
-use memprobe_core::system::SystemRamSampler;
 use memprobe_core::Sampler;
+use memprobe_core::SystemRamSampler;
+use memprobe_core::{CgroupOptions, CgroupSampler};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -60,7 +60,7 @@ impl Probes {
     pub(crate) fn open() -> Probes {
         Probes {
             system: SystemRamSampler::new().map_err(|e| e.to_string()),
-            cgroup: memprobe_core::cgroup::discover()
+            cgroup: memprobe_core::internal::cgroup::discover()
                 .and_then(|loc| CgroupSampler::at(loc, CgroupOptions { reset_peak: false }))
                 .map_err(|e| e.message().to_string()),
         }

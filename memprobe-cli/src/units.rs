@@ -2,7 +2,7 @@
 //! command and the library's summaries print one text per number; and the
 //! wall clock the command's reports are stamped with.
 
-pub(crate) use memprobe_core::units::{bytes, duration, opt_bytes, secs, time_of_day};
+pub(crate) use memprobe_core::internal::units::{bytes, duration, opt_bytes, secs, time_of_day};
 
 /// Seconds since the Unix epoch, as f64.
 pub(crate) fn unix_now_s() -> f64 {

@@ -16,7 +16,7 @@
 //! nothing, as [`Sink`](crate::Sink)'s do.
 
 use crate::phase::PhaseKind;
-use crate::sink::Record;
+use crate::record::Record;
 use std::any::Any;
 
 /// A phase that began, as observers see it.

@@ -52,7 +52,7 @@ impl OomRetryResult {
 /// let _: Option<memprobe_core::OomReport> = None;
 /// ```
 #[deprecated(
-    since = "0.2.0",
+    since = "0.1.0",
     note = "renamed OomRetryResult (an OOM report is memprobe_core::oom_report); removed in 0.3.0"
 )]
 pub type OomReport = OomRetryResult;

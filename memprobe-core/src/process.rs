@@ -9,38 +9,10 @@
 use crate::error::{Error, Result};
 use crate::kernel_hwm::KernelHwm;
 pub use crate::kernel_hwm::{peak_error_bound, PeakErrorBound};
-use crate::procfs::{self, ProcFile};
+use crate::procfs::{self, ProcFile, ProcessStatus};
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
 use std::fs::File;
-
-/// What one read of `/proc/<pid>/status` says.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ProcessStatus {
-    /// `Name:`, the command name (at most 15 bytes, as the kernel keeps it).
-    pub name: String,
-    /// `PPid:`, the parent.
-    pub ppid: Option<u32>,
-    /// The first `NSpid:` value: the pid in the outermost PID namespace this
-    /// `/proc` shows (the host's pid when `/proc` is the host's); `None`
-    /// before Linux 4.1 or when the line is malformed.
-    pub outermost_pid: Option<u32>,
-    /// `VmRSS:`, the resident set, bytes (the same figure as `statm`'s).
-    pub rss: u64,
-    /// `VmHWM:`, the peak resident set of the process's life so far, bytes.
-    pub hwm: u64,
-    /// `Threads:`, 0 if absent.
-    pub threads: u32,
-}
-
-impl ProcessStatus {
-    /// Parses the text of a `/proc/<pid>/status` file (for readers that do
-    /// not keep it open, such as a one-off read of `/proc/self/status`);
-    /// `None` as for [`StatusFile::read`].
-    pub fn parse(text: &[u8]) -> Option<ProcessStatus> {
-        procfs::parse_status(text)
-    }
-}
 
 /// A process's `/proc/<pid>/status`, kept open and re-read with one `pread`.
 ///

@@ -17,8 +17,8 @@
 //! - [`ProcessTreeSampler`] is the tree's source: the sum of the resident sets.
 
 use crate::error::{Error, Result};
-use crate::process::{self, ProcessStatus, StatusFile};
-use crate::procfs;
+use crate::process::{self, StatusFile};
+use crate::procfs::{self, ProcessStatus};
 use crate::sample::{monotonic_ns, PeakFidelity, Sample, SourceInfo, SourceKind};
 use crate::sampler::Sampler;
 use std::collections::{HashMap, HashSet};

@@ -1,14 +1,42 @@
 //! Reading `/proc`: kept-open files read with one `pread` (reopened after
 //! `fork()`), and the parsers of its formats (numbers, fields, `key: value`
-//! lines, `/proc/<pid>/status`). Every `/proc` reader in memprobe goes
-//! through here.
+//! lines, `/proc/<pid>/status` as [`ProcessStatus`]). Every `/proc` reader
+//! in memprobe goes through here.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::fork;
-use crate::process::ProcessStatus;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// What one read of `/proc/<pid>/status` says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProcessStatus {
+    /// `Name:`, the command name (at most 15 bytes, as the kernel keeps it).
+    pub name: String,
+    /// `PPid:`, the parent.
+    pub ppid: Option<u32>,
+    /// The first `NSpid:` value: the pid in the outermost PID namespace this
+    /// `/proc` shows (the host's pid when `/proc` is the host's); `None`
+    /// before Linux 4.1 or when the line is malformed.
+    pub outermost_pid: Option<u32>,
+    /// `VmRSS:`, the resident set, bytes (the same figure as `statm`'s).
+    pub rss: u64,
+    /// `VmHWM:`, the peak resident set of the process's life so far, bytes.
+    pub hwm: u64,
+    /// `Threads:`, 0 if absent.
+    pub threads: u32,
+}
+
+impl ProcessStatus {
+    /// Parses the text of a `/proc/<pid>/status` file (for readers that do
+    /// not keep it open, such as a one-off read of `/proc/self/status`);
+    /// `None` without `VmRSS` and `VmHWM` (zombies and kernel threads have
+    /// no memory).
+    pub fn parse(text: &[u8]) -> Option<ProcessStatus> {
+        parse_status(text)
+    }
+}
 
 /// Reads the whole of `file` from offset 0 into `buf` (one `pread` when it
 /// fits; the buffer grows otherwise and is kept for the next read) and

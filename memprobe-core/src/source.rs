@@ -250,7 +250,7 @@ impl Source {
     /// mapping of every process (milliseconds for big processes); processes
     /// that exit mid-read are skipped, and a read during which one ends is
     /// taken again once (a process read before it ended would have its
-    /// shared pages counted twice; see [`tree_smaps`](crate::tree_smaps)).
+    /// shared pages counted twice; see [`TreeSmapsSampler`](crate::TreeSmapsSampler)).
     ///
     /// # Errors
     /// [`ErrorKind::Unavailable`] without `smaps_rollup` (Linux < 4.14);

@@ -9,8 +9,9 @@
 
 use crate::delta::{b2mb_signed, SourceDelta};
 use crate::error::{Error, Result};
+use crate::record::Record;
 use crate::sample::monotonic_ns;
-use crate::sink::{Record, Sink};
+use crate::sink::Sink;
 use crate::source::Source;
 use crate::window::Window;
 use std::io::Write;
@@ -304,7 +305,7 @@ fn check_text(s: &str, what: &str) -> Result<()> {
 }
 
 /// fastai's context: `ctx`, `note`, or `ctx: note`; empty when neither.
-pub fn context(ctx: Option<&str>, note: Option<&str>) -> String {
+pub(crate) fn context(ctx: Option<&str>, note: Option<&str>) -> String {
     let parts: Vec<&str> = [ctx, note]
         .into_iter()
         .flatten()
@@ -316,7 +317,7 @@ pub fn context(ctx: Option<&str>, note: Option<&str>) -> String {
 /// The report line. One source: exactly fastai's
 /// `△Used Peaked MB: {used:6,} {peaked:6,} (ctx: note)`; several sources:
 /// one `name used peaked` group per source, separated by ` | `.
-pub fn format_report(data: &[SourceDelta], label: &str) -> String {
+pub(crate) fn format_report(data: &[SourceDelta], label: &str) -> String {
     let mut line = String::from("△Used Peaked MB:");
     match data {
         [one] => {

@@ -8,7 +8,8 @@
 
 use crate::delta::SourceDelta;
 use crate::error::{Error, ErrorKind, Result};
-use crate::leak::{LeakPolicy, LeakStatus, LeakTrends};
+use crate::leak::{LeakPolicy, LeakStatus};
+use crate::leak_trends::LeakTrends;
 use crate::observer::{Observers, PhaseBegun, PhaseObserver};
 use crate::oom_report::{
     self, FailedAllocation, OomLocation, OomOutcome, OomReportOptions, OomReporter, OomTrigger,
@@ -16,12 +17,13 @@ use crate::oom_report::{
 };
 use crate::oom_retry::{OomRetryResult, StepOutcome};
 use crate::phase::{PhaseInfo, PhaseKind};
+use crate::record::Record;
 use crate::release::{
     self, ReleaseEvent, ReleaseFn, ReleaseKind, ReleasePolicy, ReleaseReason, Releaser,
 };
 use crate::run_channel::{Hook, RunChannel};
 use crate::sample::monotonic_ns;
-use crate::sink::{Record, Sink};
+use crate::sink::Sink;
 use crate::source::Source;
 use crate::window::Window;
 use std::collections::HashMap;
@@ -82,7 +84,7 @@ pub struct Tracker {
     releases_fired: u64,
     last: HashMap<PhaseKind, Record>,
     /// Told every boundary: from the start the run channel's end
-    /// (run_channel/hook.rs) and the leak trends (leak.rs); the
+    /// (run_channel/hook.rs) and the leak trends (leak_trends.rs); the
     /// out-of-memory report (oom_report) when configured; and any added.
     observers: Observers,
 }

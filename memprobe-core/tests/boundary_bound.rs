@@ -6,7 +6,7 @@
 //! boundary, no ended interval's peak, and no enclosing window's peak, is
 //! below a `VmHWM` read inside it.
 
-use memprobe_core::process::peak_error_bound;
+use memprobe_core::peak_error_bound;
 use memprobe_core::{PeakFidelity, Source, Window};
 
 mod kernel_mark;

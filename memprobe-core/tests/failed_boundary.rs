@@ -3,7 +3,7 @@
 //! peak, in the window whose boundary failed and in every other one, for
 //! windows, traces, trackers and mark groups.
 
-use memprobe_core::release::ReleasePolicy;
+use memprobe_core::ReleasePolicy;
 use memprobe_core::{
     Error, ErrorKind, MarkGroup, Marks, PhaseKind, Result, Source, SourceKind, Trace, TraceOptions,
     Tracker, Window,
@@ -102,7 +102,7 @@ fn tracker_next_that_fails_keeps_the_steps_record(release_every_step: bool) {
     if release_every_step {
         t.add_release(
             "cache",
-            memprobe_core::release::ReleaseKind::Cache,
+            memprobe_core::ReleaseKind::Cache,
             Box::new(|| Ok(())),
         )
         .unwrap();
@@ -300,7 +300,7 @@ fn a_tracker_next_whose_reset_fails_before_a_release_ends_nothing() {
     let r = Arc::clone(&releases);
     t.add_release(
         "cache",
-        memprobe_core::release::ReleaseKind::Cache,
+        memprobe_core::ReleaseKind::Cache,
         Box::new(move || {
             *r.lock().unwrap() += 1;
             Ok(())

@@ -1,11 +1,11 @@
 //! Host samplers: cgroup discovery on fixtures, the live cgroup, system RAM,
 //! the process tree, PSS/USS.
 
-use memprobe_core::cgroup::{
-    discover_from, CgroupLocation, CgroupOptions, CgroupSampler, CgroupVersion,
+use memprobe_core::internal::cgroup::discover_from;
+use memprobe_core::{
+    CgroupLocation, CgroupOptions, CgroupSampler, CgroupVersion, ErrorKind, Sampler, SmapsMetric,
+    Source, SourceKind,
 };
-use memprobe_core::smaps::SmapsMetric;
-use memprobe_core::{ErrorKind, Sampler, Source, SourceKind};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -210,7 +210,7 @@ fn process_tree_includes_children() {
                 .unwrap()
         })
         .collect();
-    let pids = memprobe_core::process_tree::descendants(std::process::id());
+    let pids = memprobe_core::internal::process_tree::descendants(std::process::id());
     for k in &kids {
         assert!(
             pids.contains(&k.id()),
@@ -229,7 +229,7 @@ fn process_tree_includes_children() {
 
 #[test]
 fn clear_refs_not_permitted_degrades_to_sampled() {
-    use memprobe_core::process::{HwmMode, ProcessSampler};
+    use memprobe_core::{HwmMode, ProcessSampler};
     // A path that cannot be opened for writing stands for a /proc mounted
     // read-only or a kernel without clear_refs.
     let s = ProcessSampler::with_clear_refs(HwmMode::Reset, "/proc/self").expect("RSS still reads");
@@ -254,7 +254,7 @@ fn clear_refs_not_permitted_degrades_to_sampled() {
 
 #[test]
 fn unreadable_or_malformed_proc_files_are_errors_with_the_path() {
-    use memprobe_core::system::SystemRamSampler;
+    use memprobe_core::SystemRamSampler;
     let dir = fixture("meminfo");
     // Missing file: unavailable, naming it.
     let e = SystemRamSampler::at(dir.join("absent")).err().unwrap();

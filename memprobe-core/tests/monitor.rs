@@ -1,7 +1,7 @@
 //! The background monitor: lazy start, sampled peaks, sinks, prompt stop, and
 //! fork from a process whose monitor thread is running.
 
-use memprobe_core::{monitor, sink::Sink, Sample, SnapshotSink, Source, SourceInfo, Window};
+use memprobe_core::{monitor, Sample, Sink, SnapshotSink, Source, SourceInfo, Window};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! added from outside (as an integration or a profiler would be) sees what
 //! the built-in ones (run channel, leak trends, out-of-memory report) see.
 
-use memprobe_core::leak::LeakPolicy;
+use memprobe_core::LeakPolicy;
 use memprobe_core::{PhaseBegun, PhaseKind, PhaseObserver, Record, SnapshotSink, Source, Tracker};
 use std::sync::{Arc, Mutex};
 

@@ -4,7 +4,7 @@
 //! within the kernel's counting bound (`peak_error_bound`) once it was
 //! unmapped before the read. Both run on whatever machine runs the tests.
 
-use memprobe_core::process::peak_error_bound;
+use memprobe_core::peak_error_bound;
 use memprobe_core::{PeakFidelity, Source, Window};
 
 mod kernel_mark;

@@ -4,7 +4,8 @@
 //! once per process, so those cases run in a child: this test binary
 //! re-executed with MEMPROBE_TEST_CHANNEL_CHILD set).
 
-use memprobe_core::run_channel::{self, RunChannel, MAX_DATAGRAM};
+use memprobe_core::internal::run_channel::{self, MAX_DATAGRAM};
+use memprobe_core::RunChannel;
 use memprobe_core::{PhaseKind, Source, Tracker};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

@@ -3,10 +3,10 @@
 
 mod common;
 use common::Buf;
-use memprobe_core::leak::LeakPolicy;
-use memprobe_core::release::{ReleaseKind, ReleasePolicy, ReleaseReason};
-use memprobe_core::sinks::{CsvSink, JsonlSink, TableSink, CSV_HEADER};
+use memprobe_core::LeakPolicy;
+use memprobe_core::{CsvSink, JsonlSink, TableSink, CSV_HEADER};
 use memprobe_core::{ErrorKind, PhaseKind, SnapshotSink, Source, StepOutcome, Tracker};
+use memprobe_core::{ReleaseKind, ReleasePolicy, ReleaseReason};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -2,9 +2,9 @@
 //! touches a 256 MiB buffer and forks 4 workers that only read it (as
 //! DataLoader workers share a trainer's pages copy-on-write).
 
-use memprobe_core::process_tree::ProcessTreeSampler;
-use memprobe_core::smaps::SmapsMetric;
-use memprobe_core::tree_smaps::TreeSmapsSampler;
+use memprobe_core::ProcessTreeSampler;
+use memprobe_core::SmapsMetric;
+use memprobe_core::TreeSmapsSampler;
 use memprobe_core::{Sampler, Source, SourceKind};
 
 const MIB: u64 = 1 << 20;

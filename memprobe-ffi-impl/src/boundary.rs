@@ -417,7 +417,7 @@ impl Write for FdWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         // A pipe or socket whose reader is gone fails the write (EPIPE, an
         // IO status) instead of killing the host with SIGPIPE.
-        memprobe_core::fd_write::write_no_sigpipe(self.0, buf)
+        memprobe_core::internal::fd_write::write_no_sigpipe(self.0, buf)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())

@@ -7,7 +7,7 @@
 
 use crate::boundary::{FfiError, FfiResult};
 use crate::status::memprobe_status;
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -80,7 +80,7 @@ pub extern "C" fn memprobe_b2mb(bytes: u64) -> u64 {
 /// included.
 #[no_mangle]
 pub extern "C" fn memprobe_b2mb_signed(bytes: i64) -> i64 {
-    memprobe_core::delta::b2mb_signed(bytes)
+    memprobe_core::b2mb_signed(bytes)
 }
 
 /// Number of live handles of each kind, for leak checks in tests:

@@ -15,7 +15,7 @@
 
 use crate::boundary::FfiResult;
 use crate::handle::{Indices, Tokens, MAX_SLOTS};
-use memprobe_core::lock::{Lock, LockGuard};
+use memprobe_core::internal::lock::{Lock, LockGuard};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// Chunk `k` holds `FIRST_CHUNK << k` slots.

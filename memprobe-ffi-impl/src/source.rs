@@ -5,7 +5,7 @@ use crate::boundary::{
 };
 use crate::handle::{get, release, Handle, Table};
 use crate::status::memprobe_status;
-use memprobe_core::smaps::SmapsMetric;
+use memprobe_core::SmapsMetric;
 use memprobe_core::{Error, ErrorKind, PeakFidelity, Sample, Source, SourceKind};
 use std::ffi::{c_char, c_void};
 

@@ -8,11 +8,11 @@ use crate::handle::{get, publish, release, Handle, Table};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
 use crate::window::memprobe_delta;
-use memprobe_core::leak::LeakPolicy;
-use memprobe_core::lock::Lock;
-use memprobe_core::release::{ReleaseKind, ReleasePolicy};
-use memprobe_core::sinks::{CsvSink, JsonlSink, TableSink};
+use memprobe_core::internal::lock::Lock;
+use memprobe_core::LeakPolicy;
+use memprobe_core::{CsvSink, JsonlSink, TableSink};
 use memprobe_core::{Error, ErrorKind, PhaseKind, Record, Sink, StepOutcome, Tracker};
+use memprobe_core::{ReleaseKind, ReleasePolicy};
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 

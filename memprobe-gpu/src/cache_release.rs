@@ -5,7 +5,7 @@
 //! One process-wide hook; [`release_caches`] is the single place that calls
 //! it, so it can later be pointed at memprobe-core's cache-release registry.
 
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};

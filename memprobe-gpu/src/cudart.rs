@@ -7,7 +7,7 @@
 //! for [`preload`](crate::Gpus::preload), whose purpose is to create the
 //! context. The library is never unloaded.
 
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};

@@ -11,7 +11,8 @@
 //! `memprobe run` reading the same process from outside holds marks of its
 //! own and never resets these.
 
-use memprobe_core::{fork, Error, ErrorKind, Marks, Result, Source, SourceKind};
+use memprobe_core::internal::fork;
+use memprobe_core::{Error, ErrorKind, Marks, Result, Source, SourceKind};
 use memprobe_interpose_reader::{Counter, Mark, Region};
 
 /// How to get the interposer loaded, for the errors below.

@@ -5,7 +5,7 @@ use crate::cudart::{self, CudartLibrary};
 use crate::device::{DeviceHandle, DeviceInfo, Reader};
 use crate::nvml::{self, NvmlLibrary};
 use crate::visible_devices::{map_visible_devices, VisibleDevice};
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::collections::HashMap;
 use std::fmt;

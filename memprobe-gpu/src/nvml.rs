@@ -17,7 +17,7 @@
 use crate::nvml_error::{from_code, from_wrapper, Subject};
 use crate::panic_guard::guarded;
 use crate::process::{GpuProcess, GpuProcessKind};
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, Result};
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{

@@ -24,7 +24,7 @@
 
 use crate::exact::unavailable;
 use crate::oom_report_gpu::GpuOomForensics;
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::oom_report::{
     FailedAllocation, OomLocation, OomReportOptions, OomReporter, OomTrigger, OpenPhase,
 };

@@ -19,7 +19,7 @@
 //! namespace PID). The device-wide figures are unaffected.
 
 use crate::process::{GpuProcess, GpuProcessKind};
-use memprobe_core::process::ProcessStatus;
+use memprobe_core::internal::process::ProcessStatus;
 use memprobe_core::{Error, ErrorKind, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -4,7 +4,7 @@ use crate::http::{Limits, Render, Server};
 use crate::labels::{hostname, Rank};
 use crate::render::{render, Inputs};
 use crate::snapshot::{MetricsSink, Shared};
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, Result, Source, Tracker};
 use memprobe_gpu::Gpus;
 use std::net::{Ipv4Addr, SocketAddr};

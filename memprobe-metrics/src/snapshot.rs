@@ -3,7 +3,7 @@
 //! to store or clone them. A scrape never makes the training thread wait for
 //! the rendering, the socket or a source read.
 
-use memprobe_core::lock::Lock;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{PhaseKind, Record, Sink};
 use std::sync::Arc;
 

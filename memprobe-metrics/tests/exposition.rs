@@ -8,9 +8,9 @@ mod common;
 mod fake_gpu;
 
 use common::value;
-use memprobe_core::leak::LeakPolicy;
-use memprobe_core::release::{ReleaseKind, ReleasePolicy};
+use memprobe_core::LeakPolicy;
 use memprobe_core::{PhaseKind, Source, Tracker};
+use memprobe_core::{ReleaseKind, ReleasePolicy};
 use memprobe_gpu::{GpuBackend, GpuConfig, Gpus};
 use memprobe_metrics::{Exporter, ExporterOptions, Rank};
 use std::path::{Path, PathBuf};

@@ -427,7 +427,7 @@ fn main() {
     for table in [false, true] {
         let mut t = memprobe_core::Tracker::new(&host).unwrap();
         if table {
-            t.add_sink(std::sync::Arc::new(memprobe_core::sinks::TableSink::new(
+            t.add_sink(std::sync::Arc::new(memprobe_core::TableSink::new(
                 memprobe_core::PhaseKind::Epoch,
                 Box::new(std::io::sink()),
             )));
@@ -466,7 +466,7 @@ fn main() {
             .expect("spawn sh");
         std::thread::sleep(std::time::Duration::from_millis(200));
         let tree = Source::from_sampler(Box::new(
-            memprobe_core::process_tree::ProcessTreeSampler::at(root.id()).unwrap(),
+            memprobe_core::ProcessTreeSampler::at(root.id()).unwrap(),
         ));
         children.push(root);
         add(

@@ -19,7 +19,7 @@
 //! Cases are interleaved round by round so machine noise hits them alike;
 //! each figure is the median over rounds of the mean time per call.
 
-use memprobe_core::run_channel::RunChannel;
+use memprobe_core::RunChannel;
 use memprobe_core::{PhaseKind, Source, Tracker};
 use std::hint::black_box;
 use std::os::unix::net::UnixDatagram;
@@ -49,7 +49,7 @@ fn main() {
         return;
     }
     // "unset" means unset: the variable is read once per process.
-    std::env::remove_var(memprobe_core::run_channel::ENV);
+    std::env::remove_var(memprobe_core::internal::run_channel::ENV);
     // As in the overhead bench: a trainer holds more than its launcher,
     // which keeps the exact boundary on its fast path.
     let ballast_mib: usize = std::env::var("MEMPROBE_BENCH_BALLAST_MIB")

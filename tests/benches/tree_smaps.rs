@@ -12,10 +12,10 @@
 //! Each figure is the median over rounds of the mean time per read in a
 //! round; ratios are against the summed RSS read of the same tree.
 
-use memprobe_core::process_tree::ProcessTreeSampler;
-use memprobe_core::smaps::SmapsMetric;
-use memprobe_core::tree_smaps::TreeSmapsSampler;
+use memprobe_core::ProcessTreeSampler;
 use memprobe_core::Sampler;
+use memprobe_core::SmapsMetric;
+use memprobe_core::TreeSmapsSampler;
 use std::hint::black_box;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
@@ -109,7 +109,7 @@ fn shared_tree(n: usize) -> u32 {
 /// Waits until the tree below `root` has `n` processes holding memory.
 fn wait_for(root: u32, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut tree = memprobe_core::process_tree::ProcessTree::new(root);
+    let mut tree = memprobe_core::internal::process_tree::ProcessTree::new(root);
     while tree.read().processes.len() < n {
         assert!(
             Instant::now() < deadline,

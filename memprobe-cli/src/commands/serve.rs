@@ -5,7 +5,7 @@
 use crate::args::ServeArgs;
 use crate::exit;
 use crate::signals::{self, SigSet};
-use memprobe_core::process_tree::ProcessTreeSampler;
+use memprobe_core::ProcessTreeSampler;
 use memprobe_core::{Error, Source};
 use memprobe_gpu::Gpus;
 use memprobe_metrics::{Exporter, ExporterOptions};

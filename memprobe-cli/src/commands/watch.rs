@@ -18,7 +18,7 @@ use crate::machine::{self, Probes};
 use crate::signals::{self, SigSet};
 use crate::terminal::{is_tty, terminal_size, truncate};
 use crate::units;
-use memprobe_core::process::{all_pids, command_name};
+use memprobe_core::internal::process::{all_pids, command_name};
 use std::io::{self, Write};
 use std::time::Instant;
 
@@ -136,7 +136,12 @@ fn top_processes(n: usize) -> String {
     let mut procs: Vec<(u64, u32)> = match all_pids() {
         Ok(pids) => pids
             .into_iter()
-            .filter_map(|pid| Some((memprobe_core::process_tree::process_rss(pid)?, pid)))
+            .filter_map(|pid| {
+                Some((
+                    memprobe_core::internal::process_tree::process_rss(pid)?,
+                    pid,
+                ))
+            })
             .filter(|(rss, _)| *rss > 0)
             .collect(),
         Err(e) => return format!("processes: cannot read /proc: {e}\n"),

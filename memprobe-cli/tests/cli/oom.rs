@@ -3,7 +3,8 @@
 //! small memory limit, is named with its pid, time and peak.
 
 use crate::support::*;
-use memprobe_core::cgroup::{self, CgroupVersion};
+use memprobe_core::internal::cgroup;
+use memprobe_core::CgroupVersion;
 use serde_json::Value;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

@@ -8,8 +8,9 @@
 
 use crate::schema::assert_valid;
 use crate::support::*;
-use memprobe_core::run_channel::ranks::LAUNCHERS;
-use memprobe_core::run_channel::{RunChannel, ENV};
+use memprobe_core::internal::run_channel::ranks::LAUNCHERS;
+use memprobe_core::internal::run_channel::ENV;
+use memprobe_core::RunChannel;
 use memprobe_core::{PhaseKind, Source, Tracker};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;

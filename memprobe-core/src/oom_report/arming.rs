@@ -3,7 +3,7 @@
 //! settled into the file when the report is re-armed, removed or its
 //! tracker dropped.
 
-use super::destinations::Outputs;
+use super::destinations::{OomCallback, Outputs};
 use super::{
     unix_ns, FailedAllocation, OomGpuProvider, OomTrigger, OomTriggers, OpenPhase,
     OutOfMemoryReport, DEFAULT_KEEP_ENDED, MAX_KEEP_ENDED,
@@ -11,18 +11,14 @@ use super::{
 use crate::error::{Error, Result};
 use crate::lock::Lock;
 use crate::observer::PhaseObserver;
+use crate::record::Record;
 use crate::sample::{monotonic_ns, SourceInfo};
-use crate::sink::Record;
 use crate::sinks::AtomicFile;
 use crate::source::Source;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-
-/// The caller's function receiving each report: the report, its JSON and
-/// its summary.
-pub type OomCallback = Box<dyn FnMut(&OutOfMemoryReport, &str, &str) + Send>;
 
 /// How a tracker reports out-of-memory.
 pub struct OomReportOptions {

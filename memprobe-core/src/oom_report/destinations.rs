@@ -1,11 +1,15 @@
 //! Where a report goes: a file (written whole, then renamed into place),
 //! a writer for each rendering, a callback.
 
-use super::{OomCallback, OutOfMemoryReport};
+use super::OutOfMemoryReport;
 use crate::error::{Error, Result};
 use crate::sinks::AtomicFile;
 use std::io::Write;
 use std::path::PathBuf;
+
+/// The caller's function receiving each report: the report, its JSON and
+/// its summary.
+pub type OomCallback = Box<dyn FnMut(&OutOfMemoryReport, &str, &str) + Send>;
 
 /// Where reports go; held while one is built and written, which orders
 /// the triggers. Taken before the reporter's state (`arming.rs`) when both

@@ -9,7 +9,14 @@ use crate::sinks::json;
 use std::fmt::Write as _;
 
 /// The report as one JSON document.
-pub(super) fn document(r: &OutOfMemoryReport) -> String {
+impl OutOfMemoryReport {
+    /// The report as one JSON document (`docs/oom-report.schema.json`).
+    pub fn to_json(&self) -> String {
+        document(self)
+    }
+}
+
+fn document(r: &OutOfMemoryReport) -> String {
     let mut out = String::with_capacity(4096);
     let _ = write!(
         out,

@@ -28,8 +28,9 @@
 //! the summary, with the reason where there is one; never a 0 standing in.
 //!
 //! One file per concern: `model.rs` (the report), `arming.rs` (options and
-//! the reporter's state machine), `destinations.rs` (where a report goes),
-//! `json.rs` and `summary.rs` (its two renderings).
+//! the reporter's state machine), `destinations.rs` (where a report goes,
+//! the caller's callback), `json.rs` and `summary.rs` (its two renderings,
+//! each with its method of the report).
 
 mod arming;
 mod destinations;
@@ -40,7 +41,8 @@ mod summary;
 mod tests;
 
 pub(crate) use arming::{configure, report};
-pub use arming::{OomCallback, OomOutcome, OomReportOptions, OomReporter, OomStatus};
+pub use arming::{OomOutcome, OomReportOptions, OomReporter, OomStatus};
+pub use destinations::OomCallback;
 pub use model::{
     CacheFigures, CacheLine, FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice,
     OomGpuProcess, OomGpuProvider, OomLocation, OomProcessList, OomTrigger, OomTriggers, OpenPhase,

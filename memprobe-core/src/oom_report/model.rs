@@ -2,10 +2,10 @@
 //! phases, the GPU part asked of an [`OomGpuProvider`] from above, and what
 //! releasing caches would free.
 
-use super::{json, summary, unix_ns};
+use super::unix_ns;
 use crate::phase::PhaseKind;
+use crate::record::Record;
 use crate::sample::{monotonic_ns, PeakFidelity, SourceInfo, SourceKind};
-use crate::sink::Record;
 use crate::window::Window;
 use std::collections::BTreeSet;
 
@@ -406,15 +406,5 @@ impl OutOfMemoryReport {
                 }
             })
             .collect()
-    }
-
-    /// The report as one JSON document (`docs/oom-report.schema.json`).
-    pub fn to_json(&self) -> String {
-        json::document(self)
-    }
-
-    /// The report for people: a few lines, sizes in KiB / MiB / GiB.
-    pub fn summary(&self) -> String {
-        summary::text(self)
     }
 }

@@ -7,7 +7,14 @@ use crate::units::{bytes, secs_ns, utc};
 use std::fmt::Write as _;
 
 /// The summary of `r`.
-pub(super) fn text(r: &OutOfMemoryReport) -> String {
+impl OutOfMemoryReport {
+    /// The report for people: a few lines, sizes in KiB / MiB / GiB.
+    pub fn summary(&self) -> String {
+        text(self)
+    }
+}
+
+fn text(r: &OutOfMemoryReport) -> String {
     let mut s = String::with_capacity(2048);
     let f = &r.failed;
     let _ = writeln!(

@@ -4,7 +4,7 @@
 
 use super::protocol::{Outgoing, PeakOut};
 use super::{BATCH_NS, BATCH_STEPS};
-use crate::sink::Record;
+use crate::record::Record;
 
 /// The steps of one tracker not sent yet.
 #[derive(Debug)]

@@ -8,7 +8,7 @@ use super::sender::RunChannel;
 use super::ENV;
 use crate::observer::{PhaseBegun, PhaseObserver};
 use crate::phase::PhaseKind;
-use crate::sink::Record;
+use crate::record::Record;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

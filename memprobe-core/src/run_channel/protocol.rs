@@ -52,7 +52,7 @@
 use super::ranks::Ranks;
 use crate::delta::SourceDelta;
 use crate::phase::PhaseKind;
-use crate::sink::Record;
+use crate::record::Record;
 use crate::sinks::json;
 use std::fmt::Write as _;
 

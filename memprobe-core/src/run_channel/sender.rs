@@ -522,9 +522,9 @@ mod tests {
     use crate::error::ErrorKind;
     use crate::phase::PhaseInfo;
     use crate::phase::PhaseKind;
+    use crate::record::Record;
     use crate::run_channel::protocol::tests::record;
     use crate::run_channel::{Hook, BATCH_NS, MAX_DATAGRAM};
-    use crate::sink::Record;
     use std::os::unix::net::UnixDatagram;
     use std::sync::Arc;
     use std::time::{Duration, Instant};

@@ -2,7 +2,8 @@
 
 use super::atomic_file::AtomicFile;
 use crate::error::Result;
-use crate::sink::{Record, Sink};
+use crate::record::Record;
+use crate::sink::Sink;
 use std::path::Path;
 
 /// The header row.

@@ -1,8 +1,8 @@
 //! Minimal JSON writing for records (no dependency needed for this shape).
 
 use crate::delta::SourceDelta;
+use crate::record::Record;
 use crate::release::{ReleaseEvent, ReleaseReason};
-use crate::sink::Record;
 use std::fmt::Write;
 
 pub(crate) fn string(out: &mut String, s: &str) {

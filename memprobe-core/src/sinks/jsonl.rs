@@ -3,7 +3,8 @@
 use super::atomic_file::AtomicFile;
 use super::json;
 use crate::error::Result;
-use crate::sink::{Record, Sink};
+use crate::record::Record;
+use crate::sink::Sink;
 use std::path::Path;
 
 /// Writes each record as one JSON object per line.

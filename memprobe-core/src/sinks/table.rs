@@ -25,7 +25,8 @@
 use crate::delta::{b2mb, b2mb_signed};
 use crate::error::{Error, Result};
 use crate::phase::PhaseKind;
-use crate::sink::{Record, Sink};
+use crate::record::Record;
+use crate::sink::Sink;
 use std::io::Write;
 use std::sync::Mutex;
 

@@ -161,7 +161,7 @@ pub(crate) fn run_channel() -> &'static std::sync::Mutex<Option<std::os::unix::n
         let _ = std::fs::remove_file(&path);
         let rx = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the run channel");
         rx.set_nonblocking(true).unwrap();
-        std::env::set_var(memprobe_core::run_channel::ENV, &path);
+        std::env::set_var(memprobe_core::internal::run_channel::ENV, &path);
         std::sync::Mutex::new(Some(rx))
     })
 }

@@ -47,8 +47,8 @@ use crate::units;
 use gpu_exact::{Injection, Watcher};
 use kernel_log::KernelLog;
 use live::{LiveLine, LiveState};
-use memprobe_core::cgroup::{CgroupOptions, CgroupSampler, CgroupVersion};
-use memprobe_core::sinks::AtomicFile;
+use memprobe_core::internal::sinks::AtomicFile;
+use memprobe_core::{CgroupOptions, CgroupSampler, CgroupVersion};
 use memprobe_metrics::Exporter;
 use phase_channel::{PhaseChannel, Receiver};
 use process_events::{Lifetimes, ProcessEvents};
@@ -119,7 +119,7 @@ fn same_path(a: &Path, b: &Path) -> bool {
 /// disturbing anyone; with v1 the reset would be cgroup-wide, so the peak is
 /// sampled instead.
 fn open_cgroup() -> Result<CgroupSampler, String> {
-    let loc = memprobe_core::cgroup::discover().map_err(|e| e.message().to_string())?;
+    let loc = memprobe_core::internal::cgroup::discover().map_err(|e| e.message().to_string())?;
     let reset_peak = loc.version == CgroupVersion::V2;
     CgroupSampler::at(loc, CgroupOptions { reset_peak }).map_err(|e| e.to_string())
 }

@@ -18,8 +18,8 @@
 //! or dropped, on every path out of `run`.
 
 use super::phase_log::PhaseLog;
-use memprobe_core::run_channel::protocol::{self, Unreadable};
-use memprobe_core::run_channel::{ENV, MAX_DATAGRAM};
+use memprobe_core::internal::run_channel::protocol::{self, Unreadable};
+use memprobe_core::internal::run_channel::{ENV, MAX_DATAGRAM};
 use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::AsRawFd;

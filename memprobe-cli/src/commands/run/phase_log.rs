@@ -17,8 +17,8 @@
 //! Times are kept as nanoseconds since the command was spawned (the
 //! timeline's clock); senders stamp `CLOCK_MONOTONIC`, shared with memprobe.
 
-use memprobe_core::run_channel::Ranks;
 use memprobe_core::PhaseKind;
+use memprobe_core::Ranks;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// At most this many phases (steps aside) are kept.
@@ -33,7 +33,7 @@ pub(crate) const MAX_TRACKERS: usize = 4096;
 
 // The messages as the run channel's protocol decodes them: one definition
 // for both ends.
-pub(crate) use memprobe_core::run_channel::protocol::{Event, Message, SourceRecord};
+pub(crate) use memprobe_core::internal::run_channel::protocol::{Event, Message, SourceRecord};
 
 /// The step with the largest peak of one source, within some scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -571,7 +571,7 @@ impl PhaseLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memprobe_core::run_channel::protocol::BatchPeak;
+    use memprobe_core::internal::run_channel::protocol::BatchPeak;
 
     const MS: u64 = 1_000_000;
 

@@ -10,7 +10,7 @@
 
 use super::phase_report::{PeakReport, PhaseReport};
 use crate::units;
-use memprobe_core::run_channel::Ranks;
+use memprobe_core::Ranks;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 

@@ -4,9 +4,9 @@
 
 use super::timeline::{Point, Timeline};
 use crate::gpu_readings::GpuReading;
-use memprobe_core::cgroup::{CgroupLocation, CgroupVersion};
-use memprobe_core::process::ProcessStatus;
+use memprobe_core::internal::process::ProcessStatus;
 use memprobe_core::Sample;
+use memprobe_core::{CgroupLocation, CgroupVersion};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Where a process's peak figure comes from.

@@ -37,7 +37,7 @@
 //! while readings were taken.
 
 use crate::units;
-use memprobe_core::tree_smaps::{SmapsReader, TreeSmapsReading};
+use memprobe_core::internal::smaps::{SmapsReader, TreeSmapsReading};
 use serde::Serialize;
 
 /// One tick's reading: the tree's PSS and USS, or `None` when it failed.
@@ -304,8 +304,8 @@ fn ms(s: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memprobe_core::smaps::SmapsRollup;
-    use memprobe_core::tree_smaps::ProcessSmaps;
+    use memprobe_core::internal::smaps::ProcessSmaps;
+    use memprobe_core::internal::smaps::SmapsRollup;
 
     const MIB: u64 = 1 << 20;
 

@@ -3,7 +3,8 @@
 //! `memory.oom_control`). The sampling thread reads the file and hands each
 //! reading to [`CounterLog::observe`]; this keeps the record, pure.
 
-use memprobe_core::cgroup::{CgroupVersion, OomEvents};
+use memprobe_core::internal::cgroup::OomEvents;
+use memprobe_core::CgroupVersion;
 
 /// At most this many counter changes are kept (each kill is one change at
 /// most; a run killed this often has long lost its memory).

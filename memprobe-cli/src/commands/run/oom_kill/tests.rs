@@ -4,7 +4,8 @@
 use super::counters::CounterLog;
 use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
 use super::verdict::{detect, Evidence, Level};
-use memprobe_core::cgroup::{CgroupVersion, OomEvents};
+use memprobe_core::internal::cgroup::OomEvents;
+use memprobe_core::CgroupVersion;
 
 const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;

@@ -20,7 +20,7 @@ impl ZombieWatch {
     /// `pid` was seen ended at `now`: its wait status if it is a zombie
     /// already, else it is watched.
     pub(crate) fn ended(&mut self, pid: u32, now: u64) -> Option<i32> {
-        let status = memprobe_core::process::zombie_wait_status(pid);
+        let status = memprobe_core::internal::process::zombie_wait_status(pid);
         if status.is_none() && self.pending.len() < MAX_CHANGES {
             self.pending.push((pid, now));
         }
@@ -32,7 +32,7 @@ impl ZombieWatch {
     pub(crate) fn tick(&mut self, now: u64) -> Vec<(u32, i32)> {
         let mut caught = Vec::new();
         self.pending.retain(|&(pid, since)| {
-            if let Some(s) = memprobe_core::process::zombie_wait_status(pid) {
+            if let Some(s) = memprobe_core::internal::process::zombie_wait_status(pid) {
                 caught.push((pid, s));
                 return false;
             }

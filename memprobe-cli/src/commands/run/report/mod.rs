@@ -417,7 +417,7 @@ mod tests {
     use super::*;
     use crate::commands::run::recording::{CgroupRecord, GpuSeries};
     use crate::commands::run::timeline::Point;
-    use memprobe_core::cgroup::CgroupVersion;
+    use memprobe_core::CgroupVersion;
 
     /// A recording with everything a run can hold: two GPUs, a cgroup with
     /// an exact peak, workers, a forwarded signal. Every output must handle
