@@ -3,19 +3,26 @@
 use std::fmt::Write as _;
 
 /// Renders `rows` (the first one being the header) as aligned columns; the
-/// last column is not padded and no line has trailing spaces.
-pub(crate) fn render_rows<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut widths = [0usize; N];
-    for r in rows {
+/// last cell of a row is not padded and no line has trailing spaces.
+pub(crate) fn render_rows<R: AsRef<[String]>>(rows: &[R]) -> String {
+    render_indented(rows, "")
+}
+
+/// [`render_rows`], each line after `indent`. A row of one cell in a table
+/// of several columns is a note: it spans the table and sets no width.
+pub(crate) fn render_indented<R: AsRef<[String]>>(rows: &[R], indent: &str) -> String {
+    let cols = rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
+    let mut widths = vec![0usize; cols];
+    for r in rows.iter().map(AsRef::as_ref).filter(|r| r.len() > 1) {
         for (w, cell) in widths.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
+    for r in rows.iter().map(AsRef::as_ref) {
+        let mut line = String::from(indent);
         for (i, cell) in r.iter().enumerate() {
-            if i + 1 == N {
+            if i + 1 == r.len() {
                 line.push_str(cell);
             } else {
                 let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
@@ -38,5 +45,18 @@ mod tests {
             ["µµµ".to_string(), "".into(), "x".into()],
         ];
         assert_eq!(render_rows(&rows), "A    B  C\nµµµ     x\n");
+    }
+
+    #[test]
+    fn a_note_spans_the_table_and_sets_no_width() {
+        let rows = vec![
+            vec!["PHASE".to_string(), "PEAK".into(), "STEPS".into()],
+            vec!["... 12 phases not shown".to_string()],
+            vec!["epoch 0".to_string(), "1.00 GiB".into(), "10".into()],
+        ];
+        assert_eq!(
+            render_indented(&rows, "  "),
+            "  PHASE    PEAK      STEPS\n  ... 12 phases not shown\n  epoch 0  1.00 GiB  10\n"
+        );
     }
 }

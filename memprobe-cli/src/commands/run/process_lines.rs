@@ -155,10 +155,11 @@ pub(crate) struct LinesReport {
     pub(crate) processes: u64,
 }
 
-/// The chart's lines, named from the process records.
+/// The chart's lines, each named by `name_of` (the run's process records:
+/// the recording holds these lines, so they are not read from here).
 pub(crate) fn report(
     lines: &ProcessLines,
-    processes: &[crate::commands::run::recording::ProcessRecord],
+    name_of: impl Fn(u32) -> Option<String>,
     seen: u64,
 ) -> LinesReport {
     LinesReport {
@@ -167,10 +168,7 @@ pub(crate) fn report(
             .into_iter()
             .take(DRAWN)
             .map(|l| {
-                let name = processes
-                    .iter()
-                    .find(|p| p.pid == l.pid)
-                    .map_or_else(String::new, |p| p.name.clone());
+                let name = name_of(l.pid).unwrap_or_default();
                 DrawnLine {
                     pid: l.pid,
                     name,

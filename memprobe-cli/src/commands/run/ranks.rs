@@ -8,7 +8,6 @@
 //! A run whose processes sent no ranks shows none of it: its outputs are
 //! what they were.
 
-use super::phase_report::{PeakReport, PhaseReport};
 use crate::units;
 use memprobe_core::Ranks;
 use serde::Serialize;
@@ -158,51 +157,65 @@ impl Group {
     }
 }
 
+/// One peak of one source in a phase, or a rank's largest step, of a
+/// process that sent its ranks: what [`spread`] compares.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RankedPeak<'a> {
+    /// The phase's label; for a step, the step's (`epoch 0 / step 2`).
+    pub(crate) label: &'a str,
+    /// The phase's kind.
+    pub(crate) kind: &'static str,
+    pub(crate) source: &'a str,
+    pub(crate) fidelity: &'a str,
+    pub(crate) rank: u32,
+    pub(crate) pid: u32,
+    pub(crate) bytes: u64,
+}
+
 /// The comparison lines: per phase label that several ranks ran and per
 /// source of its records, the ranks' peaks (a rank with several processes
 /// sending the same label counts its highest); then per source, each
 /// rank's largest step. In the order the phases began.
-pub(crate) fn spread(phases: &[PhaseReport], peaks: &[PeakReport]) -> Vec<RankSpreadReport> {
+pub(crate) fn spread<'a>(
+    phases: impl IntoIterator<Item = RankedPeak<'a>>,
+    steps: impl IntoIterator<Item = RankedPeak<'a>>,
+) -> Vec<RankSpreadReport> {
     let mut groups: Vec<Group> = Vec::new();
     let mut at: HashMap<(String, String), usize> = HashMap::new();
     for p in phases {
-        let Some(r) = p.ranks else { continue };
-        for d in &p.sources {
-            let key = (p.label.clone(), d.name.clone());
-            let i = *at.entry(key).or_insert_with(|| {
-                groups.push(Group {
-                    label: p.label.clone(),
-                    kind: p.kind,
-                    source: d.name.clone(),
-                    fidelity: d.fidelity.clone(),
-                    per_rank: PerRank::new(),
-                });
-                groups.len() - 1
+        let key = (p.label.to_string(), p.source.to_string());
+        let i = *at.entry(key).or_insert_with(|| {
+            groups.push(Group {
+                label: p.label.to_string(),
+                kind: p.kind,
+                source: p.source.to_string(),
+                fidelity: p.fidelity.to_string(),
+                per_rank: PerRank::new(),
             });
-            groups[i].add(r.rank, d.peak_bytes, p.pid, None);
-        }
+            groups.len() - 1
+        });
+        groups[i].add(p.rank, p.bytes, p.pid, None);
     }
-    let mut steps: Vec<Group> = Vec::new();
-    for p in peaks.iter().filter(|p| p.step_index.is_some()) {
-        let Some(r) = p.ranks else { continue };
-        let i = match steps.iter().position(|g| g.source == p.source) {
+    let mut by_source: Vec<Group> = Vec::new();
+    for p in steps {
+        let i = match by_source.iter().position(|g| g.source == p.source) {
             Some(i) => i,
             None => {
-                steps.push(Group {
+                by_source.push(Group {
                     label: "steps".into(),
                     kind: "step",
-                    source: p.source.clone(),
-                    fidelity: p.fidelity.clone(),
+                    source: p.source.to_string(),
+                    fidelity: p.fidelity.to_string(),
                     per_rank: PerRank::new(),
                 });
-                steps.len() - 1
+                by_source.len() - 1
             }
         };
-        steps[i].add(r.rank, p.peak_bytes, p.pid, Some(p.label.clone()));
+        by_source[i].add(p.rank, p.bytes, p.pid, Some(p.label.to_string()));
     }
     groups
         .into_iter()
-        .chain(steps)
+        .chain(by_source)
         .filter_map(Group::report)
         .collect()
 }

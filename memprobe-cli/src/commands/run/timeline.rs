@@ -49,7 +49,8 @@ impl Point {
     }
 }
 
-fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+/// The larger of two optional readings (`None` when both are).
+pub(crate) fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(x), Some(y)) => Some(x.max(y)),
         (x, None) => x,

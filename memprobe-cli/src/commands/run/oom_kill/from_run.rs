@@ -2,7 +2,7 @@
 //! the kernel's process events and log), and the verdict kept in it.
 
 use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
-use super::verdict::detect;
+use super::detect;
 use crate::commands::run::kernel_log::KernelLog;
 use crate::commands::run::process_events::Lifetimes;
 use crate::commands::run::recording::Recording;

@@ -56,3 +56,16 @@ pub(crate) use verdict::OomKillReport;
 #[cfg(test)]
 pub(crate) use verdict::{Evidence, Level, VictimReport};
 pub(crate) use zombies::ZombieWatch;
+
+/// The verdict ([`verdict`]) and its paragraph ([`explanation`]), which
+/// reads the verdict: decided first, then worded. `phase_at(pid, t)`: the
+/// training phase open in process `pid` (or any process of the run, with
+/// `None`) at `t` ns on `CLOCK_MONOTONIC`.
+fn detect(
+    inputs: &evidence::Inputs,
+    phase_at: &dyn Fn(Option<u32>, u64) -> Option<String>,
+) -> OomKillReport {
+    let mut report = verdict::decide(inputs, phase_at);
+    report.explanation = explanation::explain(&report, inputs);
+    report
+}

@@ -3,7 +3,8 @@
 
 use super::counters::CounterLog;
 use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
-use super::verdict::{detect, Evidence, Level};
+use super::detect;
+use super::verdict::{Evidence, Level};
 use memprobe_core::internal::cgroup::OomEvents;
 use memprobe_core::CgroupVersion;
 

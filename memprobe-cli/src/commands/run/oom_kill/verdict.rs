@@ -2,7 +2,6 @@
 //! with the victims it names, the likeliest first.
 
 use super::evidence::{Inputs, KernelKill, KernelRecord, Member};
-use super::explanation::explain;
 use serde::Serialize;
 
 /// How long a victim may take to die after the kernel counted its kill
@@ -113,10 +112,11 @@ const RECORD_SLACK_NS: u64 = 2_000_000_000;
 /// `SIGKILL` was seen.
 type Match<'a> = (&'a Member, Evidence, bool);
 
-/// The verdict. `phase_at(pid, t)`: the training phase open in process
-/// `pid` (or any process of the run, with `None`) at `t` ns on
+/// The verdict, not yet worded (`explanation` is `None`: the folder's
+/// `detect` adds it). `phase_at(pid, t)`: the training phase open in
+/// process `pid` (or any process of the run, with `None`) at `t` ns on
 /// `CLOCK_MONOTONIC`.
-pub(crate) fn detect(
+pub(super) fn decide(
     inputs: &Inputs,
     phase_at: &dyn Fn(Option<u32>, u64) -> Option<String>,
 ) -> OomKillReport {
@@ -159,7 +159,7 @@ pub(crate) fn detect(
         ),
         KernelRecord::Unreadable(why) => (false, Some(why.clone())),
     };
-    let mut report = OomKillReport {
+    OomKillReport {
         verdict: level,
         counters: counters.first.and(counters.file),
         oom_kill_rise: counters.rise(|e| e.oom_kill),
@@ -179,9 +179,7 @@ pub(crate) fn detect(
         container_peak_bytes: inputs.container.and_then(|c| c.peak),
         container_limit_bytes: inputs.container.and_then(|c| c.limit),
         explanation: None,
-    };
-    report.explanation = explain(&report, inputs);
-    report
+    }
 }
 
 /// The kernel's record names every victim: nothing is guessed. The run's

@@ -383,7 +383,7 @@ fn oom_marks(r: &RunReport) -> (Vec<(f64, String)>, Vec<String>) {
         for p in x.processes.iter().filter(|p| p.oom_failures > 0) {
             let what = format!(
                 "GPU out of memory: {} (pid {})",
-                plural(p.oom_failures, "failed allocation", "failed allocations"),
+                units::plural(p.oom_failures, "failed allocation", "failed allocations"),
                 p.pid
             );
             match p.last_oom_at_s {
@@ -394,10 +394,6 @@ fn oom_marks(r: &RunReport) -> (Vec<(f64, String)>, Vec<String>) {
     }
     marks.sort_by(|a, b| a.0.total_cmp(&b.0));
     (marks, untimed)
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// An axis tick without float noise: `0.6`, not `0.6000000000000001`.

@@ -16,6 +16,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub(super) mod phases;
 mod summary;
 
 pub(crate) use summary::summary;
@@ -375,7 +376,12 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
         phase_channel,
         process_lines: crate::commands::run::process_lines::report(
             &rec.lines,
-            &rec.processes,
+            |pid| {
+                rec.processes
+                    .iter()
+                    .find(|p| p.pid == pid)
+                    .map(|p| p.name.clone())
+            },
             rec.processes_seen,
         ),
     }

@@ -5,7 +5,6 @@
 
 use super::{command_line, RunReport};
 use crate::commands::run::gpu_exact::GpuExactReport;
-use crate::commands::run::phase_report;
 use crate::commands::run::ranks;
 use crate::commands::run::recording::PeakSource;
 use crate::commands::run::tree_pss;
@@ -47,7 +46,7 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
         gpu_exact(&mut out, x);
     }
     signals(&mut out, r);
-    out.0.push_str(&phase_report::summary(r));
+    out.0.push_str(&super::phases::summary(r));
     samples(&mut out, r);
     out.0
 }
