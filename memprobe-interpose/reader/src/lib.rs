@@ -27,9 +27,11 @@ pub mod layout;
 pub mod liveness;
 pub mod oom_report_hook;
 mod reader;
+mod reclaim;
 pub mod tree_counter;
 
 pub use reader::{
-    default_dir, processes, reclaim_dead, region_path, Counter, Entry, Error, Mark, NotCounted,
-    Oom, Reading, Region, DIR_ENV, REGION_SYMBOL, SWITCH_ENV,
+    default_dir, processes, region_path, Counter, Entry, Error, Mark, NotCounted, Oom, Reading,
+    Region, DIR_ENV, REGION_SYMBOL, SWITCH_ENV,
 };
+pub use reclaim::reclaim_dead;
