@@ -127,6 +127,91 @@ fn unknown_command_is_127() {
     assert_eq!(out.status.code(), Some(127));
 }
 
+/// An executable file named `name` in a fresh directory, holding `bytes`.
+fn executable(tag: &str, name: &str, bytes: &[u8]) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch(tag);
+    let f = dir.join(name);
+    std::fs::write(&f, bytes).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, f)
+}
+
+/// What bash answers "cannot execute binary file" to is refused with 126,
+/// never handed to /bin/sh (which would read it as commands).
+fn assert_binary_refused(out: &std::process::Output) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(126), "{err}");
+    assert!(err.contains("cannot execute binary file"), "{err}");
+    assert!(
+        !err.contains("not found") && !err.contains("syntax error"),
+        "run by a shell: {err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn elf_of_another_machine_is_126() {
+    // A 64-bit little-endian ELF header for VAX (EM_VAX = 75): no kernel
+    // this runs on executes it, and no emulator registers for it.
+    let mut elf = vec![0u8; 64];
+    elf[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
+    elf[16] = 2; // ET_EXEC
+    elf[18] = 75; // e_machine
+    elf[20] = 1; // e_version
+    elf[52] = 64; // e_ehsize
+    let (dir, f) = executable("elf-vax", "trainer", &elf);
+    let out = memprobe().arg("run").arg("--").arg(&f).output().unwrap();
+    assert_binary_refused(&out);
+    // Found through PATH the same.
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = memprobe()
+        .env("PATH", path)
+        .args(["run", "--", "trainer"])
+        .output()
+        .unwrap();
+    assert_binary_refused(&out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn random_bytes_are_126() {
+    // Bytes with a NUL in the first line, as bash's check reads them; the
+    // rest would be a valid command line for sh.
+    let (dir, f) = executable("random-bytes", "blob", b"\x13\x37\x00\xfe\xd4\nexit 3\n");
+    let out = memprobe().arg("run").arg("--").arg(&f).output().unwrap();
+    assert_binary_refused(&out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn text_without_shebang_runs_through_sh() {
+    // What execvp does with a text file the kernel cannot execute: /bin/sh
+    // reads it (as every shell does).
+    let (dir, f) = executable("no-shebang", "job", b"echo from-sh \"$1\"\nexit 7\n");
+    let out = memprobe()
+        .arg("run")
+        .arg("--")
+        .arg(&f)
+        .arg("arg1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from-sh arg1\n");
+    // A native program that looks binary still runs (memprobe's own execve).
+    let out = memprobe().args(["run", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn not_executable_is_126() {
     use std::os::unix::fs::PermissionsExt;

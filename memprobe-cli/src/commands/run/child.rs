@@ -1,6 +1,8 @@
 //! The child: started like a shell starts a command, waited for with
 //! `waitid` then reaped with `wait4` for its exact peak.
 
+mod binary;
+
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -46,10 +48,16 @@ pub(crate) fn spawn(
         buf[..text.len()].copy_from_slice(text.as_bytes());
         (buf, text.len())
     });
+    // A binary file is executed by an execve of memprobe's own, so that a
+    // binary the kernel refuses is not read by /bin/sh as a script (as
+    // execvp would); any other file goes through execvp as before.
+    let direct = binary::resolve(program, std::env::var_os("PATH").as_deref())
+        .filter(|p| binary::file_looks_binary(p))
+        .and_then(|p| binary::DirectExec::new(&p, argv, &binary::child_env(env)));
     // memprobe blocks the signals it forwards; a child inherits the mask
     // across exec and would never see them. Clear it between fork and exec.
-    // SAFETY: the hook only calls sigemptyset, pthread_sigmask, open, write
-    // and close, which are async-signal-safe, and allocates nothing.
+    // SAFETY: the hook only calls sigemptyset, pthread_sigmask, open, write,
+    // close and execve, which are async-signal-safe, and allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if let Some((buf, len)) = adj {
@@ -65,8 +73,12 @@ pub(crate) fn spawn(
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             match libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) {
-                0 => Ok(()),
-                e => Err(io::Error::from_raw_os_error(e)),
+                0 => {}
+                e => return Err(io::Error::from_raw_os_error(e)),
+            }
+            match &direct {
+                Some(d) => Err(d.exec()),
+                None => Ok(()),
             }
         });
     }
@@ -86,6 +98,12 @@ fn spawn_error(program: &str, e: &io::Error) -> SpawnError {
         io::ErrorKind::NotFound => SpawnError {
             status: NOT_FOUND,
             message: format!("{program}: command not found"),
+        },
+        _ if e.raw_os_error() == Some(libc::ENOEXEC) => SpawnError {
+            status: NOT_EXECUTABLE,
+            message: format!(
+                "{program}: cannot execute binary file: Exec format error (a program for another machine, or not a program)"
+            ),
         },
         io::ErrorKind::PermissionDenied => SpawnError {
             status: NOT_EXECUTABLE,
@@ -203,6 +221,11 @@ mod tests {
         assert_eq!(e(io::ErrorKind::PermissionDenied), 126);
         let m = spawn_error("nope", &io::Error::from(io::ErrorKind::NotFound)).message;
         assert_eq!(m, "nope: command not found");
+        let enoexec = io::Error::from_raw_os_error(libc::ENOEXEC);
+        assert_eq!(spawn_error("x", &enoexec).status, 126);
+        assert!(spawn_error("x", &enoexec)
+            .message
+            .contains("cannot execute binary file"));
         let killed = ExitInfo {
             code: None,
             signal: Some(9),
