@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import warnings
 from collections import namedtuple
 from ctypes import byref, c_int64, c_size_t, c_uint32, c_uint64
 from dataclasses import dataclass
@@ -344,13 +345,44 @@ def gpu_source(id: Optional[int] = None) -> Source:
     return Source.gpu_device(current_device() if id is None else id)
 
 
+class NoGPUWarning(UserWarning):
+    """Issued once per process when a fastai-style trace finds no GPU and
+    reports zeros instead, as fastai does on a CPU."""
+
+
+_no_gpu_noted = False
+
+
+def _gpu_source_or_zeros() -> Source:
+    """The current GPU's source; where it cannot be read (no GPU, no
+    driver, an invalid current device), a source that stays at 0 bytes, so
+    that fastai's traces report ``0 0`` as fastai's own do on a CPU (its
+    ``gpu_mem_get_used_no_cache()`` answers 0 there). Noted once."""
+    global _no_gpu_noted
+    try:
+        return gpu_source()
+    except MemprobeError as e:
+        if not _no_gpu_noted:
+            _no_gpu_noted = True
+            warnings.warn(
+                f"memprobe.gpu: no GPU readings ({e}); GPUMemTrace and gpu_mem_trace report zeros, as fastai does without a GPU",
+                NoGPUWarning,
+                stacklevel=3,
+            )
+        zeros = Source.pushed("gpu")
+        zeros.push(0)
+        return zeros
+
+
 class GPUMemTrace(Trace):
     """fastai's ``GPUMemTrace(silent=False, ctx=None, on_exit_report=True)``:
     a :class:`~memprobe.Trace` over the current GPU's used memory (sampled
-    by the monitor while the trace runs)."""
+    by the monitor while the trace runs). Without a GPU it follows fastai:
+    no exception, every figure 0 (a :class:`NoGPUWarning` once per
+    process)."""
 
     def __init__(self, silent: bool = False, ctx: Optional[str] = None, on_exit_report: bool = True, **kw: Any) -> None:
-        super().__init__(gpu_source(), silent=silent, ctx=ctx, on_exit_report=on_exit_report, **kw)
+        super().__init__(_gpu_source_or_zeros(), silent=silent, ctx=ctx, on_exit_report=on_exit_report, **kw)
 
 
 def gpu_mem_trace(func: _F) -> _F:
@@ -376,6 +408,7 @@ __all__ = [
     "GPUMemory",
     "GpuInfo",
     "GpuMemoryInfo",
+    "NoGPUWarning",
     "b2mb",
     "configure",
     "count",
