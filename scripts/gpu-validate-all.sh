@@ -7,7 +7,8 @@
 #
 # Each part runs under its own time limit, and a part that fails or runs out
 # of time never stops the others; the whole run keeps to --budget seconds
-# (default 420: 7 minutes). OUTDIR receives gpu-validation.json (every
+# (default 420: 7 minutes). It exits 0 only when every part named in --parts
+# passed: a part skipped (the budget spent) or timed out fails the run. OUTDIR receives gpu-validation.json (every
 # part's status, time and report), gpu-validation.md (the summary table) and
 # gpu-validation.log (every part's output).
 #
@@ -17,9 +18,11 @@
 #   --budget S     seconds for the whole run (default 420)
 #   --parts LIST   comma-separated subset, in this order by default:
 #                  env,torch,interpose,run,oom,nvml,cpp
-#   --dry-run      no GPU: run the parts against the fake driver, NVML and
-#                  torch.cuda of the test suite (what `make test` does so that
-#                  this script cannot rot); see scripts/gpu-validate-dry-run.py
+#   --part-limit S at most S seconds for any one part (default: each part's own)
+#   --dry-run      no GPU: run every part's checks against the fake driver,
+#                  NVML, nvidia-smi and torch.cuda of the test suite (what
+#                  `make test` does so that this script cannot rot); see
+#                  scripts/gpu-validate-dry-run.py
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,25 +30,28 @@ BUNDLE=$ROOT/build/gpu-bundle
 BUDGET=420
 PARTS=env,torch,interpose,run,oom,nvml,cpp
 DRY=0
+PART_LIMIT=0
 while [ $# -gt 0 ]; do
     case $1 in
         --bundle) BUNDLE=$(cd "$2" && pwd) || exit 2; shift 2 ;;
         --budget) BUDGET=$2; shift 2 ;;
         --parts) PARTS=$2; shift 2 ;;
+        --part-limit) PART_LIMIT=$2; shift 2 ;;
         --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         -*) echo "gpu-validate-all: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# -eq 1 ] || { echo "usage: gpu-validate-all.sh [--bundle DIR] [--budget S] [--parts LIST] [--dry-run] OUTDIR" >&2; exit 2; }
+[ $# -eq 1 ] || { echo "usage: gpu-validate-all.sh [--bundle DIR] [--budget S] [--parts LIST] [--part-limit S] [--dry-run] OUTDIR" >&2; exit 2; }
 case $BUDGET in ''|*[!0-9]*) echo "gpu-validate-all: --budget takes whole seconds, not '$BUDGET'" >&2; exit 2 ;; esac
+case $PART_LIMIT in ''|*[!0-9]*) echo "gpu-validate-all: --part-limit takes whole seconds, not '$PART_LIMIT'" >&2; exit 2 ;; esac
 OUTDIR=$1
 mkdir -p "$OUTDIR/parts" || exit 2
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PY=${PYTHON:-python3}
 
-for f in bin/memprobe lib/libmemprobe.so lib/libmemprobe_interpose.so; do
+for f in bin/memprobe bin/nvml_latency lib/libmemprobe.so lib/libmemprobe_interpose.so; do
     [ -e "$BUNDLE/$f" ] || { echo "gpu-validate-all: $BUNDLE/$f is missing: run 'make gpu-validation-bundle' first" >&2; exit 2; }
 done
 
@@ -72,6 +78,7 @@ run_part() {
         echo "== $name: skipped (budget spent)"
         return 0
     fi
+    [ "$PART_LIMIT" -gt 0 ] && [ "$PART_LIMIT" -lt "$cap" ] && cap=$PART_LIMIT
     limit=$(( cap < left ? cap : left ))
     echo "== $name (limit ${limit}s)"
     t0=$(date +%s)
@@ -96,7 +103,7 @@ else
     run_part run 60 "$PY" "$S/gpu-validate-run.py" "$BUNDLE/bin/memprobe" --out "$P/run.json"
     run_part oom 80 "$PY" "$S/gpu-validate-oom.py" "$BUNDLE/lib/libmemprobe_interpose.so" --out "$P/oom.json"
     run_part nvml 45 "$PY" "$S/gpu-validate.py" "$BUNDLE/bin/memprobe" "$BUNDLE/bin/nvml_latency" --out "$P/nvml.json"
-    run_part cpp 120 "$PY" "$S/gpu-validate-torch.py" --cpp-only --tries 20 --memprobe-prefix "$BUNDLE" --out "$P/cpp.json"
+    run_part cpp 120 "$PY" "$S/gpu-validate-torch.py" --cpp-only --cpp-tries 20 --memprobe-prefix "$BUNDLE" --out "$P/cpp.json"
 fi
 
 dry_flag=()

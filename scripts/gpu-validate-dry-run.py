@@ -5,23 +5,34 @@ cannot rot between the times a GPU is available. `make test` runs it.
 
     gpu-validate-dry-run.py PART --bundle DIR --out PART.json
 
-What each part does here:
+Every part runs its real checks, over the fakes:
   env        the same script as on a GPU (it records that there is none);
+  torch      gpu-validate-torch.py --fake: the scripted device of
+             tests/fake-gpu/fake_torch_device.py (the Python tests' fake
+             torch.cuda, with the allocator's history) and the native NVML
+             pollers on the fake NVML;
+  cpp        gpu-validate-torch.py --cpp-only --fake: scripts/gpu-validate-cpp.cpp
+             compiled and linked against this environment's torch, run with
+             no device visible (it must refuse with its error line);
   interpose  the interposer's direct experiment (exact bytes per allocation,
              50 of 50 one-millisecond spikes) through the driver API of the
-             fake driver, with the same checks;
+             fake driver, against the fake NVML's process bytes (which follow
+             the fake driver's), and its three allocator modes over
+             tests/fake-gpu/fake_torch_driver.py, with the same checks;
   run        `memprobe run --gpu-exact` over tests/fake-gpu/fake_train_phases.py
              (the training run's phases and its 2 GiB spike, on the fake
              driver), with the same checks;
-  torch, cpp, nvml, oom
-             need PyTorch on a real device or nvidia-smi: the scripts are
-             compiled (a syntax error fails the dry run) and the part exits
-             77, "skipped"; the OOM part's checks run over the fakes in
-             bindings/python/tests/test_oom.py.
+  oom        gpu-validate-oom.py --fake: the observer's report over the fake
+             torch.cuda, the driver's reports through the interposer over the
+             fake driver;
+  nvml       gpu-validate.py --fake: memprobe gpus against the fake
+             nvidia-smi (tests/fake-gpu/nvidia-smi) over the same fake NVML.
+
+MEMPROBE_DRY_RUN_NVML_EXTRA: lines added to the fake NVML's script (the
+tests use it to make NVML read nothing).
 """
 import argparse
 import os
-import py_compile
 import shutil
 import subprocess
 import sys
@@ -30,14 +41,8 @@ import json
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FAKE = os.path.join(ROOT, "tests", "fake-gpu")
-SKIPPED = 77
-NEEDS = {
-    "torch": ("gpu-validate-torch.py", "needs PyTorch with a CUDA device"),
-    "cpp": ("gpu-validate-torch.py", "needs libtorch with a CUDA device"),
-    "nvml": ("gpu-validate.py", "needs nvidia-smi and PyTorch with a CUDA device"),
-    "oom": ("gpu-validate-oom.py", "needs a real out-of-memory; its checks run over the fakes in "
-                                   "bindings/python/tests/test_oom.py"),
-}
+NVML_SCRIPT = ("device 0 name Fake GPU (dry run)\ndevice 0 total 17179869184\ndevice 0 reserved 536870912\n"
+               "device 0 used 1073741824\ndevice 0 procs self:driver+314572800\n")
 
 
 def build_fakes(where: str) -> dict:
@@ -57,8 +62,7 @@ def build_fakes(where: str) -> dict:
         subprocess.run([cc, "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-o", nv,
                         os.path.join(FAKE, "fake_nvml.c"), "-lpthread"], check=True)
         with open(os.path.join(nvml, "fake_nvml.script"), "w") as f:
-            f.write("device 0 name Fake GPU (dry run)\ndevice 0 total 17179869184\n"
-                    "device 0 used 1073741824\ndevice 0 procs self:536870912\n")
+            f.write(NVML_SCRIPT + os.environ.get("MEMPROBE_DRY_RUN_NVML_EXTRA", "").replace("\\n", "\n") + "\n")
     return {
         "LD_LIBRARY_PATH": os.pathsep.join([drv, nvml] + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p]),
         "FAKE_CUDA_DEVICES": "1",
@@ -73,30 +77,41 @@ def main() -> int:
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    if a.part in NEEDS:
-        script, why = NEEDS[a.part]
-        py_compile.compile(os.path.join(HERE, script), doraise=True)
-        with open(a.out, "w") as f:
-            json.dump({"skipped": f"dry run: {why}"}, f)
-        print(f"skipped: {why} ({script} compiles)")
-        return SKIPPED
     py = sys.executable
     if a.part == "env":
         subprocess.run([py, os.path.join(HERE, "gpu-validate-env.py"), "--out", a.out])
         return 0 if os.path.exists(a.out) else 1
+    fakes = os.path.join(os.path.dirname(os.path.abspath(a.out)), "fakes")
     env = dict(os.environ)
-    env.update(build_fakes(os.path.join(os.path.dirname(os.path.abspath(a.out)), "fakes")))
+    env.update(build_fakes(fakes))
     env.pop("MEMPROBE_GPU_EXACT", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("FAKE_NVML_SCRIPT", None)
+    interposer = os.path.join(a.bundle, "lib", "libmemprobe_interpose.so")
     if a.part == "interpose":
-        cmd = [py, os.path.join(HERE, "gpu-validate-interpose.py"),
-               os.path.join(a.bundle, "lib", "libmemprobe_interpose.so"),
-               "--experiments", "direct", "--driver-api", "--out", a.out]
-    else:
+        cmd = [py, os.path.join(HERE, "gpu-validate-interpose.py"), interposer,
+               "--experiments", "direct,torch", "--driver-api", "--fake-torch", "--steps", "12", "--out", a.out]
+    elif a.part == "run":
         cmd = [py, os.path.join(HERE, "gpu-validate-run.py"), os.path.join(a.bundle, "bin", "memprobe"),
                "--trainer", os.path.join(FAKE, "fake_train_phases.py"), "--out", a.out]
+    elif a.part == "torch":
+        cmd = [py, os.path.join(HERE, "gpu-validate-torch.py"), "--fake", "--no-cpp", "--tries", "10",
+               "--cost-blocks", "5", "--cost-calls", "100", "--out", a.out]
+    elif a.part == "cpp":
+        cmd = [py, os.path.join(HERE, "gpu-validate-torch.py"), "--fake", "--cpp-only",
+               "--memprobe-prefix", a.bundle, "--out", a.out]
+    elif a.part == "oom":
+        cmd = [py, os.path.join(HERE, "gpu-validate-oom.py"), interposer, "--fake", "--out", a.out]
+    else:
+        # A script of this part's own: the held tensor is a line it adds.
+        script = os.path.join(fakes, "nvml-part.script")
+        with open(os.path.join(fakes, "nvml", "fake_nvml.script")) as src, open(script, "w") as dst:
+            dst.write(src.read())
+        env["FAKE_NVML_SCRIPT"] = script
+        env["PATH"] = FAKE + os.pathsep + env.get("PATH", "")
+        cmd = [py, os.path.join(HERE, "gpu-validate.py"), os.path.join(a.bundle, "bin", "memprobe"),
+               os.path.join(a.bundle, "bin", "nvml_latency"), "--fake", "--out", a.out]
     return subprocess.run(cmd, env=env).returncode
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -57,6 +57,10 @@ GIB = 1 << 30
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCHEMA = "docs/oom-report.schema.json"
+#: What the interposer may count beyond torch's reserved bytes: allocations
+#: outside torch's cache (cuBLAS workspaces and the like; 128.3 MiB measured
+#: on an H100 with a training loop, 0 in this experiment's).
+OUTSIDE_CACHE = 256 * MIB
 
 
 def schema_errors(doc):
@@ -115,15 +119,41 @@ def device_name():
 
 # ---- the experiment (child) -----------------------------------------------------
 
-def child(kind, out_dir):
-    import torch
+class RealDevice:
+    """What the experiment asks of torch (tests/fake-gpu/fake_torch_driver.py
+    has its twin for the dry run)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        torch.cuda.init()
+
+    def alloc(self, nbytes):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def free(self, handle):
+        del handle  # the caller's reference was the last one
+
+    def mem_get_info(self):
+        return self.torch.cuda.mem_get_info()
+
+
+def child(kind, out_dir, fake):
+    if fake:
+        sys.path.insert(0, os.path.join(ROOT, "tests", "fake-gpu"))
+        import fake_torch_driver
+
+        dev = fake_torch_driver.FakeOomDevice()
+    else:
+        dev = RealDevice()
+    torch = dev.torch
 
     import memprobe
     from memprobe.integrations.torch import allocator_sources, report_oom
 
     path = os.path.join(out_dir, f"{kind}.json")
-    torch.cuda.init()
-    base = torch.zeros(64 * MIB // 4, device="cuda")
+    base = dev.alloc(64 * MIB)
     srcs = allocator_sources(0)
     tracker = memprobe.Tracker([memprobe.Source.process()] + list(srcs))
     report_oom(tracker, path=path, driver=(kind != "observer"))
@@ -138,24 +168,25 @@ def child(kind, out_dir):
     tracker.begin("epoch")
     for _ in range(3):
         tracker.begin("step")
-        y = torch.randn(256 * MIB // 4, device="cuda")
-        del y
+        dev.free(dev.alloc(256 * MIB))
         tracker.end("step")
     tracker.begin("step")
+    hold = None
     if kind == "recovered":
         # The cache holds freed blocks; the big tensor fits only once they go.
         # (Filled short of the device's end: a failure here would use up the report.)
-        free, total = torch.cuda.mem_get_info()
+        free, total = dev.mem_get_info()
         n = max(int(free // (512 * MIB)) - 2, 2)
-        blocks = [torch.empty(512 * MIB, dtype=torch.uint8, device="cuda") for _ in range(n)]
-        del blocks  # freed into torch's cache, still reserved from the driver
+        blocks = [dev.alloc(512 * MIB) for _ in range(n)]
+        while blocks:
+            dev.free(blocks.pop())  # freed into torch's cache, still reserved from the driver
         # More than the driver has free, less than it would have without the
         # cache; no cached block is big enough.
         ask = (n - 1) * 512 * MIB + 256 * MIB
         results["cached_blocks"] = n
     else:
-        hold = torch.empty(GIB, dtype=torch.uint8, device="cuda")
-        free, total = torch.cuda.mem_get_info()
+        hold = dev.alloc(GIB)
+        free, total = dev.mem_get_info()
         ask = free + 4 * GIB
     results["ask"] = ask
     results["free_before"] = free
@@ -166,9 +197,8 @@ def child(kind, out_dir):
     results["allocated_before"] = torch.cuda.memory_allocated(0)
     t0 = time.perf_counter()
     try:
-        big = torch.empty(ask, dtype=torch.uint8, device="cuda")
+        dev.free(dev.alloc(ask))
         results["raised"] = False
-        del big
     except torch.cuda.OutOfMemoryError as e:
         results["raised"] = True
         results["message"] = str(e)[:300]
@@ -181,13 +211,14 @@ def child(kind, out_dir):
         for _ in range(5):
             t0 = time.perf_counter()
             try:
-                torch.empty(ask, dtype=torch.uint8, device="cuda")
+                dev.alloc(ask)
             except torch.cuda.OutOfMemoryError:
                 pass
             later.append(time.perf_counter() - t0)
         # The same failure, counted only: the difference is the report's cost.
         results["later_failure_s"] = statistics.median(later)
-        del hold
+        dev.free(hold)
+        hold = None
     st = tracker.oom_status()
     results["status"] = {"reports_written": st.reports_written, "triggers_seen": st.triggers_seen,
                          "later_triggers": st.later_triggers}
@@ -196,6 +227,7 @@ def child(kind, out_dir):
     results["seen"] = seen
     tracker.close()  # settles the counted triggers into the file
     srcs.close()
+    dev.free(base)
     del base
     with open(path) as f:
         results["doc"] = json.load(f)
@@ -207,8 +239,8 @@ def run_child(args, kind, preload, out_dir):
     if preload:
         env["LD_PRELOAD"] = (os.path.abspath(args.lib) + " " + env.get("LD_PRELOAD", "")).strip()
         env["MEMPROBE_GPU_EXACT_DIR"] = os.path.join(out_dir, "regions")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), args.lib, "--child", kind,
-                        "--dir", out_dir], env=env, capture_output=True, text=True, timeout=1800)
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), args.lib, "--child", kind, "--dir", out_dir]
+                       + (["--fake"] if args.fake else []), env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"experiment {kind} failed ({p.returncode}):\n{p.stderr[-4000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -235,8 +267,11 @@ def check_report(r):
         counts = doc["driver_counts"]
         held = {d["device"]: d["held_bytes"] for d in counts["devices"]}
         check("the interposer's counts are in the report", counts["available"] and 0 in held, counts["reason"])
-        check("the interposer held at least torch's reserved bytes at the failure",
-              held.get(0, 0) >= r["reserved_after"], f"{held.get(0)} vs {r['reserved_after']}")
+        h = held.get(0)
+        check("the interposer held torch's reserved bytes at the failure: at least what torch kept after it, at "
+              f"most what it held before it plus {OUTSIDE_CACHE // MIB} MiB outside its cache",
+              h is not None and r["reserved_after"] <= h <= r["reserved_before"] + OUTSIDE_CACHE,
+              f"{h} vs {r['reserved_after']} after, {r['reserved_before']} before")
         check("driver failures counted", (failed["driver_oom_failures"] or 0) >= 1, failed["driver_oom_failures"])
     else:
         check("reported by torch", failed["reported_by"] == "torch", failed["reported_by"])
@@ -247,8 +282,12 @@ def check_report(r):
               f"{failed['device_free_bytes']} vs {r['free_before']} before, {cached} cached unused")
         caches = {c["device"]: c for c in doc["caches"]}
         c0 = caches.get(0, {})
-        check("torch's cache figures", c0.get("reserved_bytes") is not None
-              and c0.get("allocated_bytes") is not None and c0.get("releasable_bytes") is not None, c0)
+        # Nothing is allocated between the observer and the script's reading.
+        check("torch's cache figures equal memory_reserved / memory_allocated read after the failure",
+              c0.get("reserved_bytes") == r["reserved_after"] and c0.get("allocated_bytes") == r["allocated_after"]
+              and c0.get("releasable_bytes") is not None
+              and 0 <= c0["releasable_bytes"] <= r["reserved_after"] - r["allocated_after"],
+              f"{c0} vs reserved {r['reserved_after']}, allocated {r['allocated_after']}")
     check("device 0", failed["device"] == 0, failed["device"])
     check("at least the size asked", (failed["requested_bytes"] or 0) >= r["ask"],
           f"{failed['requested_bytes']} vs {r['ask']}")
@@ -273,13 +312,14 @@ def check_report(r):
     mine = [p for d in gpus["devices"] for p in d["processes"] if p["this_process"]]
     check("this process in the GPU's process list", gpus["available"] and mine, gpus["reason"])
     nv = r.get("nvml_process_bytes")
-    if mine and nv:
-        got = sum(p["used_bytes"] or 0 for p in mine)
-        # NVML is read after the failure; torch may have released its unused
-        # cache in between (the driver's report comes before that release).
-        released = max(r.get("reserved_before", 0) - r.get("reserved_after", 0), 0)
-        check("its bytes match NVML's (within 5 %, plus the cache torch released after the report)",
-              nv * 0.95 <= got <= (nv + released) * 1.05, f"{got} vs {nv} after, {released} released")
+    got = sum(p["used_bytes"] or 0 for p in mine)
+    # NVML is read after the failure; torch may have released its unused
+    # cache in between (the driver's report comes before that release).
+    # NVML that says nothing fails the check: there is nothing to compare.
+    released = max(r.get("reserved_before", 0) - r.get("reserved_after", 0), 0)
+    check("its bytes match NVML's (within 5 %, plus the cache torch released after the report)",
+          bool(mine) and bool(nv) and nv * 0.95 <= got <= (nv + released) * 1.05,
+          f"{got} vs {nv} after, {released} released")
     later = doc["later_triggers"]["count"]
     check("later failures counted, not written", later >= 5 and r["status"]["reports_written"] == 1,
           f"later {later}, status {r['status']}")
@@ -290,11 +330,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("lib", help="path to libmemprobe_interpose.so")
     ap.add_argument("--out", help="write the JSON report here")
+    ap.add_argument("--fake", action="store_true",
+                    help="the dry run: tests/fake-gpu's torch allocator over the fake driver (no GPU)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.dir)
+        return child(args.child, args.dir, args.fake)
     if not os.path.exists(args.lib):
         sys.exit(f"{args.lib}: no such file")
     checks = []

@@ -57,6 +57,8 @@ import sys
 import tempfile
 import time
 
+from gpu_validate_nvml_poll import NativeNvml
+
 SPIKE = 2 << 30
 MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,41 +138,6 @@ def make_device(args):
 
 
 # ---- NVML from native threads --------------------------------------------------
-
-class NativeNvml:
-    """scripts/gpu-validate-nvml-poll.c, compiled here: pollers that never
-    take the GIL, and a busy-wait that releases it."""
-
-    def __init__(self, workdir):
-        cc = shutil.which(os.environ.get("CC", "cc"))
-        if cc is None:
-            raise RuntimeError("no C compiler for the native NVML poller")
-        so = os.path.join(workdir, "nvml_poll.so")
-        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", so,
-                        os.path.join(HERE, "gpu-validate-nvml-poll.c"), "-ldl", "-lpthread"], check=True)
-        lib = ctypes.CDLL(so)
-        lib.poller_start.restype = ctypes.c_void_p
-        lib.poller_start.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_longlong, ctypes.POINTER(ctypes.c_int)]
-        for f in ("poller_take", "poller_polls", "poller_errors", "poller_stop"):
-            getattr(lib, f).argtypes = [ctypes.c_void_p]
-        lib.poller_take.restype = ctypes.c_ulonglong
-        lib.poller_polls.restype = ctypes.c_longlong
-        lib.poller_errors.restype = ctypes.c_longlong
-        lib.hold_ns.argtypes = [ctypes.c_longlong]
-        self.lib = lib
-
-    def start(self, index, interval_s):
-        why = ctypes.c_int()
-        path = os.environ.get("MEMPROBE_NVML_LIBRARY") or "libnvidia-ml.so.1"
-        p = self.lib.poller_start(path.encode(), index, int(interval_s * 1e9), ctypes.byref(why))
-        if not p:
-            reason = {1: "no NVML library", 2: "nvmlInit_v2 failed", 3: "no such NVML device"}.get(why.value, "?")
-            raise RuntimeError(f"NVML poller on {path} device {index}: {reason}")
-        return p
-
-    def hold(self, seconds):
-        self.lib.hold_ns(int(seconds * 1e9))
-
 
 def nvml_index(dev, device):
     """NVML's index of the device (CUDA_VISIBLE_DEVICES renumbers)."""
@@ -615,9 +582,13 @@ def cpp_build_command(torch, prefix, src, exe):
 
 
 def cpp_run(args, torch, checks):
+    """Builds scripts/gpu-validate-cpp.cpp and runs it. With --fake (no
+    device): built and linked the same way, then run with no device visible,
+    where it must refuse with its error line."""
     libdir = os.path.join(args.memprobe_prefix, "lib")
-    if not os.path.exists(os.path.join(libdir, "libmemprobe.so")):
-        checks.add("libtorch C++ part: libmemprobe.so found", False, f"none under {libdir}")
+    have = os.path.exists(os.path.join(libdir, "libmemprobe.so"))
+    checks.add("libtorch C++ part: libmemprobe.so found", have, libdir)
+    if not have:
         return {}
     work = tempfile.mkdtemp(prefix="memprobe-torch-")
     exe = os.path.join(work, "validate")
@@ -633,7 +604,8 @@ def cpp_run(args, torch, checks):
     checks.add("libtorch C++ part builds", b.returncode == 0, b.stderr[-3000:] or f"{out['build_s']} s")
     if b.returncode != 0:
         return out
-    r = subprocess.run([exe, str(args.cpp_tries)], capture_output=True, text=True)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="") if args.fake else None
+    r = subprocess.run([exe, str(args.cpp_tries)], capture_output=True, text=True, env=env)
     out.update(returncode=r.returncode, stderr=r.stderr[-2000:])
     try:
         res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -641,7 +613,11 @@ def cpp_run(args, torch, checks):
         res = {}
         out["stdout"] = r.stdout[-2000:]
     out.update(res)
-    check_cpp(checks, out)
+    if args.fake:
+        checks.add("libtorch C++ part, no device visible: refuses with its error line (exit 2)",
+                   r.returncode == 2 and "no CUDA device" in str(res.get("error")), {"rc": r.returncode, **res})
+    else:
+        check_cpp(checks, out)
     return out
 
 

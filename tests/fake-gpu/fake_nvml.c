@@ -119,6 +119,7 @@ struct proc {
     unsigned int pid;
     unsigned long long used;
     int children; /* stands for every child process of this one */
+    int driver;   /* `used` is added to what the fake driver holds (BYTES `driver+N`) */
 };
 
 struct step {
@@ -253,7 +254,9 @@ static int parse_int(const char *s, int *out) {
 }
 
 /* PID:BYTES where PID is a number, `self` (getpid()), `hostself` (outermost
- * NSpid) or `children` (each child of this process, at query time). */
+ * NSpid) or `children` (each child of this process, at query time), and
+ * BYTES a number or `driver+N`: N plus what the fake driver (fake_cuda.c,
+ * loaded in this process) holds on the device at query time. */
 static int parse_proc(const char *s, struct proc *p) {
     char pid[64];
     const char *colon = strchr(s, ':');
@@ -276,7 +279,24 @@ static int parse_proc(const char *s, struct proc *p) {
         }
         p->pid = (unsigned int)v;
     }
+    if (strncmp(colon + 1, "driver+", 7) == 0) {
+        p->driver = 1;
+        return parse_u64(colon + 8, &p->used);
+    }
     return parse_u64(colon + 1, &p->used);
+}
+
+/* What the fake driver holds on device `index` (0 when it is not loaded). */
+static unsigned long long driver_used(int index) {
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    unsigned long long (*used)(int) = NULL;
+    unsigned long long v = 0;
+    if (h) {
+        *(void **)&used = dlsym(h, "fake_cuda_used");
+        v = used ? used(index) : 0;
+        dlclose(h);
+    }
+    return v;
 }
 
 static int parse_step(const char *s, struct step *st) {
@@ -808,13 +828,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 
 /* Expands `children` entries of `list` into `out` (the children of this
  * process found in /proc, each with the entry's bytes); returns the count. */
-static unsigned int expand(const struct proc *list, unsigned int n, struct proc *out) {
+static unsigned int expand(const struct proc *list, unsigned int n, struct proc *out, int index) {
     unsigned int i, k = 0;
     for (i = 0; i < n && k < MAX_PROCS; i++) {
         DIR *dir;
         struct dirent *e;
         if (!list[i].children) {
-            out[k++] = list[i];
+            out[k] = list[i];
+            if (list[i].driver) out[k].used += driver_used(index);
+            k++;
             continue;
         }
         dir = opendir("/proc");
@@ -867,7 +889,8 @@ MAYBE_UNUSED static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, 
         pthread_mutex_unlock(&lock);
         return rc;
     }
-    n = expand(graphics ? d->gprocs : d->procs, (unsigned int)(graphics ? d->n_gprocs : d->n_procs), list);
+    n = expand(graphics ? d->gprocs : d->procs, (unsigned int)(graphics ? d->n_gprocs : d->n_procs), list,
+               (int)(d - devices));
     if (!graphics && infos && d->procs_insufficient > 0) {
         /* As if a process started between the size query and this one. */
         d->procs_insufficient--;

@@ -12,7 +12,8 @@ segment's, each with ``time_us``) and ``empty_cache``.
 
 Defects, to see the validation fail (``FAKE_TORCH_DEFECT``, comma-separated):
   reset-noop    ``torch._C._cuda_resetPeakMemoryStats`` does nothing;
-  no-history    the history records nothing.
+  no-history    the history records nothing;
+  hang          the device never answers (a part that runs out of time).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ class FakeDevice:
         self.torch = torch
         self.device = device
         self.defects = defects
+        if "hang" in defects:
+            time.sleep(3600)
         self.history_start()  # before the first allocation, as the script does on a device
         self._model = 24 << 20  # parameters and optimizer state, held for good
         self.cuda.alloc(self._model)

@@ -1,9 +1,12 @@
 """The GPU validation (scripts/gpu-validate-all.sh) as a dry run over the
 fakes, so that it cannot rot between the times a GPU is available: the
 orchestration (time-boxed parts, one failing part never stopping the others,
-the JSON and the markdown summary) and the parts that can run on the fake
-driver (the interposer's direct experiment, ``memprobe run --gpu-exact``
-over a training run with phases)."""
+a skipped or timed-out part failing the run, the JSON and the markdown
+summary), every part's checks over the fakes of tests/fake-gpu (the torch
+allocator, the driver, NVML, nvidia-smi), the C++ part compiled and linked
+against this environment's torch; and each kind of check broken on purpose
+(a reset that does nothing, an interposer that over-counts by 1 MiB, NVML
+that reads nothing, a part that hangs) to see the run fail."""
 
 from __future__ import annotations
 
@@ -42,58 +45,135 @@ def _bundle(tmp: Path) -> Path:
     interposer = _find("libmemprobe_interpose.so", libdir, *dirs[2:])
     require(exe is not None, "the memprobe command is not built (cargo build -p memprobe-cli)")
     require(interposer is not None, "libmemprobe_interpose.so is not built (cargo build -p memprobe-interpose-preload)")
+    latency = _find("nvml_latency", *[os.path.join(d, "examples") for d in dirs[2:]])
+    require(latency is not None, "the nvml_latency example is not built (cargo build -p memprobe-gpu --examples)")
     b = tmp / "bundle"
     (b / "bin").mkdir(parents=True)
     (b / "lib").mkdir()
     os.symlink(exe, b / "bin" / "memprobe")
+    os.symlink(latency, b / "bin" / "nvml_latency")
     os.symlink(lib, b / "lib" / "libmemprobe.so")
+    # The SONAME programs linked with -lmemprobe look for (the C++ part's).
+    soname = subprocess.run(["objdump", "-p", lib], capture_output=True, text=True).stdout.split("SONAME")[-1].split()
+    if soname and soname[0] != "libmemprobe.so":
+        os.symlink(lib, b / "lib" / soname[0])
     os.symlink(interposer, b / "lib" / "libmemprobe_interpose.so")
     return b
 
 
-def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: int = 300, **env_extra: str) -> subprocess.CompletedProcess:
     require(shutil.which("cc") is not None, "a C compiler is needed for the fake GPU libraries")
-    env = dict(os.environ, PYTHON=sys.executable)
+    env = dict(os.environ, PYTHON=sys.executable, **env_extra)
     env.pop("MEMPROBE_GPU_EXACT", None)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_dry_run_passes_every_part_that_can_run_without_a_gpu(tmp_path):
+def _dry(tmp_path: Path, parts: str, bundle: Path | None = None, *more: str, **env: str):
+    """A dry run of `parts`: (exit status, the summary's JSON, checks per part as {name: ok})."""
     out = tmp_path / "out"
-    r = _run("--dry-run", "--bundle", str(_bundle(tmp_path)), str(out))
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    b = bundle or _bundle(tmp_path)
+    r = _run("--dry-run", "--parts", parts, *more, "--bundle", str(b), str(out), **env)
     doc = json.loads((out / "gpu-validation.json").read_text())
+    checks = {name: {c["check"]: c["ok"] for c in ((p["report"] or {}).get("checks") or [])}
+              for name, p in doc["parts"].items()}
+    return r, doc, checks
+
+
+ALL = "env,torch,interpose,run,oom,nvml,cpp"
+
+
+def test_dry_run_runs_every_part_s_checks_on_the_fakes(tmp_path):
+    r, doc, checks = _dry(tmp_path, ALL)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     outcomes = {k: v["outcome"] for k, v in doc["parts"].items()}
-    assert outcomes == {"env": "passed", "torch": "skipped", "interpose": "passed", "run": "passed",
-                        "oom": "skipped", "nvml": "skipped", "cpp": "skipped"}, outcomes
+    assert outcomes == {p: "passed" for p in ALL.split(",")}, outcomes
     assert doc["dry_run"] is True and doc["passed"] is True
-    # The parts that ran made their checks, all passing, on the fakes.
-    run_checks = doc["parts"]["run"]["report"]["checks"]
-    assert len(run_checks) == 7 and all(c["ok"] for c in run_checks)
+    # Every part made its checks, all computed and passing.
+    for part in ("torch", "interpose", "run", "oom", "nvml", "cpp"):
+        assert checks[part] and all(checks[part].values()), (part, checks[part])
+    assert len(checks["oom"]) == 40 and len(checks["run"]) == 8, checks
+    torch_checks = " ".join(checks["torch"])
+    for what in ("known sizes", "negative control", "allocator history", "own reset binding", "native thread"):
+        assert what in torch_checks, what
+    bare = doc["parts"]["torch"]["report"]["python_run"]["boundary_cost"]["bare_pair"]
+    assert bare["is_memprobe_wrapper"] is False and bare["is_what_memprobe_wraps"] is True, bare
+    assert any("builds" in c for c in checks["cpp"])
     spikes = doc["parts"]["interpose"]["report"]["experiments"]["direct"]["spikes"]
-    assert all(v["interposer_caught"] == 50 for v in spikes.values()), spikes
-    md = (out / "gpu-validation.md").read_text()
-    assert "DRY RUN" in md and "| run |" in md and "skipped" in md
-    assert "===== run: rc 0" in (out / "gpu-validation.log").read_text()
+    assert all(v["interposer_caught"] == 50 and v["nvml_polls"] > 0 for v in spikes.values()), spikes
+    md = (out := tmp_path / "out" / "gpu-validation.md").read_text()
+    assert "DRY RUN" in md and "| run |" in md and "every part passed" in md, out
+    assert "===== run: rc 0" in (tmp_path / "out" / "gpu-validation.log").read_text()
 
 
 def test_a_failing_part_never_stops_the_others(tmp_path):
     b = _bundle(tmp_path)
     # A memprobe command that only fails: the run part fails; the parts
-    # after it still run (and say they are skipped without a GPU).
+    # after it still run.
     (b / "bin" / "memprobe").unlink()
     (b / "bin" / "memprobe").write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
     (b / "bin" / "memprobe").chmod(0o755)
-    out = tmp_path / "out"
-    r = _run("--dry-run", "--bundle", str(b), str(out))
+    r, doc, _ = _dry(tmp_path, "env,run,oom", b)
     assert r.returncode == 1, r.stdout[-3000:]
-    doc = json.loads((out / "gpu-validation.json").read_text())
     outcomes = {k: v["outcome"] for k, v in doc["parts"].items()}
-    assert outcomes == {"env": "passed", "torch": "skipped", "interpose": "passed", "run": "failed",
-                        "oom": "skipped", "nvml": "skipped", "cpp": "skipped"}, outcomes
+    assert outcomes == {"env": "passed", "run": "failed", "oom": "passed"}, outcomes
     assert doc["passed"] is False
-    assert "did not pass" in (out / "gpu-validation.md").read_text()
-    assert "===== cpp: rc 77" in (out / "gpu-validation.log").read_text()
+    assert "did not pass" in (tmp_path / "out" / "gpu-validation.md").read_text()
+    assert "===== oom: rc 0" in (tmp_path / "out" / "gpu-validation.log").read_text()
+
+
+def _failed(checks: dict) -> list:
+    return [c for c, ok in checks.items() if not ok]
+
+
+def test_a_reset_that_does_nothing_fails_the_torch_part(tmp_path):
+    r, doc, checks = _dry(tmp_path, "torch", None, FAKE_TORCH_DEFECT="reset-noop")
+    assert r.returncode == 1 and doc["parts"]["torch"]["outcome"] == "failed"
+    failed = " | ".join(_failed(checks["torch"]))
+    for what in ("known sizes: every step", "negative control: every step without the spike",
+                 "the step after the spike", "allocator history over it", "still base + 500 MiB"):
+        assert what in failed, (what, failed)
+    # The old reference, torch's own counter, agrees all the same: it
+    # could not have caught this.
+    consistency = [ok for c, ok in checks["torch"].items() if c.startswith("consistency")]
+    assert consistency == [True]
+
+
+def test_an_interposer_that_over_counts_by_1_mib_fails_the_interpose_part(tmp_path):
+    cc = shutil.which("cc")
+    require(cc is not None, "a C compiler is needed for the fake GPU libraries")
+    b = _bundle(tmp_path)
+    real = os.path.realpath(b / "lib" / "libmemprobe_interpose.so")
+    (b / "lib" / "libmemprobe_interpose.so").unlink()
+    subprocess.run([cc, "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-o", str(b / "lib" / "libmemprobe_interpose.so"),
+                    str(ROOT / "tests" / "fake-gpu" / "fake_interposer_overcount.c"), "-ldl"], check=True)
+    # The real interposer still counts, preloaded after the over-counting one.
+    r, doc, checks = _dry(tmp_path, "interpose", b, LD_PRELOAD=real)
+    assert r.returncode == 1 and doc["parts"]["interpose"]["outcome"] == "failed", r.stdout[-3000:]
+    failed = " | ".join(_failed(checks["interpose"]))
+    assert "holds 0 B" in failed and "counted exactly" in failed and "<= NVML's process bytes" in failed, failed
+
+
+def test_nvml_that_reads_nothing_fails_every_nvml_comparison(tmp_path):
+    r, doc, checks = _dry(tmp_path, "torch,oom,nvml", None,
+                          MEMPROBE_DRY_RUN_NVML_EXTRA="device 0 memory_error NOT_SUPPORTED\\n"
+                                                      "device 0 procs_error NOT_SUPPORTED")
+    assert r.returncode == 1
+    outcomes = {k: v["outcome"] for k, v in doc["parts"].items()}
+    assert outcomes == {"torch": "failed", "oom": "failed", "nvml": "failed"}, outcomes
+    assert [c for c in _failed(checks["torch"])] == [c for c in checks["torch"] if "NVML polled" in c]
+    oom = _failed(checks["oom"])
+    assert sorted(c.split(": ", 1)[1] for c in oom) == sorted(
+        ["this process in the GPU's process list", "its bytes match NVML's (within 5 %, plus the cache torch "
+         "released after the report)"] * 2), oom
+    assert _failed(checks["nvml"]), checks["nvml"]
+
+
+def test_a_part_that_times_out_fails_the_run(tmp_path):
+    r, doc, _ = _dry(tmp_path, "torch,run", None, "--part-limit", "5", FAKE_TORCH_DEFECT="hang")
+    assert r.returncode == 1
+    outcomes = {k: v["outcome"] for k, v in doc["parts"].items()}
+    assert outcomes == {"torch": "timed out", "run": "passed"}, outcomes
+    assert doc["passed"] is False
 
 
 def test_the_budget_bounds_the_run(tmp_path):
@@ -114,6 +194,8 @@ def test_bad_arguments_get_a_clear_error(tmp_path):
     assert r.returncode == 2 and "make gpu-validation-bundle" in r.stderr
     r = _run("--frobnicate", str(tmp_path / "o"))
     assert r.returncode == 2 and "unknown option" in r.stderr
+    r = _run("--part-limit", "soon", str(tmp_path / "o"))
+    assert r.returncode == 2 and "whole seconds" in r.stderr
 
 
 def test_the_summary_names_each_outcome(tmp_path):
@@ -133,3 +215,18 @@ def test_the_summary_names_each_outcome(tmp_path):
                    "nvml": "skipped", "cpp": "not run"}
     assert doc["parts"]["interpose"]["seconds"] == 130
     assert "**FAIL**" in (tmp_path / "gpu-validation.md").read_text()
+
+
+def test_a_skipped_part_fails_the_run_unless_left_out(tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "torch.status").write_text("0 12 100\n")
+    (parts / "oom.status").write_text("77 0 80\n")
+
+    def summary(wanted):
+        return subprocess.run([sys.executable, str(SUMMARY), str(tmp_path), "--parts", wanted],
+                              capture_output=True, text=True).returncode
+
+    assert summary("torch,oom") == 1
+    assert summary("torch") == 0
+    assert summary("torch,nvml") == 1  # named, never run

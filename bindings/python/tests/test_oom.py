@@ -489,7 +489,7 @@ q = ctypes.c_uint64()
 rc = alloc(ctypes.byref(q), r["ask"])
 r["raised"], r["message"] = rc == 2, f"CUresult {rc}"
 r["seen"]["file_at_observer"] = os.path.exists(path)  # when the error came back
-r["reserved_after"] = GiB
+r["reserved_before"] = r["reserved_after"] = GiB  # what this fake framework holds
 r["nvml_process_bytes"] = int(os.environ["PROCESS_BYTES"])
 for _ in range(5):
     assert alloc(ctypes.byref(q), r["ask"]) == 2

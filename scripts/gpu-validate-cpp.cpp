@@ -1,0 +1,168 @@
+// The libtorch C++ part of scripts/gpu-validate-torch.py (--cpp-only):
+// memprobe's exact windows over c10's CUDA caching allocator through
+// include/memprobe_torch.hpp, on a real device.
+//
+//     validate [TRIES]     prints one JSON line; exit 0 when every figure is right
+//
+// References memprobe does not control:
+//   * known sizes: nested epoch / step windows over uint8 tensors whose sizes
+//     this program chose (each rounded up to 512 bytes, as c10's allocator
+//     does): every window's peak is computed here from the sizes it holds;
+//   * the spike: one step per epoch holds a 2 GiB tensor for about 1 ms; the
+//     step's window must read at least its base + 2 GiB (caught), and every
+//     other step, the one after it included, below that (negative control).
+// c10's own DeviceStats peak before each boundary is compared as well, but
+// it is the counter memprobe resets: a consistency figure, not a reference.
+//
+// `make test` compiles and links it against the CPU test environment's
+// torch (bindings/python/tests/test_gpu_validation.py); without a device it
+// prints {"error": ...} and exits 2.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>  // the consistency figure: c10's DeviceStats
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "memprobe_torch.hpp"
+
+namespace {
+
+constexpr std::int64_t MIB = 1 << 20;
+constexpr std::int64_t SPIKE = 2ll << 30;
+
+std::uint64_t rounded(std::int64_t n) { return static_cast<std::uint64_t>(std::max<std::int64_t>((n + 511) / 512 * 512, 512)); }
+
+std::uint64_t allocated_now() {
+    return static_cast<std::uint64_t>(c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current);
+}
+
+std::uint64_t allocated_peak() {
+    return static_cast<std::uint64_t>(c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak);
+}
+
+// One step of the known schedule: (allocate name size) or (free name).
+struct Op {
+    bool alloc;
+    std::string name;
+    std::int64_t size;
+};
+
+std::vector<Op> known_step(int e, int s) {
+    const std::int64_t a = (s + 1) * 3 * MIB + 777 * (e + 1), b = (e + 2) * 5 * MIB + 100 + s;
+    std::vector<Op> ops{{true, "x", a}, {true, "y", b}, {false, "x", 0}};
+    if (e == 0 && s == 1) {
+        ops.push_back({true, "big", 512 * MIB + 12345});
+        ops.push_back({false, "big", 0});
+    }
+    ops.push_back({true, "z", a / 2 + 1});
+    ops.push_back({false, "y", 0});
+    ops.push_back({false, "z", 0});
+    return ops;
+}
+
+// The step's peak above its base, from the sizes alone.
+std::uint64_t expected_peak(const std::vector<Op> &ops) {
+    std::map<std::string, std::uint64_t> held;
+    std::uint64_t now = 0, peak = 0;
+    for (const Op &op : ops) {
+        if (op.alloc) {
+            held[op.name] = rounded(op.size);
+            now += held[op.name];
+            peak = std::max(peak, now);
+        } else {
+            now -= held[op.name];
+            held.erase(op.name);
+        }
+    }
+    return peak;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    const int tries = argc > 1 ? std::atoi(argv[1]) : 20, steps = 10;
+    if (c10::cuda::device_count() == 0) {
+        std::printf("{\"error\": \"no CUDA device is visible\"}\n");
+        return 2;
+    }
+    const auto dev = at::Device(at::kCUDA, 0);
+    const auto bytes = at::TensorOptions().dtype(at::kByte).device(dev);
+    const auto floats = at::TensorOptions().dtype(at::kFloat).device(dev);
+    auto w = at::randn({1024, 1024}, floats);  // initialises CUDA and the allocator
+    memprobe::torch::AllocatorSources gpu(0);
+    memprobe::Tracker tracker(gpu.list());
+
+    int caught = 0, mismatches = 0, quiet_steps = 0, quiet_loud = 0;
+    for (int t = 0; t < tries; t++) {
+        tracker.begin(memprobe::PhaseKind::Epoch);
+        std::uint64_t ref_epoch = 0;
+        for (int s = 0; s < steps; s++) {
+            tracker.begin(memprobe::PhaseKind::Step);
+            const std::uint64_t base = allocated_now();
+            auto y = at::matmul(at::randn({64, 1024}, floats), w).relu().sum();
+            const bool spike = s == t % steps;
+            if (spike) {
+                c10::cuda::CUDACachingAllocator::emptyCache();
+                auto x = at::empty({SPIKE}, bytes);
+                x.fill_(1);
+                c10::cuda::device_synchronize();
+                const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+                while (std::chrono::steady_clock::now() < end) {
+                }
+            }
+            y = at::Tensor();
+            c10::cuda::device_synchronize();
+            const std::uint64_t ref = allocated_peak();
+            const auto r = tracker.end(memprobe::PhaseKind::Step);
+            ref_epoch = std::max(ref_epoch, ref);
+            mismatches += r.deltas[0].peak != ref;
+            if (spike) {
+                caught += r.deltas[0].peak >= base + SPIKE;
+            } else {
+                quiet_steps++;
+                quiet_loud += r.deltas[0].peak >= base + SPIKE;
+            }
+        }
+        const auto e = tracker.end(memprobe::PhaseKind::Epoch);
+        mismatches += e.deltas[0].peak != ref_epoch;
+    }
+
+    // Known sizes in nested windows.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    memprobe::Window epoch_w(gpu.list()), step_w(gpu.list());
+    int known_windows = 0, known_wrong = 0;
+    for (int e = 0; e < 3; e++) {
+        (void)epoch_w.reset();
+        (void)step_w.reset();
+        std::uint64_t epoch_want = 0;
+        for (int s = 0; s < 4; s++) {
+            const std::uint64_t base = allocated_now();
+            const auto ops = known_step(e, s);
+            std::map<std::string, at::Tensor> held;
+            for (const Op &op : ops) {
+                if (op.alloc)
+                    held[op.name] = at::empty({op.size}, bytes);
+                else
+                    held.erase(op.name);
+            }
+            c10::cuda::device_synchronize();
+            const std::uint64_t want = base + expected_peak(ops);
+            epoch_want = std::max(epoch_want, want);
+            known_windows++;
+            known_wrong += step_w.reset()[0].peak != want;
+        }
+        known_windows++;
+        known_wrong += epoch_w.peak(0) != epoch_want;
+    }
+    std::printf("{\"tries\": %d, \"caught\": %d, \"mismatches\": %d, \"quiet_steps\": %d, \"quiet_loud\": %d, "
+                "\"known_windows\": %d, \"known_wrong\": %d, \"peak_since_start\": %llu}\n",
+                tries, caught, mismatches, quiet_steps, quiet_loud, known_windows, known_wrong,
+                static_cast<unsigned long long>(gpu.peak_allocated_since_start()));
+    return caught == tries && mismatches == 0 && quiet_loud == 0 && known_wrong == 0 ? 0 : 1;
+}
