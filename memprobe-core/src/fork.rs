@@ -364,3 +364,68 @@ impl Drop for GateGuard {
         }
     }
 }
+
+/// For tests of what a host's fork may interrupt: a fork made while
+/// another thread holds one of memprobe's locks.
+#[cfg(test)]
+pub(crate) mod fork_test {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Runs `hold` on a thread of its own: it takes a memprobe lock, calls
+    /// `inside`, keeps the lock 300 ms, calls `leaving` and releases it.
+    /// Once it is inside, this thread forks; the child runs `child` (a
+    /// boundary over what was held) and must exit 0 within 20 s, a deadlock
+    /// failing the test. Also checks that the fork waited for the release.
+    pub(crate) fn fork_while_held(
+        hold: impl FnOnce(&dyn Fn(), &dyn Fn()) + Send + 'static,
+        child: impl FnOnce() -> bool,
+    ) {
+        let (inside, left) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (i, l) = (inside.clone(), left.clone());
+        let holder = std::thread::spawn(move || {
+            hold(&|| i.store(true, Ordering::SeqCst), &|| {
+                std::thread::sleep(Duration::from_millis(300));
+                l.store(true, Ordering::SeqCst);
+            });
+        });
+        while !inside.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // SAFETY: the child runs `child` (memprobe calls) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let ok = child();
+            // SAFETY: ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+        }
+        assert!(
+            left.load(Ordering::SeqCst),
+            "the fork did not wait for the lock's release"
+        );
+        let t = Instant::now();
+        let mut status = 0;
+        loop {
+            // SAFETY: `pid` is our child, `status` a writable int.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                // SAFETY: our own child, not reaped yet.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("the child deadlocked at its next boundary after the fork");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child failed: status {status:#x}"
+        );
+        holder.join().unwrap();
+    }
+}

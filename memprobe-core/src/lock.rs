@@ -42,6 +42,19 @@ unsafe impl<T: Send> Sync for Lock<T> {}
 impl<T> std::panic::UnwindSafe for Lock<T> {}
 impl<T> std::panic::RefUnwindSafe for Lock<T> {}
 
+impl<T: Default> Default for Lock<T> {
+    fn default() -> Self {
+        Lock::new(T::default())
+    }
+}
+
+/// The value is not shown: reading it would take the lock.
+impl<T> std::fmt::Debug for Lock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock").finish_non_exhaustive()
+    }
+}
+
 /// Holds a [`Lock`] (and the fork gate) until dropped.
 pub struct LockGuard<'a, T> {
     lock: &'a Lock<T>,
@@ -64,6 +77,11 @@ impl<T> Lock<T> {
             waiters: AtomicU32::new(0),
             value: UnsafeCell::new(value),
         }
+    }
+
+    /// The value, through the exclusive borrow that proves no guard exists.
+    pub fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut()
     }
 
     /// Locks; fails with [`ErrorKind::WrongOrder`](crate::ErrorKind::WrongOrder)

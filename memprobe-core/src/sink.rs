@@ -2,9 +2,9 @@
 //! windows, phases). Sources are kept apart from sinks: a sink never reads.
 
 use crate::error::Result;
+use crate::lock::Lock;
 use crate::record::Record;
 use crate::sample::{Sample, SourceInfo};
-use std::sync::Mutex;
 
 /// Receives what memprobe measures. Every method has a default that does
 /// nothing, so a sink implements only what it cares about.
@@ -34,8 +34,8 @@ impl Sink for NoopSink {}
 /// A sink that keeps everything it receives, for tests and inspection.
 #[derive(Debug, Default)]
 pub struct SnapshotSink {
-    samples: Mutex<Vec<(String, Sample)>>,
-    records: Mutex<Vec<Record>>,
+    samples: Lock<Vec<(String, Sample)>>,
+    records: Lock<Vec<Record>>,
 }
 
 impl SnapshotSink {
@@ -46,32 +46,25 @@ impl SnapshotSink {
 
     /// The samples received so far, with their source names.
     pub fn samples(&self) -> Vec<(String, Sample)> {
-        self.samples
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.samples.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// The records received so far.
     pub fn records(&self) -> Vec<Record> {
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.records.lock().map(|r| r.clone()).unwrap_or_default()
     }
 }
 
 impl Sink for SnapshotSink {
     fn on_sample(&self, source: &SourceInfo, sample: &Sample) {
-        self.samples
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((source.name.clone(), *sample));
+        // Refused only on re-entry from this thread: nothing to keep then.
+        if let Ok(mut s) = self.samples.lock() {
+            s.push((source.name.clone(), *sample));
+        }
     }
     fn on_record(&self, record: &Record) {
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(record.clone());
+        if let Ok(mut r) = self.records.lock() {
+            r.push(record.clone());
+        }
     }
 }

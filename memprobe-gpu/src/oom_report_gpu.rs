@@ -12,7 +12,8 @@ use crate::own_pid::OwnPids;
 use crate::process::GpuProcessKind;
 use crate::GpuBackend;
 use memprobe_core::oom_report::{
-    OomDriverCount, OomDriverCounts, OomGpuDevice, OomGpuProcess, OomGpuProvider, OomProcessList,
+    OomDriverCount, OomDriverCounts, OomGpuDevice, OomGpuMemory, OomGpuProcess, OomGpuProvider,
+    OomProcessList,
 };
 use memprobe_interpose_reader::{Counter, Region};
 
@@ -92,7 +93,11 @@ impl OomGpuProvider for GpuOomForensics {
                         uuid: info.uuid.clone(),
                         memory: h
                             .memory()
-                            .map(|m| (m.total, m.free, m.used))
+                            .map(|m| OomGpuMemory {
+                                total_bytes: m.total,
+                                free_bytes: m.free,
+                                used_bytes: m.used,
+                            })
                             .map_err(|e| e.message().to_owned()),
                         processes,
                     }

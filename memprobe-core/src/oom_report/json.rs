@@ -222,11 +222,11 @@ fn device_json(out: &mut String, d: &OomGpuDevice) {
         Err(e) => (None, Some(e.as_str())),
     };
     key(out, false, "total_bytes");
-    opt_u64(out, mem.map(|m| m.0));
+    opt_u64(out, mem.map(|m| m.total_bytes));
     key(out, false, "free_bytes");
-    opt_u64(out, mem.map(|m| m.1));
+    opt_u64(out, mem.map(|m| m.free_bytes));
     key(out, false, "used_bytes");
-    opt_u64(out, mem.map(|m| m.2));
+    opt_u64(out, mem.map(|m| m.used_bytes));
     key(out, false, "memory_error");
     opt_str(out, mem_err);
     key(out, false, "processes");

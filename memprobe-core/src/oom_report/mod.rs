@@ -45,8 +45,8 @@ pub use arming::{OomOutcome, OomReportOptions, OomReporter, OomStatus};
 pub use destinations::OomCallback;
 pub use model::{
     CacheFigures, CacheLine, FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice,
-    OomGpuProcess, OomGpuProvider, OomLocation, OomProcessList, OomTrigger, OomTriggers, OpenPhase,
-    OpenSource, OutOfMemoryReport,
+    OomGpuMemory, OomGpuProcess, OomGpuProvider, OomLocation, OomProcessList, OomTrigger,
+    OomTriggers, OpenPhase, OpenSource, OutOfMemoryReport,
 };
 
 /// Ended phases kept for a report unless told otherwise.

@@ -256,10 +256,21 @@ pub struct OomGpuDevice {
     pub name: Option<String>,
     /// The UUID, when known.
     pub uuid: Option<String>,
-    /// Total, free and used bytes, or why they could not be read.
-    pub memory: std::result::Result<(u64, u64, u64), String>,
+    /// Its memory, or why it could not be read.
+    pub memory: std::result::Result<OomGpuMemory, String>,
     /// The processes using it, or why they could not be listed.
     pub processes: std::result::Result<Vec<OomGpuProcess>, String>,
+}
+
+/// One GPU's memory at the report, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OomGpuMemory {
+    /// The device's memory.
+    pub total_bytes: u64,
+    /// Free, as the driver reports it.
+    pub free_bytes: u64,
+    /// Used, by every process.
+    pub used_bytes: u64,
 }
 
 /// What this process holds from the driver, per device, as the interposer

@@ -118,14 +118,14 @@ fn text(r: &OutOfMemoryReport) -> String {
             for d in ds {
                 let name = d.name.as_deref().unwrap_or("unnamed");
                 match &d.memory {
-                    Ok((total, free, used)) => {
+                    Ok(m) => {
                         let _ = writeln!(
                             s,
                             "    GPU {} ({name}): {} used of {}, {} free",
                             d.id,
-                            bytes(*used),
-                            bytes(*total),
-                            bytes(*free)
+                            bytes(m.used_bytes),
+                            bytes(m.total_bytes),
+                            bytes(m.free_bytes)
                         );
                     }
                     Err(e) => {

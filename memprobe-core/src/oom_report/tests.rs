@@ -36,7 +36,11 @@ impl OomGpuProvider for FakeGpu {
             id: 0,
             name: Some("Fake \"GPU\"".into()),
             uuid: None,
-            memory: Ok((16 << 30, 1 << 20, (16 << 30) - (1 << 20))),
+            memory: Ok(OomGpuMemory {
+                total_bytes: 16 << 30,
+                free_bytes: 1 << 20,
+                used_bytes: (16 << 30) - (1 << 20),
+            }),
             processes: Ok(vec![
                 OomGpuProcess {
                     pid: std::process::id(),

@@ -9,11 +9,12 @@ use super::ranks::Ranks;
 use super::{ENV, FLUSH_WAIT, GONE_SKIP, MAX_PENDING};
 use crate::error::{Error, Result};
 use crate::fork::GateGuard;
+use crate::lock::{Lock, LockGuard};
 use std::collections::VecDeque;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A message kept until the receiver's queue has room.
@@ -72,7 +73,7 @@ pub struct RunChannel {
     /// This process's ranks, sent in every message (a forked child keeps
     /// its parent's: it works for the same rank).
     ranks: Option<Ranks>,
-    queue: Mutex<Queue>,
+    queue: Lock<Queue>,
 }
 
 static CHANNEL: OnceLock<Option<RunChannel>> = OnceLock::new();
@@ -147,7 +148,7 @@ impl RunChannel {
             sent: AtomicU64::new(0),
             skip_until: AtomicU64::new(0),
             ranks: Ranks::from_env(),
-            queue: Mutex::new(Queue::default()),
+            queue: Lock::new(Queue::default()),
         })
     }
 
@@ -208,8 +209,10 @@ impl RunChannel {
     /// Messages kept until the receiver has room, and steps not sent yet.
     pub fn pending(&self) -> (usize, u64) {
         self.pid_now();
-        let q = self.lock();
-        (q.kept.len(), q.batches.iter().map(|b| b.count).sum())
+        match self.lock() {
+            Some(q) => (q.kept.len(), q.batches.iter().map(|b| b.count).sum()),
+            None => (0, 0),
+        }
     }
 
     /// Sends every tracker's steps and everything kept, waiting up to `wait`
@@ -224,7 +227,9 @@ impl RunChannel {
         let deadline = Instant::now() + wait;
         {
             let _gate = GateGuard::enter();
-            let mut q = self.lock();
+            let Some(mut q) = self.lock() else {
+                return false;
+            };
             let trackers: Vec<u64> = q
                 .batches
                 .iter()
@@ -239,7 +244,9 @@ impl RunChannel {
             {
                 // The fork gate is not held while sleeping.
                 let _gate = GateGuard::enter();
-                let mut q = self.lock();
+                let Some(mut q) = self.lock() else {
+                    return false;
+                };
                 match self.send_kept(&mut q) {
                     Sent::Yes | Sent::Refused => return true,
                     Sent::Gone => return q.kept.is_empty(),
@@ -251,8 +258,12 @@ impl RunChannel {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    /// The queue, under memprobe's lock, which holds the fork gate: a
+    /// host's fork waits until the queue is released, so a child never
+    /// inherits it held. `None` only on re-entry from this thread, which no
+    /// path here makes (no caller's code runs under it).
+    fn lock(&self) -> Option<LockGuard<'_, Queue>> {
+        self.queue.lock().ok()
     }
 
     /// This process's pid: the cached one unless a fork happened since
@@ -277,9 +288,10 @@ impl RunChannel {
             self.dropped_steps.store(0, Ordering::Relaxed);
             self.sent.store(0, Ordering::Relaxed);
             self.skip_until.store(0, Ordering::Relaxed);
-            let mut q = self.lock();
-            q.kept.clear();
-            q.batches.clear();
+            if let Some(mut q) = self.lock() {
+                q.kept.clear();
+                q.batches.clear();
+            }
         }
     }
 
@@ -440,7 +452,10 @@ impl RunChannel {
     pub(super) fn emit(&self, tracker: u64, event: &Outgoing<'_>) {
         let _gate = GateGuard::enter();
         self.pid_now();
-        let mut q = self.lock();
+        let Some(mut q) = self.lock() else {
+            self.drop_counted(0);
+            return;
+        };
         self.emit_locked(&mut q, tracker, event);
     }
 
@@ -457,7 +472,10 @@ impl RunChannel {
     pub(super) fn step(&self, tracker: u64, event: &Outgoing<'_>) {
         let _gate = GateGuard::enter();
         self.pid_now();
-        let mut q = self.lock();
+        let Some(mut q) = self.lock() else {
+            self.drop_counted(u64::from(matches!(event, Outgoing::End { .. })));
+            return;
+        };
         let i = match q.batches.iter().position(|b| b.tracker == tracker) {
             Some(i) => i,
             None => {
@@ -498,7 +516,9 @@ impl RunChannel {
     pub(super) fn close(&self, tracker: u64) {
         self.flush_where(FLUSH_WAIT, |t| t == tracker);
         let _gate = GateGuard::enter();
-        self.lock().batches.retain(|b| b.tracker != tracker);
+        if let Some(mut q) = self.lock() {
+            q.batches.retain(|b| b.tracker != tracker);
+        }
     }
 }
 
@@ -726,6 +746,31 @@ mod tests {
         assert!(
             text.contains(&format!(r#""dropped":{},"#, GONE_SKIP + 1)),
             "{text}"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// A host's fork while another thread is inside the channel (here
+    /// holding its queue, as `pending()` does) waits for it: the child's
+    /// next boundary and `pending()` do not deadlock on a queue held by a
+    /// thread the child does not have.
+    #[test]
+    fn a_fork_while_the_queue_is_held_leaves_the_child_a_free_queue() {
+        let (path, _sock) = bound("fork-held");
+        let ch = Arc::new(RunChannel::connect(&path).unwrap());
+        let held = ch.clone();
+        crate::fork::fork_test::fork_while_held(
+            move |inside, leaving| {
+                let q = held.lock().expect("not re-entered");
+                inside();
+                leaving();
+                drop(q);
+                assert_eq!(held.pending(), (0, 0));
+            },
+            || {
+                ch.emit(1, &begin_event());
+                ch.pending() == (0, 0) && ch.sent() == 1
+            },
         );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }

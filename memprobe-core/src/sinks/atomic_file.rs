@@ -28,13 +28,13 @@
 //!   appending, and cannot reopen a socket).
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::lock::Lock;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// Symbolic links followed at most (the kernel's own limit is 40).
 const MAX_LINKS: usize = 40;
@@ -56,9 +56,9 @@ pub struct AtomicFile {
     path: PathBuf,
     target: Target,
     /// `None` once finished (or failed): the temporary file is gone then.
-    file: Mutex<Option<File>>,
+    file: Lock<Option<File>>,
     /// The first write error of a sink that cannot return one per record.
-    error: Mutex<Option<Error>>,
+    error: Lock<Option<Error>>,
     /// The process that created the temporary file: a forked child shares
     /// the descriptor but must neither rename nor remove the parent's file.
     owner: u32,
@@ -183,8 +183,8 @@ impl AtomicFile {
             path: path.clone(),
             target,
             pending: file.is_none().into(),
-            file: Mutex::new(file),
-            error: Mutex::new(None),
+            file: Lock::new(file),
+            error: Lock::new(None),
             owner,
         };
         let dest = match resolve(&path)? {
@@ -252,8 +252,8 @@ impl AtomicFile {
             path,
             target: Target::Atomic { tmp, dest },
             pending: false.into(),
-            file: Mutex::new(Some(file)),
-            error: Mutex::new(None),
+            file: Lock::new(Some(file)),
+            error: Lock::new(None),
             owner,
         })
     }
@@ -287,7 +287,7 @@ impl AtomicFile {
     /// Appends `bytes` in one write. A failed write removes the temporary
     /// file: the output is lost either way, and nothing is left behind.
     pub fn write(&self, bytes: &[u8]) -> Result<()> {
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.file.lock()?;
         if self.finished(&f) {
             return Err(Error::wrong_order(format!(
                 "{} is already finished",
@@ -332,10 +332,9 @@ impl AtomicFile {
     /// way to return an error).
     pub fn write_line_or_keep_error(&self, line: &str) {
         if let Err(e) = self.write_line(line) {
-            self.error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
+            if let Ok(mut kept) = self.error.lock() {
+                kept.get_or_insert(e);
+            }
         }
     }
 
@@ -343,8 +342,9 @@ impl AtomicFile {
     /// kept by [`write_line_or_keep_error`](Self::write_line_or_keep_error).
     /// On any error the temporary file is removed. Later calls do nothing.
     pub fn finish(&self) -> Result<()> {
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        let mut f = self.file.lock()?;
+        let kept = self.error.lock()?.take();
+        if let Some(e) = kept {
             self.pending.store(false, Ordering::SeqCst);
             self.discard(&mut f);
             return Err(e);
@@ -402,7 +402,8 @@ impl AtomicFile {
 impl Drop for AtomicFile {
     /// Unfinished: the output is abandoned, and its temporary file removed.
     fn drop(&mut self) {
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        // No lock to take: nothing else can hold it while `self` is dropped.
+        let mut f = self.file.get_mut().take();
         self.discard(&mut f);
     }
 }

@@ -24,11 +24,11 @@
 
 use crate::delta::{b2mb, b2mb_signed};
 use crate::error::{Error, Result};
+use crate::lock::Lock;
 use crate::phase::PhaseKind;
 use crate::record::Record;
 use crate::sink::Sink;
 use std::io::Write;
-use std::sync::Mutex;
 
 extern "C" {
     // C's standard streams (glibc and musl export them by these names).
@@ -58,7 +58,7 @@ struct State {
 /// Prints one row per ended phase of one kind.
 pub struct TableSink {
     kind: PhaseKind,
-    state: Mutex<State>,
+    state: Lock<State>,
 }
 
 impl TableSink {
@@ -66,7 +66,7 @@ impl TableSink {
     pub fn new(kind: PhaseKind, out: Box<dyn Write + Send>) -> TableSink {
         TableSink {
             kind,
-            state: Mutex::new(State {
+            state: Lock::new(State {
                 out,
                 header_done: false,
                 error: None,
@@ -122,7 +122,11 @@ impl Sink for TableSink {
             return;
         }
         let (header, row) = self.format(record);
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Refused only when the writer calls back into this sink (re-entry
+        // from this thread): that row is not written.
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
         let mut text = String::new();
         if !st.header_done {
             st.header_done = true;
@@ -143,7 +147,7 @@ impl Sink for TableSink {
     }
 
     fn flush(&self) -> Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock()?;
         if let Some(e) = st.error.take() {
             return Err(e);
         }
@@ -198,6 +202,27 @@ mod tests {
         let (header, row) = TableSink::new(PhaseKind::Epoch, Box::new(Vec::new())).format(&r);
         assert_eq!(header, "epoch  rss used  peak");
         assert_eq!(row, "    0         0     0");
+    }
+
+    /// A host's fork while another thread writes a row waits for it: the
+    /// child's next row does not deadlock on a sink held by a thread the
+    /// child does not have.
+    #[test]
+    fn a_fork_while_a_row_is_written_leaves_the_child_a_free_sink() {
+        let sink = std::sync::Arc::new(TableSink::new(PhaseKind::Epoch, Box::new(Vec::new())));
+        let held = sink.clone();
+        crate::fork::fork_test::fork_while_held(
+            move |inside, leaving| {
+                let st = held.state.lock().expect("not re-entered");
+                inside();
+                leaving();
+                drop(st);
+            },
+            || {
+                sink.on_record(&record(vec![delta("rss", SourceKind::Process)]));
+                sink.finish().is_ok()
+            },
+        );
     }
 
     struct Broken;
