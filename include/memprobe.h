@@ -1750,6 +1750,34 @@ memprobe_status memprobe_tracker_end(memprobe_tracker *tracker, uint32_t kind, c
 memprobe_status memprobe_tracker_next(memprobe_tracker *tracker, uint32_t kind, const char *name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
 
 /**
+ * Ends the innermost phase, which must be `kind` (and `name`), as
+ * memprobe_tracker_end does (same outputs), and keeps its window running,
+ * restarted at this end, as the *tail* of the phase `next_kind` /
+ * `next_name`: the next memprobe_tracker_resume of that phase begins at
+ * this end. One boundary per step when the hook that ends a step cannot
+ * tell whether another follows. A release due at this end runs after the
+ * boundary, in the tail. WRONG_ORDER when `kind` is not the innermost open
+ * phase; all or nothing.
+ */
+memprobe_status memprobe_tracker_end_into(memprobe_tracker *tracker, uint32_t kind, const char *name, uint32_t next_kind, const char *next_name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
+
+/**
+ * Begins a phase of `kind` (and `name`) on the tail of `from_kind` /
+ * `from_name` (made by memprobe_tracker_end_into or
+ * memprobe_tracker_mark_tail): its interval began when the tail did, and the
+ * tail is used up. Without such a tail, as memprobe_tracker_begin. Nesting
+ * as for memprobe_tracker_begin (WRONG_ORDER, nothing changes).
+ */
+memprobe_status memprobe_tracker_resume(memprobe_tracker *tracker, uint32_t kind, const char *name, uint32_t from_kind, const char *from_name);
+
+/**
+ * Starts the tail of `kind` (and `name`) now: the next
+ * memprobe_tracker_resume of it begins here. No phase begins or ends; an
+ * earlier tail of it is dropped.
+ */
+memprobe_status memprobe_tracker_mark_tail(memprobe_tracker *tracker, uint32_t kind, const char *name);
+
+/**
  * Adds a PeakMemMetric-style table: one row per ended phase of `kind`
  * (fastai: epochs), each source's delta used and delta peaked in MiB,
  * written to file descriptor `fd` (not closed by memprobe). A descriptor

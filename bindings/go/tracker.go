@@ -205,6 +205,49 @@ func (t *Tracker) Next(kind PhaseKind, name string) (PhaseRecord, error) {
 	return t.ending(true, kind, name)
 }
 
+// EndInto ends the innermost phase, which must be kind (and name), as End
+// does, and keeps its window running, restarted at this end, as the tail of
+// the phase nextKind (and nextName): the next Resume of that phase begins
+// at this end (one boundary per step when the end of a step cannot tell
+// whether another follows).
+func (t *Tracker) EndInto(kind PhaseKind, name string, nextKind PhaseKind, nextName string) (PhaseRecord, error) {
+	cname, cnext := cString(name, true), cString(nextName, true)
+	defer freeCString(cname)
+	defer freeCString(cnext)
+	var rec C.memprobe_phase_record
+	ds := make([]C.memprobe_delta, len(t.sources))
+	err := t.do(func(h *C.memprobe_tracker) C.memprobe_status {
+		return C.memprobe_tracker_end_into(h, C.uint32_t(kind), cname, C.uint32_t(nextKind), cnext,
+			&rec, &ds[0], C.size_t(len(ds)))
+	})
+	if err != nil {
+		return PhaseRecord{}, err
+	}
+	return recordFromC(&rec, &ds[0], len(ds)), nil
+}
+
+// Resume begins a phase of kind (and name) on the tail of fromKind (and
+// fromName), made by EndInto or MarkTail: its interval began when the tail
+// did. Without such a tail, as Begin.
+func (t *Tracker) Resume(kind PhaseKind, name string, fromKind PhaseKind, fromName string) error {
+	cname, cfrom := cString(name, true), cString(fromName, true)
+	defer freeCString(cname)
+	defer freeCString(cfrom)
+	return t.do(func(h *C.memprobe_tracker) C.memprobe_status {
+		return C.memprobe_tracker_resume(h, C.uint32_t(kind), cname, C.uint32_t(fromKind), cfrom)
+	})
+}
+
+// MarkTail starts the tail of kind (and name) now: the next Resume of it
+// begins here. No phase begins or ends.
+func (t *Tracker) MarkTail(kind PhaseKind, name string) error {
+	cname := cString(name, true)
+	defer freeCString(cname)
+	return t.do(func(h *C.memprobe_tracker) C.memprobe_status {
+		return C.memprobe_tracker_mark_tail(h, C.uint32_t(kind), cname)
+	})
+}
+
 // AddTableSink adds fastai's PeakMemMetric table: one row per ended phase
 // of kind, each source's delta used and delta peaked in MiB, written by the
 // library to file descriptor fd (e.g. int(os.Stdout.Fd())).

@@ -241,3 +241,36 @@ func TestTrackerExactStepPeak(t *testing.T) {
 		t.Fatalf("%+v", d)
 	}
 }
+
+func TestTrackerTails(t *testing.T) {
+	checkLeaks(t)
+	a := pushedAt(t, "alloc", 100*MiB)
+	tr := must(NewTracker(a))(t)
+	defer tr.Close()
+	ok(t, tr.Begin(Epoch, ""))
+	ok(t, tr.Begin(Step, ""))
+	first := must(tr.EndInto(Step, "", Step, ""))(t)
+	ok(t, a.Push(300*MiB)) // between the steps: the next one's
+	ok(t, a.Push(120*MiB))
+	ok(t, tr.Resume(Step, "", Step, ""))
+	second := must(tr.EndInto(Step, "", Step, ""))(t)
+	if second.Index != 1 || second.StartedAt != first.EndedAt || second.Deltas[0].Peak != 300*MiB {
+		t.Fatalf("%+v %+v", first, second)
+	}
+	ok(t, tr.Resume(Custom, "eval", Step, ""))
+	ev := must(tr.EndInto(Custom, "eval", Step, ""))(t)
+	if ev.Name != "eval" || ev.StartedAt != second.EndedAt {
+		t.Fatalf("%+v", ev)
+	}
+	ok(t, tr.MarkTail(Step, ""))
+	if err := tr.Resume(Epoch, "", Step, ""); !errors.Is(err, ErrWrongOrder) {
+		t.Fatal(err)
+	}
+	if _, err := tr.EndInto(Step, "", Step, ""); !errors.Is(err, ErrWrongOrder) {
+		t.Fatal(err)
+	}
+	if err := tr.MarkTail(Custom, ""); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatal(err)
+	}
+	must(tr.End(Epoch, ""))(t)
+}

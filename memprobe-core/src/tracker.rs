@@ -29,8 +29,13 @@ use crate::window::Window;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod tail;
+
 /// Windows kept for reuse by the next phase (a reset is cheaper than an open).
 const PARKED: usize = 4;
+
+/// Tails kept at most (tracker/tail.rs); the oldest goes first.
+const TAILS: usize = 8;
 
 struct Open {
     kind: PhaseKind,
@@ -83,6 +88,9 @@ pub struct Tracker {
     policies: Vec<ReleasePolicy>,
     releases_fired: u64,
     last: HashMap<PhaseKind, Record>,
+    /// Intervals running since a chained end, each the start of the next
+    /// phase of a kind and name (tracker/tail.rs).
+    tails: Vec<(PhaseKind, String, Window)>,
     /// Told every boundary: from the start the run channel's end
     /// (run_channel/hook.rs) and the leak trends (leak_trends.rs); the
     /// out-of-memory report (oom_report) when configured; and any added.
@@ -105,6 +113,7 @@ impl Tracker {
             policies: Vec::new(),
             releases_fired: 0,
             last: HashMap::new(),
+            tails: Vec::new(),
             observers: {
                 let mut o = Observers::default();
                 o.add(Box::new(Hook::new()));
@@ -240,6 +249,45 @@ impl Tracker {
     /// round; custom phases nest anywhere.
     pub fn begin(&mut self, kind: PhaseKind, name: Option<&str>) -> Result<()> {
         let name = Self::phase_name(kind, name)?;
+        self.check_nesting(kind)?;
+        // A phase begun afresh drops its tail: its window is the one reused.
+        let window = match self.take_tail(kind, &name) {
+            Some(mut w) => match w.reset() {
+                Ok(_) => w,
+                Err(e) => {
+                    self.tails.push((kind, name, w));
+                    return Err(e);
+                }
+            },
+            None => self.fresh_window()?,
+        };
+        self.push(kind, name, window);
+        Ok(())
+    }
+
+    /// A window starting now: a parked one reset, else a new one.
+    fn fresh_window(&mut self) -> Result<Window> {
+        match self.parked.pop() {
+            Some(mut w) => match w.reset() {
+                Ok(_) => Ok(w),
+                Err(e) => {
+                    self.parked.push(w);
+                    Err(e)
+                }
+            },
+            None => Window::open(&self.sources),
+        }
+    }
+
+    /// Keeps `window` for reuse, if there is room.
+    fn park(&mut self, window: Window) {
+        if self.parked.len() < PARKED {
+            self.parked.push(window);
+        }
+    }
+
+    /// WrongOrder when a phase of `kind` cannot begin inside those open.
+    fn check_nesting(&self, kind: PhaseKind) -> Result<()> {
         if let Some(rank) = kind.rank() {
             if let Some(outer) = self.stack.iter().rev().find(|o| o.kind.rank().is_some()) {
                 if outer.kind.rank() <= Some(rank) {
@@ -252,13 +300,11 @@ impl Tracker {
                 }
             }
         }
-        let window = match self.parked.pop() {
-            Some(mut w) => {
-                w.reset()?;
-                w
-            }
-            None => Window::open(&self.sources)?,
-        };
+        Ok(())
+    }
+
+    /// Opens a phase on `window` (its start is the phase's) and tells the observers.
+    fn push(&mut self, kind: PhaseKind, name: String, window: Window) {
         self.stack.push(Open { kind, name, window });
         let (top, depth) = (self.stack.last().expect("pushed"), self.stack.len() - 1);
         let counters = &self.counters;
@@ -270,7 +316,6 @@ impl Tracker {
             t_ns: top.window.started_at_ns(),
             index: &index,
         });
-        Ok(())
     }
 
     fn check_top(&self, kind: PhaseKind, name: &str) -> Result<()> {
@@ -300,11 +345,9 @@ impl Tracker {
         let deltas = top.window.measure()?;
         let started = top.window.started_at_ns();
         let open = self.stack.pop().expect("checked");
-        if self.parked.len() < PARKED {
-            self.parked.push(open.window);
-        }
+        self.park(open.window);
         let depth = self.stack.len();
-        let record = self.finish_phase(kind, name, started, deltas, depth);
+        let record = self.finish_phase(kind, name, (started, monotonic_ns()), deltas, depth);
         self.observers.end(&record, false);
         Ok(record)
     }
@@ -328,7 +371,8 @@ impl Tracker {
         let deltas = top.window.reset()?;
         // The phase is still on the stack: it does not enclose itself.
         let depth = self.stack.len() - 1;
-        let record = self.finish_phase(kind, name_s.clone(), started, deltas, depth);
+        let span = (started, monotonic_ns());
+        let record = self.finish_phase(kind, name_s.clone(), span, deltas, depth);
         if !release {
             self.observers.end(&record, true);
             return Ok(record);
@@ -363,14 +407,14 @@ impl Tracker {
         &mut self,
         kind: PhaseKind,
         name: String,
-        started: u64,
+        (started, ended): (u64, u64),
         deltas: Vec<SourceDelta>,
         depth: usize,
     ) -> Record {
         let counter = self.counters.entry((kind, name.clone())).or_insert(0);
         let index = *counter;
         *counter += 1;
-        let mut record = Record::new(name.clone(), started, monotonic_ns(), deltas);
+        let mut record = Record::new(name.clone(), started, ended, deltas);
         record.phase = Some(PhaseInfo {
             kind,
             name,

@@ -293,6 +293,71 @@ pub extern "C" fn memprobe_tracker_next(
     })
 }
 
+/// Ends the innermost phase, which must be `kind` (and `name`), as
+/// memprobe_tracker_end does (same outputs), and keeps its window running,
+/// restarted at this end, as the *tail* of the phase `next_kind` /
+/// `next_name`: the next memprobe_tracker_resume of that phase begins at
+/// this end. One boundary per step when the hook that ends a step cannot
+/// tell whether another follows. A release due at this end runs after the
+/// boundary, in the tail. WRONG_ORDER when `kind` is not the innermost open
+/// phase; all or nothing.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn memprobe_tracker_end_into(
+    tracker: *mut memprobe_tracker,
+    kind: u32,
+    name: *const c_char,
+    next_kind: u32,
+    next_name: *const c_char,
+    record: *mut memprobe_phase_record,
+    deltas: *mut memprobe_delta,
+    n_deltas: usize,
+) -> memprobe_status {
+    entry_point("memprobe_tracker_end_into", || {
+        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
+        let (nk, nn) = (self::kind(next_kind)?, opt_text(next_name, "next_name")?);
+        let t = get(tracker)?;
+        let r = t.lock()?.end_into(k, n, nk, nn)?;
+        write_record(&r, record, deltas, n_deltas);
+        Ok(())
+    })
+}
+
+/// Begins a phase of `kind` (and `name`) on the tail of `from_kind` /
+/// `from_name` (made by memprobe_tracker_end_into or
+/// memprobe_tracker_mark_tail): its interval began when the tail did, and the
+/// tail is used up. Without such a tail, as memprobe_tracker_begin. Nesting
+/// as for memprobe_tracker_begin (WRONG_ORDER, nothing changes).
+#[no_mangle]
+pub extern "C" fn memprobe_tracker_resume(
+    tracker: *mut memprobe_tracker,
+    kind: u32,
+    name: *const c_char,
+    from_kind: u32,
+    from_name: *const c_char,
+) -> memprobe_status {
+    entry_point("memprobe_tracker_resume", || {
+        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
+        let (fk, fnm) = (self::kind(from_kind)?, opt_text(from_name, "from_name")?);
+        Ok(get(tracker)?.lock()?.resume(k, n, fk, fnm)?)
+    })
+}
+
+/// Starts the tail of `kind` (and `name`) now: the next
+/// memprobe_tracker_resume of it begins here. No phase begins or ends; an
+/// earlier tail of it is dropped.
+#[no_mangle]
+pub extern "C" fn memprobe_tracker_mark_tail(
+    tracker: *mut memprobe_tracker,
+    kind: u32,
+    name: *const c_char,
+) -> memprobe_status {
+    entry_point("memprobe_tracker_mark_tail", || {
+        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
+        Ok(get(tracker)?.lock()?.mark_tail(k, n)?)
+    })
+}
+
 /// Adds a PeakMemMetric-style table: one row per ended phase of `kind`
 /// (fastai: epochs), each source's delta used and delta peaked in MiB,
 /// written to file descriptor `fd` (not closed by memprobe). A descriptor

@@ -64,6 +64,11 @@ fn tracker_phases_sinks_policies() {
 }
 
 #[test]
+fn tracker_tails_and_their_bad_input() {
+    check_all_ways("test_tracker_tail.c", &[]);
+}
+
+#[test]
 fn cpp_raii_layer() {
     check_all_ways("test_cpp.cpp", &[]);
 }

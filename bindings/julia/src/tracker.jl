@@ -96,6 +96,46 @@ end
 end_phase(t::Tracker, kind::Symbol, name=nothing) = _ending(:memprobe_tracker_end, t, kind, name)
 next_phase(t::Tracker, kind::Symbol, name=nothing) = _ending(:memprobe_tracker_next, t, kind, name)
 
+"""
+    end_into(t, kind, name=nothing; next_kind=kind, next_name=name)
+
+Ends the innermost phase as `end_phase` does and keeps its window running,
+restarted at this end, as the tail of the phase `next_kind` (and
+`next_name`): the next `resume_phase` of it begins at this end.
+"""
+function end_into(t::Tracker, kind::Symbol, name=nothing; next_kind::Symbol=kind, next_name=name)
+    k, n = phase_args(kind, name)
+    nk, nn = phase_args(next_kind, next_name)
+    rec = Ref{CPhaseRecord}()
+    ds = Vector{CDelta}(undef, length(t.sources))
+    check(ccall(sym(:memprobe_tracker_end_into), UInt32,
+                (Ptr{Cvoid}, UInt32, Cstring, UInt32, Cstring, Ref{CPhaseRecord}, Ptr{CDelta}, Csize_t),
+                t.handle, k, n === nothing ? C_NULL : n, nk, nn === nothing ? C_NULL : nn,
+                rec, ds, length(ds)))
+    PhaseRecord(rec[], ds)
+end
+
+"""
+    resume_phase(t, kind, name=nothing; from_kind=kind, from_name=name)
+
+Begins a phase on the tail of `from_kind` (and `from_name`), made by
+`end_into` or `mark_tail`: its interval began when the tail did. Without
+such a tail, as `begin_phase`.
+"""
+function resume_phase(t::Tracker, kind::Symbol, name=nothing; from_kind::Symbol=kind, from_name=name)
+    k, n = phase_args(kind, name)
+    fk, fnm = phase_args(from_kind, from_name)
+    check(ccall(sym(:memprobe_tracker_resume), UInt32, (Ptr{Cvoid}, UInt32, Cstring, UInt32, Cstring),
+                t.handle, k, n === nothing ? C_NULL : n, fk, fnm === nothing ? C_NULL : fnm))
+end
+
+"Starts the tail of `kind` (and `name`) now: the next `resume_phase` of it begins here."
+function mark_tail(t::Tracker, kind::Symbol, name=nothing)
+    k, n = phase_args(kind, name)
+    check(ccall(sym(:memprobe_tracker_mark_tail), UInt32, (Ptr{Cvoid}, UInt32, Cstring),
+                t.handle, k, n === nothing ? C_NULL : n))
+end
+
 "Runs `f()` as a phase and returns its record (the phase ends on an error too)."
 function phase(f::Function, t::Tracker, kind::Symbol, name=nothing)
     begin_phase(t, kind, name)

@@ -65,17 +65,41 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                             n,
                         ),
                     ),
-                    _ => call(
-                        "tracker_next",
-                        tracker::memprobe_tracker_next(
-                            h,
-                            kind,
-                            cptr(&name),
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                            0,
+                    // The step boundaries: next, and the tail's three.
+                    _ => match rng.below(5) {
+                        0 => call(
+                            "tracker_end_into",
+                            tracker::memprobe_tracker_end_into(
+                                h,
+                                kind,
+                                cptr(&name),
+                                kind,
+                                cptr(&name),
+                                &mut rec,
+                                deltas.as_mut_ptr(),
+                                n,
+                            ),
                         ),
-                    ),
+                        1 => call(
+                            "tracker_resume",
+                            tracker::memprobe_tracker_resume(h, kind, cptr(&name), kind, cptr(&name)),
+                        ),
+                        2 => call(
+                            "tracker_mark_tail",
+                            tracker::memprobe_tracker_mark_tail(h, kind, cptr(&name)),
+                        ),
+                        _ => call(
+                            "tracker_next",
+                            tracker::memprobe_tracker_next(
+                                h,
+                                kind,
+                                cptr(&name),
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                                0,
+                            ),
+                        ),
+                    },
                 };
             }
             25 => {
