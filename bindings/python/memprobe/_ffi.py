@@ -358,6 +358,12 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
         status_t,
         [handle_t, c_uint32, c_char_p, P(memprobe_phase_record), P(memprobe_delta), c_size_t],
     ),
+    "memprobe_tracker_end_into": (
+        status_t,
+        [handle_t, c_uint32, c_char_p, c_uint32, c_char_p, P(memprobe_phase_record), P(memprobe_delta), c_size_t],
+    ),
+    "memprobe_tracker_resume": (status_t, [handle_t, c_uint32, c_char_p, c_uint32, c_char_p]),
+    "memprobe_tracker_mark_tail": (status_t, [handle_t, c_uint32, c_char_p]),
     "memprobe_tracker_add_table_sink": (status_t, [handle_t, c_uint32, c_int32]),
     "memprobe_tracker_add_jsonl_sink": (status_t, [handle_t, c_char_p]),
     "memprobe_tracker_add_csv_sink": (status_t, [handle_t, c_char_p]),

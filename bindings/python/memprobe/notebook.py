@@ -26,9 +26,11 @@ rounds them)::
   grew); ``Used Total``: used at the end. A cell that allocates 256 MiB
   and frees it reads ``0 256``.
 
-The window is opened when the cell starts (IPython's ``pre_run_cell``) and
-read when it ends (``post_run_cell``): the cell's own work, nothing between
-cells. The hook costs under a tenth of a millisecond for an ordinary cell;
+Each cell is a custom phase ``cell`` of a :class:`memprobe.Tracker`,
+begun when the cell starts (IPython's ``pre_run_cell``) and ended when it
+ends (``post_run_cell``): the cell's own work, nothing between cells. Under
+``memprobe run`` (``memprobe run -- ipython script.ipy``) every cell is in
+the run's summary, JSON and chart. The hook costs under a tenth of a millisecond for an ordinary cell;
 after a cell that freed tens of MiB, about a millisecond, the kernel
 finishing that free (docs/bindings-benchmarks.md).
 
@@ -54,7 +56,8 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 from .errors import MemprobeError
 from .sources import Fidelity, Source, SourceKind
 from .units import b2mb
-from .windows import Delta, Window
+from .tracker import PhaseKind, Tracker
+from .windows import Delta
 
 #: The line's header: ipyexperiments' column names.
 HEADER = "･ RAM: △Consumed △Peaked Used Total"
@@ -122,16 +125,22 @@ def format_table(record: CellRecord) -> str:
     return "\n".join(rows)
 
 
+#: The tracker's phase of a cell (under ``memprobe run``: ``cell N``).
+CELL = "cell"
+
+
 class _Measured:
     """The sources a cell is measured over: this process's RSS, plus the
     allocator sources of every visible device once PyTorch has initialised
-    CUDA; one window over them, opened once and restarted at each cell."""
+    CUDA; one :class:`memprobe.Tracker` over them, each cell a custom phase
+    ``cell`` of it (so ``memprobe run`` and the tracker's other observers
+    see every cell)."""
 
     def __init__(self, torch_sources: bool):
         self.torch_sources = torch_sources
         self.rss: Optional[Source] = Source.process()
         self.gpu: Optional[List[Source]] = None  # an AllocatorSources
-        self.window: Optional[Window] = None
+        self.tracker: Optional[Tracker] = None
         self.gpu_error: Optional[str] = None
         # Bound once: an import statement in the per-cell check cost a cold
         # cell (after one that touched tens of MiB) ~10 µs.
@@ -141,7 +150,7 @@ class _Measured:
 
             self._cuda_initialized = cuda_initialized
         self._attach_gpu()
-        self._open_window()
+        self._open_tracker()
 
     def sources(self) -> List[Source]:
         assert self.rss is not None
@@ -167,21 +176,31 @@ class _Measured:
 
     def attach_gpu(self) -> bool:
         """Adds the allocator sources (CUDA was initialised since), with a
-        new window over every source."""
+        new tracker over every source."""
         if not self._attach_gpu():
             return False
-        if self.window is not None:
-            self.window.close()
-        self._open_window()
+        if self.tracker is not None:
+            self.tracker.close()
+        self._open_tracker()
         return True
 
-    def _open_window(self) -> None:
+    def _open_tracker(self) -> None:
         sources = self.sources()
-        self.window = Window(sources)
+        self.tracker = Tracker(sources)
         self._names = [s.name for s in sources]
 
+    def begin(self) -> None:
+        """The cell begins."""
+        assert self.tracker is not None
+        self.tracker.begin(PhaseKind.CUSTOM, CELL)
+
+    def end(self) -> List[Delta]:
+        """The cell ends: each source's delta over it."""
+        assert self.tracker is not None
+        return list(self.tracker.end(PhaseKind.CUSTOM, CELL).deltas)
+
     def names(self) -> List[str]:
-        """The window's source names, in order (made with the window)."""
+        """The source names, in order (made with the tracker)."""
         return self._names
 
     def since_cuda_init(self) -> Dict[str, Delta]:
@@ -195,9 +214,9 @@ class _Measured:
             return {}
 
     def close(self) -> None:
-        if self.window is not None:
-            self.window.close()
-            self.window = None
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         close = getattr(self.gpu, "close", None)
         if close is not None:
             close()  # the list's since-start window; the shared sources go when unheld
@@ -296,8 +315,7 @@ class NotebookMemory:
             if m.wants_gpu():  # CUDA initialised between cells
                 m.attach_gpu()
             self._gpu_at_start = m.gpu is not None
-            assert m.window is not None
-            m.window.restart()
+            m.begin()
         except MemprobeError as e:
             self._armed = False
             self._say(f"･ memprobe: cannot measure this cell: {e}")
@@ -314,8 +332,7 @@ class NotebookMemory:
             return  # the cell that loaded the extension (or turned it on)
         self._armed = False
         try:
-            assert m.window is not None
-            deltas = dict(zip(m.names(), m.window.reset()))
+            deltas = dict(zip(m.names(), m.end()))
             if not self._gpu_at_start and m.wants_gpu():
                 deltas.update(m.since_cuda_init())
                 m.attach_gpu()
@@ -368,16 +385,15 @@ class NotebookMemory:
         per source."""
         m = _Measured(self.torch_sources)
         gpu_at_start = m.gpu is not None
-        assert m.window is not None
         value: Any = None
         try:
-            m.window.restart()
+            m.begin()
             t0 = time.perf_counter()
             try:
                 value = self._run(cell)
             finally:
                 seconds = time.perf_counter() - t0
-                deltas = dict(zip(m.names(), m.window.reset()))
+                deltas = dict(zip(m.names(), m.end()))
                 if not gpu_at_start and m.wants_gpu():
                     deltas.update(m.since_cuda_init())
                 # No cell number: IPython counts the running cell differently across versions.

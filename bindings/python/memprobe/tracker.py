@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import os
+import struct
 import sys
 from ctypes import byref, c_bool, c_int64, c_uint32, c_uint64
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from ._ffi import C, check
 from ._owned import Owned
 from .errors import Status
 from .sources import Source, as_sources, check_over
-from .windows import Delta
+from .windows import _DELTA_FORMAT, Delta, RawDeltas, _result_array
 
 
 class PhaseKind(enum.IntEnum):
@@ -195,6 +196,35 @@ class OomReportStatus:
     last_write_status: int
 
 
+def _unbound(name: str) -> Callable[..., int]:
+    """``name`` without declared argument types, as windows.py's reset: a
+    step's boundary passes ctypes objects made once (handle, result array,
+    count), which ctypes hands on as they are. A library without the symbol
+    gets the declared function (its error names what is missing)."""
+    try:
+        f = _ffi.lib[name]
+    except (AttributeError, KeyError):
+        return getattr(C, name)  # type: ignore[no-any-return]
+    f.restype = c_uint32
+    return f
+
+
+_END_INTO = _unbound("memprobe_tracker_end_into")
+_RESUME = _unbound("memprobe_tracker_resume")
+
+
+class _RawOut:
+    """A tracker's result arrays for raw step boundaries (windows.py's
+    layout), made at the first one."""
+
+    __slots__ = ("outs", "count", "unpack")
+
+    def __init__(self, n: int):
+        self.outs: List[Tuple[bytearray, ctypes.c_void_p, Any]] = [_result_array(n)]
+        self.count = ctypes.c_size_t(n)
+        self.unpack: Callable[[Any], RawDeltas] = struct.Struct("=" + _DELTA_FORMAT * n).unpack_from
+
+
 class _Phase:
     """The context manager of :meth:`Tracker.phase`; ``.record`` after exit."""
 
@@ -252,6 +282,7 @@ class Tracker(Owned):
         # c_void_p at every call): boundaries use it.
         self._arg = ctypes.c_void_p(h.value)
         self._delta_array = _ffi.memprobe_delta * len(self._sources)
+        self._raw: Optional[_RawOut] = None
         self._closed = False
 
     @property
@@ -289,6 +320,79 @@ class Tracker(Owned):
         """Ends the innermost phase and begins the next of the same kind at
         the same instant (the cheapest step boundary)."""
         return self._ending(C.memprobe_tracker_next, kind, name)
+
+    # --- tails: one boundary per step ------------------------------------------
+
+    def end_into(
+        self, kind: Kind, name: Optional[str] = None, next_kind: Optional[Kind] = None, next_name: Optional[str] = None
+    ) -> PhaseRecord:
+        """Ends the innermost phase, as :meth:`end`, and keeps its window
+        running, restarted at this end, as the *tail* of the phase
+        ``next_kind`` / ``next_name`` (default: the same phase): the next
+        :meth:`resume` of that phase begins at this end. One boundary per
+        step when the hook ending a step cannot tell whether another
+        follows; a release due at this end runs in the tail."""
+        return self._ending_into(kind, name, next_kind, next_name)
+
+    def _ending_into(
+        self, kind: Kind, name: Optional[str], next_kind: Optional[Kind], next_name: Optional[str]
+    ) -> PhaseRecord:
+        k, n = _kind(kind, name)
+        nk, nn = (k, n) if next_kind is None else _kind(next_kind, next_name)
+        rec = _ffi.memprobe_phase_record()
+        deltas = self._delta_array()
+        if self._flush:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        status = C.memprobe_tracker_end_into(self._arg, k, n, nk, nn, byref(rec), deltas, len(deltas))
+        if status:
+            check_over(status, self._sources)
+        return PhaseRecord._from_c(rec, deltas)
+
+    def end_into_raw(
+        self, kind: Kind, name: Optional[str] = None, next_kind: Optional[Kind] = None, next_name: Optional[str] = None
+    ) -> RawDeltas:
+        """:meth:`end_into`, the ended phase's deltas as the boundary read
+        them (:data:`memprobe.windows.RawDeltas`: no record or ``Delta``
+        built; a training step's hot path)."""
+        k, n = _kind(kind, name)
+        nk, nn = (k, n) if next_kind is None else _kind(next_kind, next_name)
+        raw = self._raw
+        if raw is None:
+            raw = self._raw = _RawOut(len(self._sources))
+        try:
+            out = raw.outs.pop()
+        except IndexError:  # another thread's boundary holds the array
+            out = _result_array(len(self._sources))
+        if self._flush:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        status = _END_INTO(self._arg, k, n, nk, nn, None, out[1], raw.count)
+        if status:
+            raw.outs.append(out)
+            check_over(status, self._sources)
+        values = raw.unpack(out[0])
+        raw.outs.append(out)
+        return values
+
+    def resume(
+        self, kind: Kind, name: Optional[str] = None, from_kind: Optional[Kind] = None, from_name: Optional[str] = None
+    ) -> None:
+        """Begins a phase on the tail of ``from_kind`` / ``from_name``
+        (default: its own), made by :meth:`end_into` or :meth:`mark_tail`:
+        its interval began when the tail did. Without such a tail, as
+        :meth:`begin`."""
+        k, n = _kind(kind, name)
+        fk, fn = (k, n) if from_kind is None else _kind(from_kind, from_name)
+        status = _RESUME(self._arg, k, n, fk, fn)
+        if status:
+            check_over(status, self._sources)
+
+    def mark_tail(self, kind: Kind, name: Optional[str] = None) -> None:
+        """Starts the tail of ``kind`` (and ``name``) now: the next
+        :meth:`resume` of it begins here (no phase begins or ends)."""
+        k, n = _kind(kind, name)
+        check_over(C.memprobe_tracker_mark_tail(self._arg, k, n), self._sources)
 
     def phase(self, kind: Kind, name: Optional[str] = None) -> _Phase:
         """``with tracker.phase("eval") as p: ...``; ``p.record`` afterwards."""

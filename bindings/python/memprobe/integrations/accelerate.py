@@ -50,6 +50,13 @@ own ``clear_device_cache()`` after the step's (epoch's) boundary, or with
 to the end of training: it also drops the accelerator's references to the
 prepared models and optimizers.
 
+The phases are kept by a :class:`memprobe.Tracker` (``probe.tracker``):
+under ``memprobe run`` (and ``torchrun`` / ``accelerate launch``) every
+step, epoch, evaluation and stage reaches the run's summary, JSON and
+chart, each rank named. ``oom_report="oom.json"`` (or a dict of
+:func:`memprobe.integrations.torch.report_oom`'s keyword arguments) writes
+an out-of-memory report naming the open phases when a CUDA allocation fails.
+
 Accelerate is imported only for the default cache release; the probe needs
 only the ``accelerator`` object given (any object with ``log(dict,
 step=...)``), or none (nothing logged, histories kept).
@@ -84,6 +91,7 @@ class MemprobeAccelerate(LoopViews):
         release_every_n_steps: Optional[int] = None,
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
+        oom_report: Any = None,
     ):
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError("log_every_n_steps must be >= 1 (or None: no step logs)")
@@ -101,6 +109,7 @@ class MemprobeAccelerate(LoopViews):
             release_every_n_steps=release_every_n_steps,
             release_every_n_epochs=release_every_n_epochs,
             release_gc=release_gc,
+            oom_report=oom_report,
         )
         #: Steps ended so far.
         self.global_step = 0

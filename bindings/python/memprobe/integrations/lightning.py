@@ -45,9 +45,12 @@ ranks (one all-reduce of a few int64s at each log, never per step), so rank
 0's loggers show the rank that used the most; ``callback.history`` keeps
 this rank's own phases and ``callback.ranks.history`` the maxima logged.
 
-Out-of-memory reports: ``MemprobeCallback(oom_report="oom.json")`` keeps
-the phases in a :class:`memprobe.Tracker` and attaches PyTorch's
-out-of-memory observer to its report
+The phases are kept by a :class:`memprobe.Tracker` (``callback.tracker``):
+under ``memprobe run`` every epoch, step and validation loop reaches the
+run's summary, JSON and chart, with its rank under a launcher.
+
+Out-of-memory reports: ``MemprobeCallback(oom_report="oom.json")``
+attaches PyTorch's out-of-memory observer to the tracker's report
 (:func:`memprobe.integrations.torch.report_oom`): when a CUDA allocation
 fails, ``oom.json`` says which epoch and step were running, their peaks so
 far, the last ended steps, each GPU's processes and what releasing caches
@@ -64,61 +67,15 @@ when ``MemprobeCallback`` is first used, never at ``import memprobe``.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from ..sources import Source
 from ..units import MiB
-from ..windows import Delta, RawDeltas, deltas_of, peaks_of, raw_of
+from ..windows import Delta, deltas_of, peaks_of
 from ._history import History, Record
 from ._lazy_class import LazyClass
 from ._ranks import RankMaxima
 from .phases import PhasePeaks, check_unit
-
-
-class _TrackerPhases(PhasePeaks):
-    """:class:`PhasePeaks` kept by a :class:`memprobe.Tracker` (steps and
-    epochs as tracker phases, anything else a custom phase), so that an
-    out-of-memory report knows the open phases and the last ended ones.
-    Phases end innermost first: ending one ends those still open inside it
-    (a step whose batch raised)."""
-
-    def __init__(self, sources: Union[Source, Iterable[Source], None], oom_report: Any):
-        super().__init__(sources)
-        from ..tracker import Tracker
-        from .torch import report_oom
-
-        self.tracker = Tracker(self.sources)
-        self._stack: List[str] = []
-        kwargs = dict(oom_report) if isinstance(oom_report, dict) else {"path": oom_report}
-        report_oom(self.tracker, **kwargs)
-
-    def start(self, phase: str) -> None:
-        if phase in self._stack:
-            self.end(phase)
-        self.tracker.begin(phase)
-        self._stack.append(phase)
-        self._open[phase] = True
-
-    def end(self, phase: str) -> List[Delta]:
-        if phase not in self._stack:
-            # Never started: an empty interval from now, as PhasePeaks
-            # measures from its previous end.
-            self.start(phase)
-        while self._stack[-1] != phase:
-            inner = self._stack.pop()
-            self._open[inner] = False
-            self.tracker.end(inner)
-        self._stack.pop()
-        self._open[phase] = False
-        return list(self.tracker.end(phase).deltas)
-
-    def end_raw(self, phase: str) -> RawDeltas:
-        return raw_of(self.end(phase))
-
-    def close(self) -> None:
-        super().close()
-        self._stack.clear()
-        self.tracker.close()
 
 
 class MemprobeHooks:
@@ -175,10 +132,9 @@ class MemprobeHooks:
                 from .torch import default_sources
 
                 sources = default_sources(self.torch_sources)
-            if self.oom_report is not None:
-                self._phases = _TrackerPhases(sources, self.oom_report)
-            else:
-                self._phases = PhasePeaks(sources)
+            # The phases are the core tracker's: run channel, OOM report,
+            # leak trends and release policies see every one.
+            self._phases = PhasePeaks(sources, oom_report=self.oom_report)
         return self._phases
 
     @property
@@ -195,8 +151,8 @@ class MemprobeHooks:
 
     @property
     def tracker(self) -> Any:
-        """The :class:`memprobe.Tracker` keeping the phases (with
-        ``oom_report``), else None."""
+        """The :class:`memprobe.Tracker` keeping the phases (from the first
+        hook to teardown), else None."""
         return getattr(self._phases, "tracker", None)
 
     def _should_log_step(self, trainer: Any) -> bool:

@@ -1,15 +1,23 @@
-"""A training loop's exact peaks, free of any framework: the engine under
-the Hugging Face Transformers callback and the Accelerate loop helper.
+"""A training loop's exact peaks, free of any framework: what the Hugging
+Face Transformers callback and the Accelerate loop helper measure, kept as
+phases of the core :class:`memprobe.Tracker` (:class:`.phases.PhasePeaks`),
+so that every step, epoch, evaluation and stage reaches the tracker's
+observers: ``memprobe run``'s summary, JSON and chart (with the rank under
+a launcher), the out-of-memory report (``oom_report``), leak trends and the
+core's release policies.
 
-One window per kind of interval, each with its own exact peak:
+Each kind of interval has its own exact peak:
 
 - ``step``: one boundary per step (:meth:`LoopPeaks.step_end` ends a step
   and starts the next at the same instant);
 - ``interval``: from one log to the next (every step between two logs,
-  and whatever ran between them: logging, evaluation, checkpoints);
+  and whatever ran between them: logging, evaluation, checkpoints): a
+  logging interval, not a phase of the loop, so a plain window beside the
+  tracker;
 - ``epoch``, ``eval`` (an evaluation), and the stages ``train``, ``eval``,
-  ``test`` (Trainer's names, :mod:`.trainer_stages`) and ``init`` (open from
-  the engine's creation).
+  ``test`` (Trainer's names, :mod:`.trainer_stages`: custom phases) and
+  ``init`` (open from the engine's creation to the loop's start: a plain
+  window, as the loop's sources are chosen later).
 
 :meth:`LoopPeaks.report` gives what to log at a logging interval: the last
 step, the interval, every epoch and evaluation ended since the previous
@@ -18,12 +26,13 @@ several ranks every value is the maximum across ranks (one all-reduce per
 report, :mod:`._ranks`); ``history`` keeps this rank's own phases and
 ``ranks.history`` the maxima.
 
-Cache release on a schedule (robo_orchard's ClearCacheHook): a release
-callback (default: Accelerate's ``clear_device_cache``, which empties the
-cache of whatever accelerator torch uses; with ``release_gc``, Accelerate's
-``release_memory()``: the garbage collector first) at the end of every
-``release_every_n_steps``-th step and ``release_every_n_epochs``-th epoch,
-after the boundary (the release shows in the next step's numbers)."""
+Cache release on a schedule (robo_orchard's ClearCacheHook), by the
+tracker's release policies: a release callback (default: Accelerate's
+``clear_device_cache``, which empties the cache of whatever accelerator
+torch uses; with ``release_gc``, Accelerate's ``release_memory()``: the
+garbage collector first) at the end of every ``release_every_n_steps``-th
+step and ``release_every_n_epochs``-th epoch, after the boundary (the
+release shows in the next step's numbers)."""
 
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ import gc
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
+from ..tracker import Tracker
 from ..windows import Delta, RawDeltas, Window, deltas_of
 from . import trainer_stages
 from ._history import History, Record
@@ -83,6 +93,7 @@ class LoopPeaks:
         release_every_n_steps: Optional[int] = None,
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
+        oom_report: Any = None,
     ):
         schedule = (
             ("release_every_n_steps", release_every_n_steps),
@@ -101,8 +112,12 @@ class LoopPeaks:
         self.release_every_n_epochs = release_every_n_epochs
         self.release_gc = release_gc
         self._release = release
-        #: Releases run by the schedule.
-        self.releases = 0
+        self._release_added = False
+        self._releases_closed = 0
+        #: :func:`memprobe.integrations.torch.report_oom`'s ``path`` (or a
+        #: dict of its keyword arguments): the tracker's out-of-memory report.
+        self.oom_report = oom_report
+        self._interval: Optional[Window] = None
         self._history = History()
         self.ranks = RankMaxima()
         #: Trainer-named metrics of each ended stage (bytes; maxima across ranks with several).
@@ -140,10 +155,46 @@ class LoopPeaks:
 
     @property
     def phases(self) -> PhasePeaks:
-        """The windows (created at the first phase, when the model is on its device)."""
+        """The phases, kept by a :class:`memprobe.Tracker` (created at the
+        first phase, when the model is on its device)."""
         if self._phases is None:
-            self._phases = PhasePeaks(self._choose_sources())
+            phases = PhasePeaks(self._choose_sources(), oom_report=self.oom_report)
+            t = phases.tracker
+            if self.release_every_n_steps is not None or self.release_every_n_epochs is not None:
+                self._add_release(t)
+            if self.release_every_n_steps is not None:
+                t.release_every("step", self.release_every_n_steps)
+            if self.release_every_n_epochs is not None:
+                t.release_every("epoch", self.release_every_n_epochs)
+            self._phases = phases
         return self._phases
+
+    @property
+    def tracker(self) -> Tracker:
+        """The :class:`memprobe.Tracker` keeping the phases."""
+        return self.phases.tracker
+
+    def _add_release(self, t: Tracker) -> None:
+        if self._release_added:
+            return
+        if self._release is None:
+            self._release = device_cache_release(self.release_gc)
+        t.add_release(self._release, "release")
+        self._release_added = True
+
+    @property
+    def releases(self) -> int:
+        """Releases run (by the schedule and :meth:`release_now`)."""
+        if self._phases is None:
+            return self._releases_closed
+        return self._releases_closed + self._phases.tracker.releases_fired
+
+    def _raise_release_error(self) -> None:
+        """A release callback's exception (kept by the tracker) goes to the
+        caller, as the callback's own call would have raised it."""
+        errors = self._phases.tracker.callback_errors if self._phases is not None else None
+        if errors:
+            raise errors.pop(0)
 
     def _ended(self, phase: str, deltas: List[Delta], pending: bool, stage: Optional[str] = None) -> Record:
         index = self._counts.get(phase, 0)
@@ -187,10 +238,15 @@ class LoopPeaks:
         if self.stage_gc:
             gc.collect()
         phases = self.phases
-        phases.start(f"stage:{stage}")
+        phases.start(stage)
         if stage == "train":
-            phases.start("step")
-            phases.start("interval")
+            phases.mark("step")
+            self._interval_window().restart()
+
+    def _interval_window(self) -> Window:
+        if self._interval is None:
+            self._interval = Window(self.phases.sources)
+        return self._interval
 
     def stage_end(self, stage: str) -> List[Delta]:
         """Ends a stage (one never begun measures from the previous
@@ -200,13 +256,11 @@ class LoopPeaks:
         if self.stage_gc:
             gc.collect()
         phases = self.phases
-        key = f"stage:{stage}"
-        if phases.is_open(key):
-            deltas = phases.end(key)
-            # What follows (a standalone evaluation, a prediction) begins here.
-            phases.start("step")
+        # What follows (a standalone evaluation, a prediction) begins here.
+        if phases.is_open(stage):
+            deltas = phases.end(stage, into="step")
         else:
-            deltas = phases.end("step")
+            deltas = phases.end(stage, since="step", into="step")
         self._ended(stage, deltas, True, stage)
         return deltas
 
@@ -233,21 +287,19 @@ class LoopPeaks:
                 self._history.add_raw("step", index, raw)
             else:
                 self._history.add("step", index, deltas)
-        n = self.release_every_n_steps
-        if n is not None and (index + 1) % n == 0:
-            self.release_now()
+        if self.release_every_n_steps is not None:
+            self._raise_release_error()
 
     def epoch_begin(self) -> None:
         phases = self.phases
         phases.start("epoch")
-        phases.start("step")
+        phases.mark("step")
 
     def epoch_end(self) -> List[Delta]:
         deltas = self.phases.end("epoch")
         self._ended("epoch", deltas, True)
-        n = self.release_every_n_epochs
-        if n is not None and self._counts["epoch"] % n == 0:
-            self.release_now()
+        if self.release_every_n_epochs is not None:
+            self._raise_release_error()
         return deltas
 
     def eval_begin(self) -> None:
@@ -261,19 +313,18 @@ class LoopPeaks:
         outside training: the Trainer names no evaluation inside it)."""
         phases = self.phases
         if phases.is_open("eval"):
-            deltas = phases.end("eval")
-            phases.start("step")
+            deltas = phases.end("eval", into="step")
         else:
-            deltas = phases.end("step")
+            deltas = phases.end("eval", since="step", into="step")
         self._ended("eval", deltas, True, "eval" if stage else None)
         return deltas
 
     def release_now(self) -> None:
-        """Runs the release callback now."""
-        if self._release is None:
-            self._release = device_cache_release(self.release_gc)
-        self._release()
-        self.releases += 1
+        """Runs the release callback now (through the tracker)."""
+        t = self.phases.tracker
+        self._add_release(t)
+        t.release_now()
+        self._raise_release_error()
 
     # --- what is logged -----------------------------------------------------------
 
@@ -294,7 +345,7 @@ class LoopPeaks:
             records.append(("step", self.count("step") - 1, deltas_of(self._last_step)))
             self._last_step = None
         if interval:
-            records.append(self._ended("interval", phases.end("interval"), False))
+            records.append(self._ended("interval", self._interval_window().reset(), False))
         records.extend(self._pending)
         self._pending = []
         named: Dict[str, int] = {}
@@ -329,7 +380,11 @@ class LoopPeaks:
         if self._init is not None:
             self._init.close()
             self._init = None
+        if self._interval is not None:
+            self._interval.close()
+            self._interval = None
         if self._phases is not None:
+            self._releases_closed += self._phases.tracker.releases_fired
             self._phases.close()
             self._phases = None
 
@@ -348,6 +403,11 @@ class LoopViews:
     @property
     def ranks(self) -> RankMaxima:
         return self.loop.ranks
+
+    @property
+    def tracker(self) -> Tracker:
+        """The :class:`memprobe.Tracker` keeping the phases."""
+        return self.loop.tracker
 
     @property
     def stage_metrics(self) -> Dict[str, Dict[str, int]]:

@@ -1,18 +1,39 @@
-"""Framework-free per-phase peaks: one independent window per phase kind
-("step", "epoch", "validation", ...), so a step window inside an epoch
-window inside a validation window each keep their own exact peak."""
+"""Framework-free per-phase peaks, kept by the core :class:`memprobe.Tracker`:
+a phase is named ("step", "epoch", "validation", ...), each keeps its own
+exact peak, and every boundary reaches the tracker's observers (phases in
+``memprobe run``, out-of-memory reports, leak trends, release policies).
+
+``"step"`` and ``"epoch"`` are the tracker's step and epoch phases, any
+other name a custom phase; phases nest (a step inside an epoch inside a
+validation loop), and ending one ends those still open inside it. A phase
+ends into its *tail* (:meth:`memprobe.Tracker.end_into`): its window runs
+on from its end, so a phase :meth:`~PhasePeaks.resume`-d, or ended without
+being started, measures from its previous end — one boundary per step."""
 
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
+from ..errors import WrongOrderError
 from ..sources import Source, as_sources
+from ..tracker import PhaseKind, Tracker
 from ..units import MiB
-from ..windows import Delta, RawDeltas, Window
-
+from ..windows import Delta, RawDeltas, deltas_of
 
 _METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
+
+#: A phase's name -> the tracker's (kind, name).
+_KINDS: Dict[str, Tuple[Any, Optional[str]]] = {
+    "step": (PhaseKind.STEP, None),
+    "epoch": (PhaseKind.EPOCH, None),
+}
+
+
+def tracker_phase(phase: str) -> Tuple[Any, Optional[str]]:
+    """The tracker's (kind, name) of a phase named ``phase``."""
+    hit = _KINDS.get(phase)
+    return hit if hit is not None else (PhaseKind.CUSTOM, phase)
 
 
 class PhasePeaks:
@@ -25,52 +46,113 @@ class PhasePeaks:
             train(batch)
             step = phases.end("step")        # [Delta per source]
         epoch = phases.end("epoch")
-    """
 
-    def __init__(self, sources: Union[Source, Iterable[Source], None] = None):
+    ``tracker``: the :class:`memprobe.Tracker` over ``sources`` that keeps
+    the phases (configure its sinks, release policies, out-of-memory
+    report). ``oom_report``: configures that report at once
+    (:func:`memprobe.integrations.torch.report_oom`'s ``path``, or a dict of
+    its keyword arguments)."""
+
+    def __init__(self, sources: Union[Source, Iterable[Source], None] = None, *, oom_report: Any = None):
         self.sources: List[Source] = as_sources(sources)
-        self._windows: Dict[str, Window] = {}
-        self._open: Dict[str, bool] = {}
+        self.tracker = Tracker(self.sources)
+        # The open phases, outermost first (the tracker's stack, by name).
+        self._stack: List[str] = []
+        # Phases that ended or were marked: their tails run (resume takes one).
+        self._tails: Dict[str, bool] = {}
+        # Steps or epochs kept as custom phases (where nesting refused them).
+        self._custom: Set[str] = set()
+        if oom_report is not None:
+            from .torch import report_oom
+
+            kwargs = dict(oom_report) if isinstance(oom_report, dict) else {"path": oom_report}
+            report_oom(self.tracker, **kwargs)
+
+    def _begin(self, phase: str, resume: bool, since: Optional[str] = None) -> None:
+        kind, name = tracker_phase(phase)
+        t = self.tracker
+        try:
+            if resume:
+                fk, fn = tracker_phase(since or phase)
+                t.resume(kind, name, fk, fn)
+            else:
+                t.begin(kind, name)
+        except WrongOrderError:
+            # A step or epoch where the tracker's nesting refuses one (an
+            # epoch inside a step): a custom phase of that name instead.
+            if kind is PhaseKind.CUSTOM:
+                raise
+            t.begin(PhaseKind.CUSTOM, phase)
+            self._custom.add(phase)
+        self._tails.pop(since or phase, None)
+        self._stack.append(phase)
+
+    def _kind(self, phase: str) -> Tuple[Any, Optional[str]]:
+        if phase in self._custom:
+            return PhaseKind.CUSTOM, phase
+        return tracker_phase(phase)
 
     def start(self, phase: str) -> None:
-        """Begins a phase now (a window is opened once per kind, then reset)."""
-        w = self._windows.get(phase)
-        if w is None:
-            self._windows[phase] = Window(self.sources)
-        else:
-            w.restart()
-        self._open[phase] = True
+        """Begins a phase now (ending it first if it is open)."""
+        if phase in self._stack:
+            self._close_to(phase)
+        self._begin(phase, False)
 
     def resume(self, phase: str) -> None:
         """Begins ``phase`` with no boundary of its own: its interval runs on
         from its last :meth:`end`, which started the next interval at the
         same instant (one boundary per phase instead of two, for phases that
         follow each other). A phase never ended is :meth:`start`-ed."""
-        if phase not in self._windows:
-            self.start(phase)
+        if phase in self._stack:
             return
-        self._open[phase] = True
+        self._begin(phase, phase in self._tails)
 
-    def end(self, phase: str) -> List[Delta]:
+    def mark(self, phase: str) -> None:
+        """Starts ``phase``'s next interval now without beginning it: the
+        next :meth:`resume` (or :meth:`end` of it unstarted) measures from
+        here."""
+        kind, name = tracker_phase(phase)
+        self.tracker.mark_tail(kind, name)
+        self._tails[phase] = True
+
+    def _close_to(self, phase: str) -> None:
+        """Ends the phases open inside ``phase`` (innermost first), keeping
+        their tails."""
+        while self._stack and self._stack[-1] != phase:
+            inner = self._stack[-1]
+            kind, name = self._kind(inner)
+            self.tracker.end_into_raw(kind, name)
+            self._stack.pop()
+            self._tails[inner] = True
+
+    def _end(self, phase: str, into: Optional[str], since: Optional[str]) -> RawDeltas:
+        if phase not in self._stack:
+            # Never started: from the previous end of ``since`` (its tail),
+            # or an empty interval from now.
+            self._begin(phase, True, since)
+        self._close_to(phase)
+        kind, name = self._kind(phase)
+        nxt = into or phase
+        nk, nn = tracker_phase(nxt)
+        raw = self.tracker.end_into_raw(kind, name, nk, nn)
+        self._stack.pop()
+        self._tails[nxt] = True
+        return raw
+
+    def end(self, phase: str, *, into: Optional[str] = None, since: Optional[str] = None) -> List[Delta]:
         """Ends a phase: the ended interval of every source. A phase that was
-        never started measures from the previous end (or its first use)."""
-        w = self._windows.get(phase)
-        if w is None:
-            self._windows[phase] = w = Window(self.sources)
-        self._open[phase] = False
-        return w.reset()
+        never started measures from the previous end of ``since`` (default:
+        itself; or an empty interval from now). The next interval of
+        ``into`` (default: the phase itself) begins at this end."""
+        return deltas_of(self._end(phase, into, since))
 
-    def end_raw(self, phase: str) -> RawDeltas:
+    def end_raw(self, phase: str, *, into: Optional[str] = None, since: Optional[str] = None) -> RawDeltas:
         """:meth:`end`, the ended interval as the boundary read it
-        (:meth:`memprobe.Window.reset_raw`: no ``Delta`` built)."""
-        w = self._windows.get(phase)
-        if w is None:
-            self._windows[phase] = w = Window(self.sources)
-        self._open[phase] = False
-        return w.reset_raw()
+        (:data:`memprobe.windows.RawDeltas`: no ``Delta`` built)."""
+        return self._end(phase, into, since)
 
     def is_open(self, phase: str) -> bool:
-        return self._open.get(phase, False)
+        return phase in self._stack
 
     def names(self) -> List[str]:
         """Metric-friendly names of the sources (``rss``, ``tree``,
@@ -99,17 +181,15 @@ class PhasePeaks:
         return out
 
     def close(self) -> None:
-        for w in self._windows.values():
-            w.close()
-        self._windows.clear()
-        self._open.clear()
+        self._stack.clear()
+        self._tails.clear()
+        self.tracker.close()
 
     def __enter__(self) -> "PhasePeaks":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
 
 
 def check_unit(unit: str) -> str:

@@ -50,6 +50,13 @@ Cache release: ``release_every_n_steps=N`` / ``release_every_n_epochs=N``
 run Accelerate's ``clear_device_cache()`` (``release_gc=True``: its
 ``release_memory()``, the garbage collector first), or ``release=fn``.
 
+The phases are kept by a :class:`memprobe.Tracker` (``callback.tracker``):
+under ``memprobe run`` every step, epoch, evaluation and stage reaches the
+run's summary, JSON and chart, with its rank under a launcher.
+``oom_report="oom.json"`` (or a dict of
+:func:`memprobe.integrations.torch.report_oom`'s keyword arguments) writes
+an out-of-memory report naming the open phases when a CUDA allocation fails.
+
 The callback puts itself first in the Trainer's callback list when
 training begins, so that the reporting callbacks see the keys it adds.
 transformers is imported when ``MemprobeCallback`` is first used, never at
@@ -94,6 +101,7 @@ class MemprobeTrainerHooks(LoopViews):
         release_every_n_steps: Optional[int] = None,
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
+        oom_report: Any = None,
     ):
         super().__init__()
         self.loop = LoopPeaks(
@@ -107,6 +115,7 @@ class MemprobeTrainerHooks(LoopViews):
             release_every_n_steps=release_every_n_steps,
             release_every_n_epochs=release_every_n_epochs,
             release_gc=release_gc,
+            oom_report=oom_report,
         )
         self.prefix = prefix
         self.trainer_metrics = trainer_metrics
