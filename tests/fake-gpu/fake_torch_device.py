@@ -8,7 +8,7 @@ bytes, as c10's caching allocator rounds them), a training step, the
 allocator's history (``_record_memory_history`` / ``_snapshot``'s
 ``device_traces``: ``alloc`` / ``free_requested`` with the size asked for,
 as c10 records them, ``segment_alloc`` / ``segment_free`` with the
-segment's, each with ``time_us``) and ``empty_cache``.
+segment's; and the state a snapshot's segments give) and ``empty_cache``.
 
 Defects, to see the validation fail (``FAKE_TORCH_DEFECT``, comma-separated):
   reset-noop    ``torch._C._cuda_resetPeakMemoryStats`` does nothing;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "python", "tests"))
@@ -47,7 +47,7 @@ class HistoryCuda(FakeCuda):
 
     def _event(self, action: str, size: int) -> None:
         if self.recording and "no-history" not in self.defects:
-            self.trace.append({"action": action, "size": size, "time_us": time.time_ns() // 1000})
+            self.trace.append({"action": action, "size": size})
 
     def _reserve(self, before: int) -> None:
         after = self.now[0]["reserved"]
@@ -87,23 +87,25 @@ class FakeDevice:
         import torch
 
         defects = [d for d in os.environ.get("FAKE_TORCH_DEFECT", "").split(",") if d]
+        if "hang" in defects:
+            time.sleep(3600)
         self.cuda = HistoryCuda(defects)
         self.cuda.install()
         self.torch = torch
         self.device = device
         self.defects = defects
-        if "hang" in defects:
-            time.sleep(3600)
-        self.history_start()  # before the first allocation, as the script does on a device
-        self._model = 24 << 20  # parameters and optimizer state, held for good
-        self.cuda.alloc(self._model)
+        self.live: Dict[int, int] = {}  # tensor id -> bytes asked for
+        self.ids = 0
+        self.model = self.alloc(24 << 20)  # parameters and optimizer state, held for good
 
     def alloc(self, nbytes: int) -> Any:
         self.cuda.alloc(nbytes)
-        return nbytes
+        self.ids += 1
+        self.live[self.ids] = nbytes
+        return self.ids
 
     def free(self, handle: Any) -> None:
-        self.cuda.free(handle)
+        self.cuda.free(self.live.pop(handle))
 
     def train_step(self, step: int) -> None:
         """Activations and gradients of a small model: varying, freed by the end."""
@@ -122,9 +124,13 @@ class FakeDevice:
         self.cuda.trace = []
         self.cuda.recording = True
 
-    def history_stop(self) -> List[Dict[str, Any]]:
-        self.cuda.recording = False
-        return list(self.cuda.trace)
+    def history_take(self) -> Tuple[List[Dict[str, Any]], Dict[str, int]]:
+        """The events since the last take and the state a snapshot gives."""
+        events, self.cuda.trace = self.cuda.trace, []
+        state = {"requested": sum(self.live.values()), "live": len(self.live),
+                 "reserved": self.cuda.now[0]["reserved"]}
+        return events, state
 
-    def now_us(self) -> int:
-        return time.time_ns() // 1000
+    def history_stop(self) -> None:
+        self.cuda.recording = False
+        self.cuda.trace = []
