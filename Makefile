@@ -236,7 +236,9 @@ PY_SITE := $(abspath $(BUILD))/py-site
 # CMake package under PREFIX (default /usr/local; DESTDIR stages for packagers):
 #   make install PREFIX=$HOME/.local
 # bin/memprobe, lib/libmemprobe.so.X.Y.Z, its SONAME link, libmemprobe.so,
-# libmemprobe.a, include/memprobe.h (and memprobe.hpp, memprobe_torch.hpp), lib/pkgconfig/memprobe.pc,
+# libmemprobe.a, include/memprobe.h (and memprobe.hpp, memprobe_torch.hpp), lib/pkgconfig/memprobe.pc
+# (its Libs: carry an rpath to LIBDIR, outside the loader's own directories, so
+# a program built through it runs without LD_LIBRARY_PATH),
 # lib/cmake/memprobe/memprobeConfig.cmake + memprobeConfigVersion.cmake.
 # The version comes from Cargo.toml (cargo pkgid), the SONAME from the library.
 PREFIX ?= /usr/local
@@ -262,9 +264,10 @@ install-files:
 	pc_libdir=$$(echo '$(LIBDIR)' | sed 's|^$(PREFIX)/|$${prefix}/|'); \
 	pc_incdir=$$(echo '$(INCLUDEDIR)' | sed 's|^$(PREFIX)/|$${prefix}/|'); \
 	inc_rel=$$(realpath -m --relative-to='$(LIBDIR)' '$(INCLUDEDIR)'); \
+	case '$(LIBDIR)' in /lib|/lib64|/usr/lib|/usr/lib64|/usr/lib/*-linux-gnu*) pc_rpath='';; *) pc_rpath='-Wl,-rpath,$${libdir} ';; esac; \
 	subst="s|@PREFIX@|$(PREFIX)|g; s|@PC_LIBDIR@|$$pc_libdir|g; s|@PC_INCLUDEDIR@|$$pc_incdir|g; \
 	       s|@VERSION@|$$version|g; s|@VERSION_MAJOR@|$$major|g; s|@VERSION_MINOR@|$$minor|g; \
-	       s|@SONAME@|$$soname|g; s|@INCLUDEDIR_FROM_LIBDIR@|$$inc_rel|g; \
+	       s|@SONAME@|$$soname|g; s|@INCLUDEDIR_FROM_LIBDIR@|$$inc_rel|g; s|@PC_RPATH@|$$pc_rpath|g; \
 	       s|@STATIC_LIBS@|$(STATIC_LIBS)|g; s|@STATIC_LIBS_CMAKE@|$(subst $() ,;,$(patsubst -l%,%,$(STATIC_LIBS)))|g"; \
 	install -d "$$bin" "$$lib" "$$lib/pkgconfig" "$$lib/cmake/memprobe" "$$inc"; \
 	install -m 755 $(RELEASE)/memprobe "$$bin/memprobe"; \

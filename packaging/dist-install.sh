@@ -18,5 +18,5 @@ echo "memprobe installed under $prefix: $prefix/bin/memprobe"
 echo "  pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig   CMake: CMAKE_PREFIX_PATH=$prefix"
 case "$prefix" in
     /usr|/usr/local) command -v ldconfig >/dev/null && [ "$(id -u)" = 0 ] && ldconfig || true ;;
-    *) echo "  at run time: LD_LIBRARY_PATH=$prefix/lib (or link with -Wl,-rpath,$prefix/lib)" ;;
+    *) echo "  programs built through pkg-config or CMake find $prefix/lib by their run path; others: LD_LIBRARY_PATH=$prefix/lib" ;;
 esac

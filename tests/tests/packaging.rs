@@ -177,19 +177,25 @@ fn pkg_config_consumer_builds_and_runs() {
         .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"]);
     cc.args(pkg(&["--cflags", "--libs"]).split_whitespace());
     output("cc with pkg-config flags", &mut cc);
-    let o = output(
-        "pkg-config consumer",
-        command(exe.to_str().unwrap()).env("LD_LIBRARY_PATH", p.join("lib")),
-    );
+    // It runs as built, with no LD_LIBRARY_PATH (`command` removes it): the
+    // .pc file's Libs: give the run path to this custom prefix.
+    let o = output("pkg-config consumer", &mut command(exe.to_str().unwrap()));
     let out = stdout(&o);
     assert!(
         out.contains(&format!("memprobe {VERSION} ")) && out.contains("used"),
         "{out}"
     );
-    // Without the library on the search path the program must not start:
-    // it really links the installed shared library.
-    let o = command(exe.to_str().unwrap()).output().unwrap();
-    assert!(!o.status.success());
+    // It really links the installed shared library, found by that run path.
+    let o = output("objdump", command("objdump").arg("-p").arg(&exe));
+    let dynamic = stdout(&o);
+    assert!(
+        dynamic.contains(&format!("NEEDED               {}", soname_of_version())),
+        "{dynamic}"
+    );
+    assert!(
+        dynamic.contains(&p.join("lib").display().to_string()),
+        "the run path does not name the prefix's lib/:\n{dynamic}"
+    );
 }
 
 fn cmake_configure(src: &Path, build: &Path, prefix: &Path, want: &str) -> Output {
@@ -340,35 +346,18 @@ fn readme_blocks(lang: &str) -> Vec<Vec<String>> {
     blocks
 }
 
-/// The README's C snippet as a whole program: its own lines inside `main`,
-/// with the training loop's functions it calls.
+/// The README's C program (the block with `memprobe_window_open`), as
+/// written: it is a whole program, saved as `app.c` by its reader.
 fn readme_app_c() -> String {
-    let snippet = readme_blocks("c")
+    let block = readme_blocks("c")
         .into_iter()
         .find(|b| b.iter().any(|l| l.contains("memprobe_window_open")))
-        .expect("README.md has the C snippet with memprobe_window_open");
-    let (includes, body): (Vec<&String>, Vec<&String>) =
-        snippet.iter().partition(|l| l.starts_with("#include"));
-    let mut app = String::from("#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n");
-    for l in includes {
-        app += l;
-        app.push('\n');
-    }
-    app += "\nstatic int steps = 3;\n\
-            /* A step that uses 32 MiB for a moment. */\n\
-            static void train_step(void) {\n\
-                char *p = malloc(32u << 20);\n\
-                if (p) { memset(p, 1, 32u << 20); free(p); }\n\
-            }\n\
-            static void evaluate(void) {}\n\n\
-            int main(void) {\n";
-    for l in body {
-        app += "    ";
-        app += l;
-        app.push('\n');
-    }
-    app += "    return 0;\n}\n";
-    app
+        .expect("README.md has the C program with memprobe_window_open");
+    assert!(
+        block.iter().any(|l| l.starts_with("int main(")),
+        "the README's C block is a whole program"
+    );
+    block.join("\n") + "\n"
 }
 
 #[test]
@@ -394,7 +383,7 @@ fn readme_c_build_lines_work_verbatim_after_make_lib() {
     assert_eq!(link_target(&link), "libmemprobe.so");
     // The remaining lines run verbatim, in a directory laid out like the
     // repository root for them: include/ and target/ of the repository, and
-    // app.c (the README's C snippet made a program).
+    // app.c (the README's C program).
     let dir = scratch("readme-c");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
