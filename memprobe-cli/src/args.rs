@@ -50,6 +50,11 @@ pub(crate) struct ServeArgs {
     /// 0.0.0.0:PORT to be scraped from other machines.
     #[arg(long, default_value = "127.0.0.1:9477", value_name = "ADDR")]
     pub(crate) listen: SocketAddr,
+    /// TLS and basic auth from a web configuration file in Prometheus
+    /// exporter-toolkit's format (node_exporter's --web.config.file);
+    /// re-read when it changes. See docs/metrics.md.
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub(crate) web_config_file: Option<PathBuf>,
 }
 
 /// Options of `memprobe run`.

@@ -4,10 +4,14 @@ use crate::http::{Limits, Render, Server};
 use crate::labels::{hostname, Rank};
 use crate::render::{render, Inputs};
 use crate::snapshot::{MetricsSink, Shared};
+use crate::web_reload::WebConfigHook;
 use memprobe_core::internal::lock::Lock;
+use memprobe_core::CgroupLocation;
 use memprobe_core::{Error, Result, Source, Tracker};
 use memprobe_gpu::Gpus;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// How an exporter starts.
@@ -23,6 +27,13 @@ pub struct ExporterOptions {
     pub hostname: Option<String>,
     /// Connection bounds.
     pub limits: Limits,
+    /// A web configuration file in exporter-toolkit's format (TLS, basic
+    /// auth; see [`WebConfig`](crate::WebConfig)): read at the start, where any problem is
+    /// the start's error, and re-read when it or a file it names changes.
+    pub web_config: Option<PathBuf>,
+    /// Told of each re-read of `web_config` (a bad new file keeps the last
+    /// good one); also seen through [`Exporter::web_config_error`].
+    pub on_web_config: Option<WebConfigHook>,
 }
 
 #[derive(Clone, Default)]
@@ -31,6 +42,7 @@ struct Config {
     rank: Rank,
     gpus: Option<&'static Gpus>,
     gpu_processes: bool,
+    oom: Option<CgroupLocation>,
 }
 
 struct Inner {
@@ -47,6 +59,7 @@ impl Inner {
             sources: &config.sources,
             gpus: config.gpus,
             gpu_processes: config.gpu_processes,
+            oom: config.oom.as_ref(),
             hostname: &self.hostname,
             rank: &config.rank,
             snapshot: &snapshot,
@@ -80,8 +93,16 @@ impl Exporter {
     /// # Errors
     /// [`ErrorKind::Io`](memprobe_core::ErrorKind::Io) with "cannot listen
     /// on ADDR: Address already in use" when the port is taken, and
-    /// similar messages for other bind failures.
+    /// similar messages for other bind failures; the errors of
+    /// [`WebConfig::load`](crate::WebConfig::load) and of reading the files it names (an
+    /// unreadable certificate, a key that does not match it) when
+    /// `web_config` is given: never a fallback to plain HTTP.
     pub fn start(options: ExporterOptions) -> Result<Exporter> {
+        let web = options
+            .web_config
+            .as_deref()
+            .map(|p| crate::web_reload::load(p, options.on_web_config.clone()))
+            .transpose()?;
         let hostname = match options.hostname {
             Some(h) => h,
             None => hostname()?,
@@ -100,7 +121,7 @@ impl Exporter {
         let weak = Arc::downgrade(&inner);
         let render: Render =
             Arc::new(move || weak.upgrade().map_or_else(String::new, |i| i.render()));
-        let server = Server::start(listen, options.limits, render)?;
+        let server = Server::start(listen, options.limits, render, web)?;
         let addr = server.local_addr();
         Ok(Exporter {
             inner,
@@ -112,6 +133,29 @@ impl Exporter {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `"https"` when new connections are served over TLS (the web
+    /// configuration in force has `tls_server_config`), else `"http"`.
+    pub fn scheme(&self) -> &'static str {
+        let tls = self
+            .server
+            .as_ref()
+            .and_then(Server::web)
+            .is_some_and(|w| w.tls.load(Ordering::Relaxed));
+        if tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Why the last re-read of the web configuration was refused (the last
+    /// good configuration is still in force); `None` when there is no web
+    /// configuration or the last read was good.
+    pub fn web_config_error(&self) -> Option<Error> {
+        let web = self.server.as_ref().and_then(Server::web)?;
+        web.error.lock().ok()?.clone()
     }
 
     /// The port it listens on (the one chosen when port 0 was asked for).
@@ -135,6 +179,14 @@ impl Exporter {
         let mut c = self.inner.config.lock()?;
         c.gpus = gpus;
         c.gpu_processes = processes;
+        Ok(())
+    }
+
+    /// Exports the OOM kills the kernel counted in the cgroup at
+    /// `location` (`memprobe_cgroup_oom_kills_total`, read at each
+    /// scrape); `None` stops.
+    pub fn set_oom_kills(&self, location: Option<CgroupLocation>) -> Result<()> {
+        self.inner.config.lock()?.oom = location;
         Ok(())
     }
 

@@ -22,16 +22,27 @@
 //! - only `GET` is served (405 otherwise), only `/metrics` and `/` (404
 //!   otherwise).
 //!
+//! - with a web configuration ([`crate::web_config`]): TLS through rustls
+//!   in the same loop ([`crate::conn`]), basic authentication with bcrypt
+//!   run on one worker thread behind a bounded queue
+//!   ([`crate::basic_auth`]), the file re-read when it changes
+//!   ([`crate::web_reload`]).
+//!
 //! Memory is bounded by `max_connections` × (`max_head` + one answer);
-//! threads by one.
+//! threads by two (the loop, and the password checker once needed).
 
+use crate::basic_auth::{Check, Worker};
+use crate::conn::{Conn, Stage, Step};
+pub(crate) use crate::route::Render;
+use crate::route::{self, Answer};
+use crate::web_reload::{Watched, Web};
 use memprobe_core::{Error, Result};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -40,7 +51,8 @@ use std::time::{Duration, Instant};
 pub struct Limits {
     /// Largest request head (request line and headers), bytes.
     pub max_head: usize,
-    /// Time a client has to send its request head, and again to take the answer.
+    /// Time a client has to send its request head (and finish the TLS
+    /// handshake, and have its password checked), and again to take the answer.
     pub read_timeout: Duration,
     /// Connections open at once. A new connection beyond it closes the
     /// oldest one still sending its head (or, when every one is taking an
@@ -58,16 +70,14 @@ impl Default for Limits {
     }
 }
 
-/// What a request is answered with.
-pub(crate) struct Answer {
-    pub(crate) status: u16,
-    pub(crate) content_type: &'static str,
-    pub(crate) body: String,
-    pub(crate) allow: bool,
+/// What the exporter sees of a web configuration being served.
+#[derive(Clone)]
+pub(crate) struct WebShared {
+    /// Whether new connections are served over TLS now.
+    pub(crate) tls: Arc<AtomicBool>,
+    /// The last refused re-read, until a good one.
+    pub(crate) error: Arc<Mutex<Option<Error>>>,
 }
-
-/// Produces the body of `GET /metrics`.
-pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The running server.
 pub(crate) struct Server {
@@ -77,6 +87,7 @@ pub(crate) struct Server {
     /// would raise SIGPIPE in a C host that has not ignored it.)
     wake: UnixStream,
     thread: JoinHandle<()>,
+    web: Option<WebShared>,
 }
 
 /// Connections accepted per turn of the loop, so that a flood of connects
@@ -87,11 +98,17 @@ const ACCEPT_BURST: usize = 64;
 /// connection of ours can be closed to make room.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
-/// Bytes read from a connection at a time.
-const READ_CHUNK: usize = 4096;
+/// Fixed entries at the head of the poll set: the stop socket, the
+/// listener, the password checker's wake-up socket.
+const FIXED: usize = 3;
 
 impl Server {
-    pub(crate) fn start(addr: SocketAddr, limits: Limits, render: Render) -> Result<Server> {
+    pub(crate) fn start(
+        addr: SocketAddr,
+        limits: Limits,
+        render: Render,
+        web: Option<(Web, Watched)>,
+    ) -> Result<Server> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| Error::io(format!("cannot listen on {addr}"), &e))?;
         listener
@@ -110,6 +127,23 @@ impl Server {
         woken
             .set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", &e))?;
+        let (shared, web) = match web {
+            Some((current, watched)) => {
+                let shared = WebShared {
+                    tls: Arc::new(AtomicBool::new(current.tls.is_some())),
+                    error: Arc::clone(&watched.error),
+                };
+                let runtime = WebRuntime {
+                    current,
+                    watched,
+                    worker: None,
+                    verdicts: None,
+                    tls: Arc::clone(&shared.tls),
+                };
+                (Some(shared), Some(runtime))
+            }
+            None => (None, None),
+        };
         let mut server = Loop {
             listener: Some(listener),
             woken,
@@ -122,16 +156,27 @@ impl Server {
             conns: Vec::new(),
             next_seq: 0,
             accept_paused_until: None,
+            web,
         };
         let thread = std::thread::Builder::new()
             .name("memprobe-http".into())
             .spawn(move || server.run())
             .map_err(|e| Error::io("cannot start the HTTP thread", &e))?;
-        Ok(Server { addr, wake, thread })
+        Ok(Server {
+            addr,
+            wake,
+            thread,
+            web: shared,
+        })
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The web configuration's state, when one is served.
+    pub(crate) fn web(&self) -> Option<&WebShared> {
+        self.web.as_ref()
     }
 
     /// Stops serving: closes the listening socket and the connections that
@@ -143,21 +188,41 @@ impl Server {
     }
 }
 
-/// One connection and where it stands.
-struct Conn {
-    stream: TcpStream,
-    /// Accept order: the smallest is the oldest.
-    seq: u64,
-    /// When the current stage (head, answer) runs out of time.
-    deadline: Instant,
-    stage: Stage,
+/// The web configuration in force, its watch, and the password checker.
+struct WebRuntime {
+    current: Web,
+    watched: Watched,
+    /// Started at the first password that needs bcrypt.
+    worker: Option<Worker>,
+    /// The worker's wake-up socket, polled by the loop.
+    verdicts: Option<UnixStream>,
+    tls: Arc<AtomicBool>,
 }
 
-enum Stage {
-    /// Reading the request head: the bytes received so far.
-    Head(Vec<u8>),
-    /// Sending the answer: its bytes and how many are sent.
-    Answer(Vec<u8>, usize),
+impl WebRuntime {
+    /// Queues a password check for connection `seq`; false when it cannot
+    /// be (the queue is full, or no worker could start).
+    fn submit(&mut self, seq: u64, mut job: crate::basic_auth::Job, deadline: Instant) -> bool {
+        if self.worker.is_none() {
+            let Ok((theirs, ours)) = UnixStream::pair() else {
+                return false;
+            };
+            if theirs.set_nonblocking(true).is_err() || ours.set_nonblocking(true).is_err() {
+                return false;
+            }
+            match Worker::start(theirs) {
+                Ok(w) => {
+                    self.worker = Some(w);
+                    self.verdicts = Some(ours);
+                }
+                Err(_) => return false,
+            }
+        }
+        job.generation = self.current.generation;
+        self.worker
+            .as_ref()
+            .is_some_and(|w| w.submit(seq, job, deadline))
+    }
 }
 
 /// The server's state, owned by its thread.
@@ -170,6 +235,7 @@ struct Loop {
     conns: Vec<Conn>,
     next_seq: u64,
     accept_paused_until: Option<Instant>,
+    web: Option<WebRuntime>,
 }
 
 fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
@@ -180,12 +246,53 @@ fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
     }
 }
 
+/// The answer to a whole head, or `None` when it waits for its password's
+/// check (queued for connection `seq`).
+fn respond(
+    head: &str,
+    stray_http: bool,
+    web: &mut Option<WebRuntime>,
+    render: &Render,
+    seq: u64,
+    deadline: Instant,
+) -> Option<Answer> {
+    if stray_http {
+        return Some(route::http_to_https());
+    }
+    let req = match route::parse(head) {
+        Ok(r) => r,
+        Err(answer) => return Some(answer),
+    };
+    if let Some(w) = web.as_mut() {
+        let excluded = w.current.excluded_paths.iter().any(|p| p == req.path);
+        if let Some(auth) = w.current.auth.as_ref().filter(|_| !excluded) {
+            match auth.check(route::header(head, "authorization")) {
+                Check::Allow => {}
+                Check::Deny => return Some(route::unauthorized()),
+                Check::Verify(job) => {
+                    return if w.submit(seq, job, deadline) {
+                        None
+                    } else {
+                        Some(route::busy())
+                    };
+                }
+            }
+        }
+    }
+    Some(route::route(&req, render))
+}
+
+fn headers(web: &Option<WebRuntime>) -> &[(&'static str, String)] {
+    web.as_ref().map_or(&[], |w| w.current.headers.as_slice())
+}
+
 impl Loop {
     fn run(&mut self) {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         loop {
             let now = Instant::now();
             self.expire(now);
+            self.reload(now);
             let listening = self.accept_paused_until.map_or(true, |t| t <= now);
             if listening {
                 self.accept_paused_until = None;
@@ -202,12 +309,15 @@ impl Loop {
             let listen_fd = self.listener.as_ref().map_or(-1, AsRawFd::as_raw_fd);
             let listen_events = if listening { libc::POLLIN } else { 0 };
             fds.push(pollfd(listen_fd, listen_events));
+            let verdict_fd = self
+                .web
+                .as_ref()
+                .and_then(|w| w.verdicts.as_ref())
+                .map_or(-1, AsRawFd::as_raw_fd);
+            fds.push(pollfd(verdict_fd, libc::POLLIN));
             fds.extend(self.conns.iter().map(|c| {
-                let events = match c.stage {
-                    Stage::Head(_) => libc::POLLIN,
-                    Stage::Answer(..) => libc::POLLOUT,
-                };
-                pollfd(c.stream.as_raw_fd(), events)
+                let (fd, events) = c.poll_for();
+                pollfd(fd, events)
             }));
             let timeout = self.timeout_ms(now);
             // SAFETY: `fds` is a valid array of `fds.len()` pollfds whose
@@ -228,29 +338,110 @@ impl Loop {
                 continue;
             }
             let now = Instant::now();
-            let (limits, render) = (self.limits, &self.render);
-            let mut revents = fds[2..].iter().map(|p| p.revents);
+            let (limits, render, web) = (self.limits, &self.render, &mut self.web);
+            let mut revents = fds[FIXED..].iter().map(|p| p.revents);
             self.conns.retain_mut(|c| {
                 let r = revents.next().unwrap_or(0);
-                r == 0 || c.progress(limits, render, now)
+                if r == 0 {
+                    return true;
+                }
+                match c.progress(limits.max_head) {
+                    Step::Keep => true,
+                    Step::Done => false,
+                    Step::Head(head) => {
+                        let deadline = now + limits.read_timeout;
+                        match respond(&head, c.stray_http(), web, render, c.seq, deadline) {
+                            Some(answer) => {
+                                c.answer(&answer, deadline, headers(web));
+                                !matches!(c.write(), Step::Done)
+                            }
+                            None => {
+                                c.stage = Stage::Verifying(head);
+                                true
+                            }
+                        }
+                    }
+                }
             });
+            if fds[2].revents != 0 {
+                self.settle(now);
+            }
             if fds[1].revents != 0 {
                 self.accept(now);
             }
         }
     }
 
-    /// Answers heads that ran out of time with 408; closes connections
-    /// whose answer ran out of time.
+    /// Re-reads the web configuration when its files changed.
+    fn reload(&mut self, now: Instant) {
+        let Some(w) = self.web.as_mut() else {
+            return;
+        };
+        if let Some(new) = w.watched.poll(now) {
+            w.tls.store(new.tls.is_some(), Ordering::Relaxed);
+            w.current = new;
+        }
+    }
+
+    /// Answers the connections whose passwords were checked.
+    fn settle(&mut self, now: Instant) {
+        let Some(w) = self.web.as_mut() else {
+            return;
+        };
+        if let Some(s) = w.verdicts.as_mut() {
+            let mut sink = [0u8; 256];
+            while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        }
+        let Some(worker) = w.worker.as_ref() else {
+            return;
+        };
+        let verdicts: Vec<_> = worker.verdicts().collect();
+        for v in verdicts {
+            if let (Some(ok), Some(auth)) = (v.ok, w.current.auth.as_mut()) {
+                if v.generation == w.current.generation {
+                    auth.settle(&v.user, v.tag, ok);
+                }
+            }
+            let Some(c) = self
+                .conns
+                .iter_mut()
+                .find(|c| c.seq == v.seq && matches!(c.stage, Stage::Verifying(_)))
+            else {
+                continue;
+            };
+            let Stage::Verifying(head) = std::mem::replace(&mut c.stage, Stage::Head(Vec::new()))
+            else {
+                continue;
+            };
+            let answer = match v.ok {
+                Some(true) => match route::parse(&head) {
+                    Ok(req) => route::route(&req, &self.render),
+                    Err(a) => a,
+                },
+                Some(false) => route::unauthorized(),
+                None => route::busy(),
+            };
+            c.answer(&answer, now + self.limits.read_timeout, &w.current.headers);
+            // Sent when poll says the socket takes it.
+        }
+    }
+
+    /// Answers heads that ran out of time with 408 (and password checks
+    /// with 503); closes connections whose answer ran out of time.
     fn expire(&mut self, now: Instant) {
         let timeout = self.limits.read_timeout;
+        let headers = headers(&self.web).to_vec();
         self.conns.retain_mut(|c| {
             if c.deadline > now {
                 return true;
             }
             match c.stage {
                 Stage::Head(_) => {
-                    c.answer(&plain(408, ""), now + timeout);
+                    c.answer(&route::plain(408, ""), now + timeout, &headers);
+                    true
+                }
+                Stage::Verifying(_) => {
+                    c.answer(&route::busy(), now + timeout, &headers);
                     true
                 }
                 Stage::Answer(..) => false,
@@ -266,6 +457,7 @@ impl Loop {
             .iter()
             .map(|c| c.deadline)
             .chain(self.accept_paused_until)
+            .chain(self.web.as_ref().map(|w| w.watched.next_check))
             .min();
         next.map_or(-1, |t| {
             let ms = t
@@ -280,6 +472,7 @@ impl Loop {
         let Some(listener) = self.listener.as_ref() else {
             return;
         };
+        let tls = self.web.as_ref().and_then(|w| w.current.tls.as_ref());
         for _ in 0..ACCEPT_BURST {
             match listener.accept() {
                 Ok((stream, _)) => {
@@ -291,12 +484,10 @@ impl Loop {
                     if self.conns.len() >= self.limits.max_connections {
                         close_oldest(&mut self.conns);
                     }
-                    self.conns.push(Conn {
-                        stream,
-                        seq: self.next_seq,
-                        deadline: now + self.limits.read_timeout,
-                        stage: Stage::Head(Vec::new()),
-                    });
+                    let deadline = now + self.limits.read_timeout;
+                    if let Some(c) = Conn::new(stream, tls, self.next_seq, deadline) {
+                        self.conns.push(c);
+                    }
                     self.next_seq += 1;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
@@ -341,169 +532,11 @@ fn close_oldest(conns: &mut Vec<Conn>) -> bool {
     }
 }
 
-impl Conn {
-    /// Moves the connection on after `poll` reported it ready; false when
-    /// it is done (answered, or gone) and must be closed.
-    fn progress(&mut self, limits: Limits, render: &Render, now: Instant) -> bool {
-        if let Stage::Head(buf) = &mut self.stage {
-            let answer = match read_head(&mut self.stream, buf, limits.max_head) {
-                HeadRead::More => return true,
-                HeadRead::Gone => return false,
-                HeadRead::Head(head) => route(&head, render),
-                HeadRead::Refuse(status) => plain(status, ""),
-            };
-            self.answer(&answer, now + limits.read_timeout);
-        }
-        self.write()
-    }
-
-    /// Switches to sending `answer`, due by `deadline`.
-    fn answer(&mut self, answer: &Answer, deadline: Instant) {
-        let reason = match answer.status {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            408 => "Request Timeout",
-            431 => "Request Header Fields Too Large",
-            500 => "Internal Server Error",
-            _ => "Error",
-        };
-        let allow = if answer.allow { "Allow: GET\r\n" } else { "" };
-        let mut bytes = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
-            answer.status,
-            answer.content_type,
-            answer.body.len()
-        )
-        .into_bytes();
-        bytes.extend_from_slice(answer.body.as_bytes());
-        self.stage = Stage::Answer(bytes, 0);
-        self.deadline = deadline;
-    }
-
-    /// Sends what the socket takes; false when the answer is out (or the
-    /// client gone): the connection is done.
-    fn write(&mut self) -> bool {
-        let Stage::Answer(bytes, sent) = &mut self.stage else {
-            return true;
-        };
-        while *sent < bytes.len() {
-            match self.stream.write(&bytes[*sent..]) {
-                Ok(0) => return false,
-                Ok(n) => *sent += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-        }
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        false
-    }
-}
-
-/// Where reading a head stands.
-enum HeadRead {
-    /// Not complete yet: wait for more.
-    More,
-    /// The client went away (or failed) before a whole head.
-    Gone,
-    /// The whole head.
-    Head(String),
-    /// Answer with this status.
-    Refuse(u16),
-}
-
-/// Reads what has arrived of the request head into `buf` (at most `max`
-/// bytes in all), without blocking.
-fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>, max: usize) -> HeadRead {
-    loop {
-        let len = buf.len();
-        if len >= max {
-            return HeadRead::Refuse(431);
-        }
-        buf.resize(len + READ_CHUNK.min(max - len), 0);
-        let got = stream.read(&mut buf[len..]);
-        buf.truncate(len + *got.as_ref().unwrap_or(&0));
-        match got {
-            Ok(0) => return HeadRead::Gone,
-            Ok(_) => {
-                let from = len.saturating_sub(3);
-                if let Some(end) = find_end(&buf[from..]) {
-                    return match std::str::from_utf8(&buf[..from + end]) {
-                        Ok(head) => HeadRead::Head(head.to_owned()),
-                        Err(_) => HeadRead::Refuse(400),
-                    };
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return HeadRead::More,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return HeadRead::Gone,
-        }
-    }
-}
-
-/// The end of a head (`\r\n\r\n`, or `\n\n` from lenient clients).
-fn find_end(b: &[u8]) -> Option<usize> {
-    b.windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .or_else(|| b.windows(2).position(|w| w == b"\n\n"))
-}
-
-fn plain(status: u16, body: &str) -> Answer {
-    Answer {
-        status,
-        content_type: "text/plain; charset=utf-8",
-        body: body.to_owned(),
-        allow: status == 405,
-    }
-}
-
-const INDEX: &str = "<!DOCTYPE html>\n<html><head><title>memprobe exporter</title></head>\
-<body><h1>memprobe exporter</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n";
-
-fn route(head: &str, render: &Render) -> Answer {
-    let line = head.lines().next().unwrap_or("");
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return plain(400, "malformed request line\n");
-    };
-    if parts.next().is_some() || !version.starts_with("HTTP/1.") {
-        return plain(400, "malformed request line\n");
-    }
-    let path = target.split(['?', '#']).next().unwrap_or("");
-    if path != "/metrics" && path != "/" {
-        return plain(404, "not found: memprobe serves /metrics\n");
-    }
-    if method != "GET" {
-        return plain(405, "only GET is allowed\n");
-    }
-    if path == "/" {
-        return Answer {
-            status: 200,
-            content_type: "text/html; charset=utf-8",
-            body: INDEX.to_owned(),
-            allow: false,
-        };
-    }
-    // One thread serves every connection: a panic while reading a source
-    // must cost this scrape (500), not the server.
-    match catch_unwind(AssertUnwindSafe(|| render())) {
-        Ok(body) => Answer {
-            status: 200,
-            content_type: crate::text::CONTENT_TYPE,
-            body,
-            allow: false,
-        },
-        Err(_) => plain(500, "rendering the metrics failed\n"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
+    use std::io::Write;
+    use std::net::{Ipv4Addr, TcpStream};
 
     fn get(addr: SocketAddr) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
@@ -525,7 +558,7 @@ mod tests {
             "up 1\n".to_owned()
         });
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-        let server = Server::start(addr, Limits::default(), render).unwrap();
+        let server = Server::start(addr, Limits::default(), render, None).unwrap();
         let first = get(server.local_addr());
         assert!(first.starts_with("HTTP/1.1 500 "), "{first}");
         let second = get(server.local_addr());

@@ -35,15 +35,23 @@
 //! # Ok::<(), memprobe_core::Error>(())
 //! ```
 
+mod basic_auth;
+mod conn;
 mod exporter;
 mod http;
 mod labels;
 mod render;
+mod route;
 mod snapshot;
 mod text;
+mod tls;
+mod web_config;
+mod web_reload;
 
 pub use exporter::{Exporter, ExporterOptions};
 pub use http::Limits;
 pub use labels::{hostname, Rank};
 pub use snapshot::MetricsSink;
 pub use text::CONTENT_TYPE;
+pub use web_config::WebConfig;
+pub use web_reload::{WebConfigEvent, WebConfigHook};

@@ -4,6 +4,8 @@
 use crate::labels::Rank;
 use crate::snapshot::{Snapshot, KINDS};
 use crate::text::{Exposition, Type};
+use memprobe_core::internal::cgroup::OomEvents;
+use memprobe_core::CgroupLocation;
 use memprobe_core::{Sample, Source};
 use memprobe_gpu::Gpus;
 
@@ -12,6 +14,8 @@ pub(crate) struct Inputs<'a> {
     pub(crate) sources: &'a [Source],
     pub(crate) gpus: Option<&'static Gpus>,
     pub(crate) gpu_processes: bool,
+    /// The cgroup whose OOM kills are counted, when watched.
+    pub(crate) oom: Option<&'a CgroupLocation>,
     pub(crate) hostname: &'a str,
     pub(crate) rank: &'a Rank,
     pub(crate) snapshot: &'a Snapshot,
@@ -59,6 +63,9 @@ pub(crate) fn render(i: &Inputs<'_>) -> String {
 
     sources(&mut e, i.sources, &common);
     phases(&mut e, i.snapshot, &common);
+    if let Some(location) = i.oom {
+        oom_kills(&mut e, location, &common);
+    }
     if let Some(gpus) = i.gpus {
         let mut dcgm_common: Vec<(&str, &str)> = vec![("Hostname", i.hostname)];
         dcgm_common.extend(rank.iter().map(|(k, v)| (*k, v.as_str())));
@@ -203,6 +210,20 @@ fn phases(e: &mut Exposition, snap: &Snapshot, common: &[(&str, &str)]) {
     for rows in [releases, released, flagged, streak] {
         rows.write(e, common);
     }
+}
+
+/// The kernel's OOM-kill counter of the cgroup, read at the scrape; absent
+/// where the kernel keeps none (v1 before Linux 4.13) or it cannot be read.
+fn oom_kills(e: &mut Exposition, location: &CgroupLocation, common: &[(&str, &str)]) {
+    let mut kills = Rows::new(
+        "memprobe_cgroup_oom_kills_total",
+        Type::Counter,
+        "Processes of the container's memory cgroup killed by an OOM killer (memory.events / memory.oom_control oom_kill).",
+    );
+    if let Some(n) = OomEvents::read(location).and_then(|ev| ev.oom_kill) {
+        kills.push(vec![("cgroup", location.version.as_str())], n as f64);
+    }
+    kills.write(e, common);
 }
 
 struct GpuRow {

@@ -8,20 +8,47 @@ use crate::signals::{self, SigSet};
 use memprobe_core::ProcessTreeSampler;
 use memprobe_core::{Error, Source};
 use memprobe_gpu::Gpus;
-use memprobe_metrics::{Exporter, ExporterOptions};
+use memprobe_metrics::{Exporter, ExporterOptions, WebConfigEvent, WebConfigHook};
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 fn start(listen: SocketAddr) -> Result<Exporter, Error> {
+    start_with(listen, None)
+}
+
+/// Says on stderr what became of each re-read of the web configuration.
+fn say_reloads() -> WebConfigHook {
+    WebConfigHook(Arc::new(|event: &WebConfigEvent| match event {
+        WebConfigEvent::Reloaded { path } => {
+            crate::say::say!("memprobe: web config {}: reloaded", path.display());
+        }
+        WebConfigEvent::Refused { error, .. } => {
+            crate::say::say!(
+                "memprobe: web config refused, the last good one stays in force: {}",
+                error.message()
+            );
+        }
+    }))
+}
+
+fn start_with(listen: SocketAddr, web_config: Option<PathBuf>) -> Result<Exporter, Error> {
+    let on_web_config = web_config.as_ref().map(|_| say_reloads());
     Exporter::start(ExporterOptions {
         listen: Some(listen),
+        web_config,
+        on_web_config,
         ..ExporterOptions::default()
     })
 }
 
-/// The container's cgroup and every GPU with its processes.
+/// The container's cgroup (its use and OOM kills) and every GPU with its processes.
 fn add_machine(e: &Exporter) -> Result<(), Error> {
     if let Ok(cgroup) = Source::cgroup() {
         e.add_source(&cgroup)?;
+    }
+    if let Ok(location) = memprobe_core::internal::cgroup::discover() {
+        e.set_oom_kills(Some(location))?;
     }
     e.set_gpus(Some(Gpus::shared()), true)
 }
@@ -42,7 +69,14 @@ pub(crate) fn main(args: ServeArgs) -> i32 {
         crate::say::say!("memprobe: cannot block signals: {e}");
         return exit::FAILURE;
     }
-    let mut e = match start(args.listen) {
+    if !args.listen.ip().is_loopback() && args.web_config_file.is_none() {
+        crate::say::say!(
+            "memprobe: warning: serving {} beyond this machine without --web.config.file: \
+             anyone who reaches the port reads process ids and memory figures (no TLS, no password)",
+            args.listen
+        );
+    }
+    let mut e = match start_with(args.listen, args.web_config_file) {
         Ok(e) => e,
         Err(err) => {
             crate::say::say!("memprobe: {}", err.message());
@@ -53,7 +87,11 @@ pub(crate) fn main(args: ServeArgs) -> i32 {
     if let Err(err) = added.and_then(|()| add_machine(&e)) {
         crate::say::say!("memprobe: warning: {}", err.message());
     }
-    crate::say::say!("memprobe: serving http://{}/metrics", e.local_addr());
+    crate::say::say!(
+        "memprobe: serving {}://{}/metrics",
+        e.scheme(),
+        e.local_addr()
+    );
     while signals::wait(&set, None).is_none() {}
     let _ = e.stop();
     0
