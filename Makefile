@@ -12,7 +12,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test test-rust test-c test-prefix test-python test-go bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
+.PHONY: all lib examples demo demo-c lint test test-rust test-prometheus test-c test-prefix test-python test-go bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
 
 all: lib examples
 
@@ -62,12 +62,21 @@ lint:
 # Every test: the lint gate, then each layer's tests in this order. Each
 # layer runs alone too (`make test-c`); a new layer is a new target added to
 # this list of prerequisites.
-test: lint test-rust test-c test-python test-go
+test: lint test-rust test-prometheus test-c test-python test-go
 
 # Rust: every crate's unit and integration tests but the cross-language
 # crate (memprobe-tests, run by test-c).
 test-rust:
 	$(CARGO) test -j$(JOBS) --workspace --exclude memprobe-tests --no-fail-fast
+
+# The Prometheus rules shipped in deploy/: promtool's check, and the unit
+# tests of every alert (fires when it should, not before its `for`). That
+# the dashboard and rules query only metrics memprobe emits is a Rust test
+# (memprobe-metrics' deploy_names, in test-rust).
+test-prometheus:
+	@command -v promtool >/dev/null || { echo "make test: promtool is required for the rules' tests; install it (Debian: apt-get install prometheus)" >&2; exit 1; }
+	promtool check rules deploy/prometheus/memprobe-rules.yml
+	promtool test rules deploy/prometheus/tests/memprobe-rules.test.yml
 
 # The C ABI from C (plain, under AddressSanitizer and valgrind), the header
 # check, the examples, the fuzzer and the packaging: memprobe-tests, against
@@ -245,6 +254,8 @@ PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
+# The Grafana dashboard and Prometheus rules go to $(DATADIR)/memprobe.
+DATADIR ?= $(PREFIX)/share
 STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 install: lib
@@ -279,6 +290,10 @@ install-files:
 	install -m 644 include/memprobe.h "$$inc/memprobe.h"; \
 	if [ -f include/memprobe.hpp ]; then install -m 644 include/memprobe.hpp "$$inc/memprobe.hpp"; fi; \
 	install -m 644 include/memprobe_torch.hpp "$$inc/memprobe_torch.hpp"; \
+	share='$(DESTDIR)$(DATADIR)/memprobe'; install -d "$$share/grafana" "$$share/prometheus/tests"; \
+	install -m 644 deploy/grafana/memprobe-dashboard.json "$$share/grafana/memprobe-dashboard.json"; \
+	install -m 644 deploy/prometheus/memprobe-rules.yml "$$share/prometheus/memprobe-rules.yml"; \
+	install -m 644 deploy/prometheus/tests/memprobe-rules.test.yml "$$share/prometheus/tests/memprobe-rules.test.yml"; \
 	sed "$$subst" packaging/memprobe.pc.in > "$$lib/pkgconfig/memprobe.pc"; \
 	sed "$$subst" packaging/memprobeConfig.cmake.in > "$$lib/cmake/memprobe/memprobeConfig.cmake"; \
 	sed "$$subst" packaging/memprobeConfigVersion.cmake.in > "$$lib/cmake/memprobe/memprobeConfigVersion.cmake"; \

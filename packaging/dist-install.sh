@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs this memprobe release under PREFIX (default /usr/local):
 #   sh install.sh [PREFIX]
-# bin/, include/ and lib/ are copied as they are (the library's links
+# bin/, include/, lib/ and share/ are copied as they are (the library's links
 # included); the pkg-config and CMake files locate everything relative to
 # themselves, so nothing is rewritten.
 set -eu
@@ -14,6 +14,8 @@ mkdir -p "$prefix"
 prefix=$(cd "$prefix" && pwd)
 [ "$prefix" != "$here" ] || { echo "install.sh: $prefix is this directory already" >&2; exit 1; }
 cp -R -P "$here/bin" "$here/include" "$here/lib" "$prefix/"
+# share/memprobe: the Grafana dashboard and Prometheus rules (docs/metrics.md).
+[ ! -d "$here/share" ] || cp -R -P "$here/share" "$prefix/"
 echo "memprobe installed under $prefix: $prefix/bin/memprobe"
 echo "  pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig   CMake: CMAKE_PREFIX_PATH=$prefix"
 case "$prefix" in
