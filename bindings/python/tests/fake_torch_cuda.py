@@ -10,6 +10,8 @@ to the current value), and the test scripts allocations with :meth:`alloc` /
 (``None``: the current one) and calls ``torch._C._cuda_resetPeakMemoryStats``,
 looked up at each call; torch's own ``reset_max_memory_allocated`` /
 ``reset_max_memory_cached`` call ``torch.cuda.memory.reset_peak_memory_stats``.
+Every read of the statistics (``memory_stats``, ``max_memory_allocated``,
+...) comes down to ``torch._C._cuda_memoryStats``, as in PyTorch.
 
 Out-of-memory: :meth:`oom` does what the caching allocator does when it
 gives up on an allocation — calls every observer attached through
@@ -82,6 +84,15 @@ class FakeCuda:
         return d
 
     def memory_stats_as_nested_dict(self, device: Any = None) -> Dict[str, Any]:
+        import torch
+
+        # As PyTorch's: the device resolved, then the binding every read of
+        # the statistics comes down to, looked up at each call.
+        raw = getattr(torch._C, "_cuda_memoryStats", self.memory_stats_raw)
+        return raw(self._dev(device))  # type: ignore[no-any-return]
+
+    def memory_stats_raw(self, device: int) -> Dict[str, Any]:
+        """``torch._C._cuda_memoryStats``: a new nested dict at each call."""
         if self.fail is not None:
             e, self.fail = self.fail, None
             raise e
@@ -201,6 +212,11 @@ class FakeCuda:
             else:
                 setattr(module, name, value)
 
+        # A fresh allocator: what memprobe kept of the previous one's peak
+        # counters (for the caller's view of them) goes with it.
+        from memprobe.integrations import _torch_user_peaks
+
+        _torch_user_peaks._CARRIED.clear()
         names = list(self.FUNCTIONS)
         if host:
             names += ["host_memory_stats", "reset_peak_host_memory_stats"]
@@ -209,4 +225,5 @@ class FakeCuda:
         for name in self.MEMORY_FUNCTIONS:
             patch(torch.cuda.memory, name, getattr(self, name))
         patch(torch._C, "_cuda_resetPeakMemoryStats", self.reset_peaks_raw)
+        patch(torch._C, "_cuda_memoryStats", self.memory_stats_raw)
         patch(torch._C, "_cuda_attach_out_of_memory_observer", FakeCuda.attach_out_of_memory_observer)

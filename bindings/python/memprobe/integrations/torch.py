@@ -30,12 +30,14 @@ The sources are released when nothing holds them any more (no list, window,
 trace or tracker); their :meth:`~memprobe.Source.close` does nothing, so
 that one caller cannot take them from under another's windows.
 
-What changes for code that calls ``torch.cuda.max_memory_allocated`` /
-``max_memory_reserved`` itself: while sources exist memprobe resets torch's
-peaks at each boundary, so ``max_memory_*`` report the peak since memprobe's
-last boundary, not since the start of the program (or the caller's last
-reset). Use :meth:`AllocatorSources.peak_since_start` for the peak since the
-sources were created.
+Nothing changes for code that calls ``torch.cuda.max_memory_allocated`` /
+``max_memory_reserved`` / ``memory_stats`` itself: memprobe resets torch's
+peaks at each boundary, but keeps what they were just before (every peak
+key, every pool) and answers each peak as torch would have without it —
+the peak since the caller's last ``reset_peak_memory_stats`` (or the start),
+exact (:mod:`._torch_user_peaks`; needs ``torch._C._cuda_memoryStats``,
+which every CUDA build of torch has). :meth:`AllocatorSources.peak_since_start`
+gives the peak since the sources were created.
 
 The caller's own resets are carried: while a device's sources exist,
 ``torch.cuda.reset_peak_memory_stats`` (and ``torch.cuda.memory``'s, and
@@ -84,7 +86,7 @@ if TYPE_CHECKING:
     from ..tracker import OomCache
 from ..sources import Source
 from ..windows import Window
-from . import _torch_resets
+from . import _torch_resets, _torch_user_peaks
 
 #: Mark index -> (source name prefix, torch's stat name).
 _DEVICE_MARKS = (
@@ -172,7 +174,18 @@ class _DeviceMarks:
                         out.setdefault(name, {}).setdefault("all", {})[rest] = v
                 return out
 
-        self._nested: Callable[[int], Dict[str, Any]] = nested
+        # torch's own read under memprobe's caller view (the binding that
+        # memory_stats_as_nested_dict(N) calls for an int N; one Python call
+        # less at every boundary), else that function itself.
+        raw_stats = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
+        self._nested: Callable[[int], Dict[str, Any]] = (
+            _torch_resets.unwrapped(raw_stats) if raw_stats is not None else nested
+        )
+        #: The statistics of the last peak read: folded into the caller's
+        #: peaks at memprobe's reset that follows it (the same boundary).
+        self._last: Optional[Dict[str, Any]] = None
+        #: Set while the boundary is the caller's own reset, carried.
+        self.user_reset = False
         # torch's own reset, not memprobe's carrying wrapper around it: the
         # binding that reset_peak_memory_stats(N) calls for an int N (one
         # Python call less at every boundary), else that function itself,
@@ -189,6 +202,8 @@ class _DeviceMarks:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
         stats = self._nested(self.device)
+        if what == "peak":
+            self._last = stats
         # An allocator that never allocated has no entry yet: 0 bytes.
         values = [int(stats.get(_DEVICE_MARKS[i][1], {}).get("all", {}).get(what, 0)) for i in indices]
         floor = self._floor
@@ -224,11 +239,16 @@ class _DeviceMarks:
     def reset(self) -> None:
         if self._forks != _FORKS[0]:
             raise _forked_error(self._pid)
+        last, self._last = self._last, None
         if self._guarded:
             with _torch_resets.OWN_RESET:
                 self._reset(self.device)
         else:
             self._reset(self.device)
+        # The caller's view keeps what this reset dropped (not when the
+        # reset is the caller's own: nothing before it counts then).
+        if last is not None and not self.user_reset:
+            _torch_user_peaks.fold(self.device, last)
         self._floor = [0] * len(_DEVICE_MARKS)
 
 
@@ -328,15 +348,23 @@ def _carry(key: Any) -> bool:
     torch's peaks into every open window, then resets them (the caller's
     reset, done by memprobe). False when there is no such source or the
     boundary failed (the caller then makes the reset itself)."""
+    if isinstance(key, tuple):
+        _torch_user_peaks.clear(key[1])  # the caller's reset: its peaks start over
     with _LOCK:
         entry = _SHARED.get((os.getpid(), key))
         members = entry.live() if entry is not None else []
     if not members:
         return False
+    marks = entry.marks if entry is not None else None
+    if isinstance(marks, _DeviceMarks):
+        marks.user_reset = True
     try:
         Window(members).close()
     except MemprobeError:
         return False
+    finally:
+        if isinstance(marks, _DeviceMarks):
+            marks.user_reset = False
     return True
 
 
@@ -347,7 +375,7 @@ def _reset_key(device: Any) -> Optional[Tuple[str, int]]:
     current device)."""
     pid = os.getpid()
     with _LOCK:
-        if not any(p == pid and e.live() for (p, _), e in _SHARED.items()):
+        if not any(p == pid and e.live() for (p, _), e in _SHARED.items()) and not _torch_user_peaks.any_carried():
             return None
     torch = sys.modules.get("torch")
     if torch is None:
@@ -499,6 +527,7 @@ def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool
     sources: List[Source] = []
     with _LOCK:
         _torch_resets.install(torch, _carry, _reset_key)
+        _torch_user_peaks.install(torch)
         for d in devices:
 
             def make(d: int = d) -> _Shared:
