@@ -363,7 +363,9 @@ impl Tracker {
             .get(&(kind, name_s.clone()))
             .copied()
             .unwrap_or(0);
-        let release = self.release_may_fire(kind, index);
+        // Decided before the boundary (a `BelowFree` policy reads its source
+        // here, once): a boundary without a release resets the window once.
+        let due = self.due_release(kind, index);
         let top = self.stack.last_mut().expect("checked");
         let started = top.window.started_at_ns();
         // The one step that can fail, all or nothing: on error the phase
@@ -372,19 +374,23 @@ impl Tracker {
         // The phase is still on the stack: it does not enclose itself.
         let depth = self.stack.len() - 1;
         let span = (started, monotonic_ns());
-        let record = self.finish_phase(kind, name_s.clone(), span, deltas, depth);
-        if !release {
+        let Some((reason, gc)) = due else {
+            let record = self.record_phase(kind, name_s, span, deltas, depth, None);
             self.observers.end(&record, true);
             return Ok(record);
-        }
-        // A release must run between the phases, not inside the next one:
-        // the next phase restarts once the release ran (finish_phase). Should
-        // that restart fail, the next phase keeps the start the boundary
-        // gave it, the release inside it: nothing is lost.
-        self.observers.end(&record, false);
+        };
+        // A release runs between the phases, not inside the next one: the
+        // next phase restarts once it ran, before the sinks and observers
+        // see the record (they run inside the next phase, as at a boundary
+        // without a release). Should that restart fail, the next phase keeps
+        // the start the boundary gave it, the release inside it: nothing is
+        // lost.
+        let event = self.release(reason, Some((kind, index)), gc);
         let top = self.stack.last_mut().expect("still open");
         let _ = top.window.reset();
         let t_ns = top.window.started_at_ns();
+        let record = self.record_phase(kind, name_s.clone(), span, deltas, depth, Some(event));
+        self.observers.end(&record, false);
         let index = *self.counters.get(&(kind, name_s.clone())).unwrap_or(&0);
         self.observers.begin(&PhaseBegun {
             kind,
@@ -396,20 +402,37 @@ impl Tracker {
         Ok(record)
     }
 
-    fn release_may_fire(&self, kind: PhaseKind, index: u64) -> bool {
-        self.policies.iter().any(|p| match *p {
-            ReleasePolicy::Every { kind: k, n, .. } => k == kind && (index + 1) % n == 0,
-            ReleasePolicy::BelowFree { .. } => matches!(kind, PhaseKind::Step | PhaseKind::Epoch),
-        })
+    /// The ended phase's record, with the release due at its end run
+    /// first (after its window was measured).
+    fn finish_phase(
+        &mut self,
+        kind: PhaseKind,
+        name: String,
+        span: (u64, u64),
+        deltas: Vec<SourceDelta>,
+        depth: usize,
+    ) -> Record {
+        let index = self
+            .counters
+            .get(&(kind, name.clone()))
+            .copied()
+            .unwrap_or(0);
+        let event = self
+            .due_release(kind, index)
+            .map(|(reason, gc)| self.release(reason, Some((kind, index)), gc));
+        self.record_phase(kind, name, span, deltas, depth, event)
     }
 
-    fn finish_phase(
+    /// Numbers the ended phase and makes its record (with the release run
+    /// at its end, if one ran), told to the observers and the sinks.
+    fn record_phase(
         &mut self,
         kind: PhaseKind,
         name: String,
         (started, ended): (u64, u64),
         deltas: Vec<SourceDelta>,
         depth: usize,
+        release: Option<ReleaseEvent>,
     ) -> Record {
         let counter = self.counters.entry((kind, name.clone())).or_insert(0);
         let index = *counter;
@@ -421,10 +444,7 @@ impl Tracker {
             index,
             depth: depth as u32,
         });
-        if let Some((reason, gc)) = self.due_release(kind, index) {
-            let event = self.release(reason, Some((kind, index)), gc);
-            record.releases.push(event);
-        }
+        record.releases.extend(release);
         self.observers.record(&mut record);
         for s in &self.sinks {
             s.on_record(&record);

@@ -392,6 +392,115 @@ fn threshold_policy_fires_when_free_memory_is_low() {
     let _ = free;
 }
 
+/// An exact sampler that counts its resets (one per window boundary) and
+/// reports `free`, so a `BelowFree` policy can read it.
+struct CountedResets {
+    resets: Arc<AtomicU64>,
+    free: Arc<AtomicU64>,
+}
+
+impl memprobe_core::Sampler for CountedResets {
+    fn info(&self) -> memprobe_core::SourceInfo {
+        memprobe_core::SourceInfo {
+            name: "gpu0".into(),
+            kind: memprobe_core::SourceKind::GpuDevice,
+            fidelity: memprobe_core::PeakFidelity::Exact,
+        }
+    }
+    fn read(&mut self) -> memprobe_core::Result<memprobe_core::Sample> {
+        Ok(memprobe_core::Sample {
+            used: MIB,
+            total: Some(100 * MIB),
+            free: Some(self.free.load(Ordering::SeqCst)),
+            ..Default::default()
+        })
+    }
+    fn read_peak(&mut self) -> memprobe_core::Result<Option<u64>> {
+        Ok(Some(MIB))
+    }
+    fn reset_peak(&mut self) -> memprobe_core::Result<memprobe_core::Sample> {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+        self.read()
+    }
+}
+
+/// Resets of the source over 100 step boundaries (`next`), with `policy`
+/// and `free` bytes free throughout, and the releases that ran.
+fn resets_over_steps(policy: Option<ReleasePolicy>, free: u64) -> (u64, usize) {
+    let resets = Arc::new(AtomicU64::new(0));
+    let gpu = Source::from_sampler(Box::new(CountedResets {
+        resets: resets.clone(),
+        free: Arc::new(AtomicU64::new(free)),
+    }));
+    let mut t = Tracker::new(&[gpu]).unwrap();
+    t.add_release("empty_cache", ReleaseKind::Cache, Box::new(|| Ok(())))
+        .unwrap();
+    if let Some(p) = policy {
+        t.add_release_policy(p).unwrap();
+    }
+    t.begin(PhaseKind::Step, None).unwrap();
+    let before = resets.load(Ordering::SeqCst);
+    let mut released = 0;
+    for _ in 0..100 {
+        released += t.next(PhaseKind::Step, None).unwrap().releases.len();
+    }
+    (resets.load(Ordering::SeqCst) - before, released)
+}
+
+#[test]
+fn a_below_free_policy_resets_a_step_boundary_once_unless_it_releases() {
+    let plain = resets_over_steps(None, 90 * MIB);
+    assert_eq!(plain.1, 0);
+    assert!(plain.0 >= 100, "{plain:?}");
+    // Memory is plentiful: no release, and each boundary resets the window
+    // as often as without the policy (it used to reset it twice).
+    let policy = ReleasePolicy::BelowFree {
+        source: 0,
+        bytes: 20 * MIB,
+        gc: false,
+    };
+    assert_eq!(resets_over_steps(Some(policy), 90 * MIB), plain);
+    // Memory is short: every boundary releases, and the next step restarts
+    // after the release, one reset more per boundary.
+    let (resets, released) = resets_over_steps(Some(policy), 10 * MIB);
+    assert_eq!(released, 100);
+    assert_eq!(resets, plain.0 + 100);
+}
+
+/// What the sinks do at a boundary where a release runs is in the next
+/// phase, as at any boundary: not lost between the release and the
+/// phase's restart.
+#[test]
+fn what_sinks_do_at_a_releasing_boundary_is_in_the_next_phase() {
+    struct Spike(Source);
+    impl memprobe_core::Sink for Spike {
+        fn on_record(&self, _: &memprobe_core::Record) {
+            self.0.push(500 * MIB).unwrap();
+            self.0.push(MIB).unwrap();
+        }
+    }
+    let gpu = Source::from_sampler(Box::new(CountedResets {
+        resets: Arc::new(AtomicU64::new(0)),
+        free: Arc::new(AtomicU64::new(10 * MIB)),
+    }));
+    let cpu = pushed("cpu", MIB);
+    let mut t = Tracker::new(&[gpu, cpu.clone()]).unwrap();
+    t.add_release("empty_cache", ReleaseKind::Cache, Box::new(|| Ok(())))
+        .unwrap();
+    t.add_release_policy(ReleasePolicy::BelowFree {
+        source: 0,
+        bytes: 20 * MIB,
+        gc: false,
+    })
+    .unwrap();
+    t.add_sink(Arc::new(Spike(cpu)));
+    t.begin(PhaseKind::Step, None).unwrap();
+    let first = t.next(PhaseKind::Step, None).unwrap();
+    assert_eq!((first.releases.len(), first.sources[1].peak), (1, MIB));
+    let second = t.next(PhaseKind::Step, None).unwrap();
+    assert_eq!(second.sources[1].peak, 500 * MIB);
+}
+
 #[test]
 fn oom_retry_releases_and_retries() {
     let cpu = pushed("cpu", 100);
