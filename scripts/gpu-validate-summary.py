@@ -19,7 +19,7 @@ import sys
 ORDER = ["env", "torch", "interpose", "run", "oom", "nvml", "cpp"]
 TITLES = {
     "env": "the machine",
-    "torch": "PyTorch allocator marks: exact windows, 2 GiB ~1 ms spike, boundary cost",
+    "torch": "PyTorch allocator marks against known sizes and torch's own history, 2 GiB ~1 ms spike, boundary cost",
     "interpose": "driver interposer: bytes, spikes, allocator modes, throughput",
     "run": "`memprobe run --gpu-exact` over a PyTorch training run with phases",
     "oom": "a real PyTorch out-of-memory: observer and driver reports",

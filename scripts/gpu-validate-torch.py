@@ -349,7 +349,7 @@ def hold_spike(dev, nvml, hold_s):
     dev.synchronize()
 
 
-def training(dev, mp, args, nvml, pollers):
+def training(dev, mp, args, nvml, pollers, raw_stats):
     torch, d = dev.torch, dev.device
     lib = nvml.lib if nvml else None
     for p in pollers.values():
@@ -374,7 +374,10 @@ def training(dev, mp, args, nvml, pollers):
             if s == spike_step:
                 hold_spike(dev, nvml, args.hold_ms / 1000.0)
             dev.synchronize()
-            ref = torch.cuda.max_memory_allocated(d)  # the same counter: consistency, not a reference
+            # c10's own counter through the binding taken before memprobe
+            # (torch.cuda.max_memory_allocated answers the caller's view):
+            # the counter memprobe resets, so consistency, not a reference.
+            ref = int(raw_stats(d).get("allocated_bytes", {}).get("all", {}).get("peak", 0))
             # torch's own record of the step, taken where the step ends (no
             # allocation between it and memprobe's boundary).
             events, now = dev.history_take()
@@ -433,8 +436,8 @@ def check_training(checks, tr, tries, nvml_info):
     checks.add("negative control: the step after the spike (a window after a reset) never shows it",
                after and not seen, f"{len(after)} steps after a spike; showing it: {seen[:5]}")
     same = sum(r["exact_alloc"] == r["counter_alloc"] for r in steps + epochs)
-    checks.add("consistency (not independent: the counter memprobe resets): equal to max_memory_allocated "
-               "read before each boundary", same == len(steps) + len(epochs),
+    checks.add("consistency (not independent: the counter memprobe reads and resets): equal to c10's "
+               "allocated peak read before each boundary", same == len(steps) + len(epochs),
                f"{same} of {len(steps) + len(epochs)} windows")
     for k, info in nvml_info.items():
         checks.add(f"NVML polled from a native thread ({k}) read the device",
@@ -494,7 +497,7 @@ def boundary_cost(dev, mp, raw_reset, blocks, per_block):
             "blocks": blocks, "calls_per_block": per_block}
 
 
-def python_run(args, dev, raw_reset, checks):
+def python_run(args, dev, raw_reset, raw_stats, checks):
     torch, d = dev.torch, dev.device
     sched = known_schedule(3, 4)
     without = known_without_memprobe(dev, sched, raw_reset)
@@ -523,7 +526,7 @@ def python_run(args, dev, raw_reset, checks):
         pollers = {"nvml_10ms": nvml.start(idx, 0.010), "nvml_1ms": nvml.start(idx, 0.001)}
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
         nvml_info["nvml"] = {"error": str(e), "polls": 0, "errors": 1}
-    tr = training(dev, mp, args, nvml, pollers)
+    tr = training(dev, mp, args, nvml, pollers, raw_stats)
     for k, p in pollers.items():
         nvml_info[k] = {"polls": nvml.lib.poller_polls(p), "errors": nvml.lib.poller_errors(p)}
         nvml.lib.poller_stop(p)
@@ -658,7 +661,7 @@ def main():
                     help="the dry run: tests/fake-gpu's scripted device and NVML (no GPU)")
     args = ap.parse_args()
     if "memprobe" in sys.modules:
-        sys.exit("gpu-validate-torch: memprobe must not be imported before torch's reset binding is captured")
+        sys.exit("gpu-validate-torch: memprobe must not be imported before torch's bindings are captured")
 
     checks = Checks()
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
@@ -674,8 +677,9 @@ def main():
     # torch's own binding, before memprobe exists: the bare pair's reset and
     # the reset of the pass without memprobe.
     raw_reset = torch._C._cuda_resetPeakMemoryStats
+    raw_stats = torch._C._cuda_memoryStats
     report.update(device=dev.name, torch=torch.__version__, cuda=torch.version.cuda)
-    report["python_run"] = python_run(args, dev, raw_reset, checks)
+    report["python_run"] = python_run(args, dev, raw_reset, raw_stats, checks)
     py = report["python_run"]
     bc = py["boundary_cost"]
     print(f"boundary cost: memprobe {bc['median_ns']['memprobe_window_reset']} ns vs bare pair "
