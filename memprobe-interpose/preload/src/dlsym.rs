@@ -100,7 +100,7 @@ unsafe extern "C" fn decide(
         unsafe { *out = std::ptr::null_mut() };
         return 0;
     }
-    record(h, p);
+    record(h, p, wrapper);
     // SAFETY: as above.
     unsafe { *out = wrapper(h) };
     0

@@ -10,6 +10,7 @@
 // dynamic symbol table, not through Rust paths.
 #![allow(non_snake_case, unreachable_pub)]
 
+use crate::driver::{with_driver_functions, CUresult, CUDA_SUCCESS, H, HOOKED, NAMES};
 use crate::oom_report_hook;
 use crate::pools;
 use crate::real::{real, record};
@@ -18,15 +19,12 @@ use crate::table::{pack, unpack, Table};
 use shm::layout::{self, Layout, HOST_PINNED, MAX_DEVICES};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-/// `CUresult`.
-pub(crate) type CUresult = c_int;
 type CUdeviceptr = u64;
 type CUstream = *mut c_void;
 type CUpool = *mut c_void;
 type CUarray = *mut c_void;
 type CUhandle = u64;
 
-pub(crate) const CUDA_SUCCESS: CUresult = 0;
 const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 
@@ -42,22 +40,9 @@ static ARRAYS: Table = Table::new(16);
 /// Physical VMM allocation handles.
 static HANDLES: Table = Table::new(18);
 
-macro_rules! table {
+/// The wrapper of each hooked function (null for a function only used).
+macro_rules! wrappers {
     (hooked: $($h:ident),* $(,)? ; internal: $($i:ident),* $(,)?) => {
-        /// Every driver function the interposer calls: the wrapped ones,
-        /// then those it only uses.
-        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-        pub(crate) enum H { $($h,)* $($i,)* }
-
-        /// Their NUL-terminated names, by `H as usize`.
-        pub(crate) const NAMES: [&[u8]; [$(stringify!($h),)* $(stringify!($i),)*].len()] = [
-            $(concat!(stringify!($h), "\0").as_bytes(),)*
-            $(concat!(stringify!($i), "\0").as_bytes(),)*
-        ];
-
-        const HOOKED: &[H] = &[$(H::$h),*];
-
         /// The wrapper of `h` (null for a function only used).
         pub(crate) fn wrapper(h: H) -> *mut c_void {
             match h {
@@ -68,20 +53,7 @@ macro_rules! table {
     };
 }
 
-table! {
-    hooked:
-        cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemFree_v2,
-        cuMemCreate, cuMemRelease,
-        cuMemPoolCreate, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync,
-        cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz, cuMemPoolTrimTo,
-        cuMemPoolDestroy, cuStreamSynchronize, cuStreamSynchronize_ptsz, cuCtxSynchronize,
-        cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate,
-        cuMipmappedArrayDestroy,
-        cuMemHostAlloc, cuMemAllocHost_v2, cuMemFreeHost, cuMemHostRegister_v2, cuMemHostUnregister,
-        cuGetProcAddress, cuGetProcAddress_v2;
-    internal:
-        cuCtxGetDevice, cuMemPoolGetAttribute, cuDeviceGetMemPool,
-}
+with_driver_functions!(wrappers);
 
 /// The wrapped function exported under `name` (as `dlsym` is asked).
 pub(crate) fn by_name(name: &[u8]) -> Option<H> {
@@ -137,7 +109,7 @@ fn by_proc_name(symbol: &[u8], version: c_int, flags: u64) -> Option<H> {
 
 macro_rules! driver {
     ($h:ident : $t:ty) => {{
-        let p = real(H::$h);
+        let p = real(H::$h, wrapper);
         if p.is_null() {
             None
         } else {
@@ -837,7 +809,7 @@ fn resolved(
         return;
     }
     if let Some(h) = by_proc_name(name, version, flags).or_else(|| by_name(name)) {
-        record(h, p);
+        record(h, p, wrapper);
         // SAFETY: as above.
         unsafe { *pfn = wrapper(h) };
     }

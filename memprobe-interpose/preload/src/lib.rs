@@ -19,12 +19,21 @@
 //! `MEMPROBE_GPU_EXACT_DIR` names the directory of region files.
 
 mod dlsym;
+mod driver;
 mod hooks;
 mod oom_report_hook;
 mod pools;
 mod real;
 mod region;
 mod table;
+
+/// A forked child, once the region is set up (its fork handler): empty
+/// maps (its parent's memory is not its own) and a region of its own when
+/// it first uses the driver.
+extern "C" fn in_child() {
+    hooks::forget_all();
+    region::forget_in_child();
+}
 
 /// This process's counter region, for in-process readers; null when
 /// counting is off.

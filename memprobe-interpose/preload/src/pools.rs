@@ -4,7 +4,7 @@
 //! the driver (growth on allocation, release on trim or synchronization), so
 //! the interposer re-reads it and counts the difference.
 
-use crate::hooks::{CUresult, CUDA_SUCCESS};
+use crate::driver::{CUresult, CUDA_SUCCESS, H};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
@@ -96,7 +96,8 @@ pub(crate) fn refresh_known(pool: *mut c_void) -> bool {
 }
 
 fn read_into(l: &shm::layout::Layout, p: &Pool, pool: *mut c_void) {
-    let f = crate::real::real(crate::hooks::H::cuMemPoolGetAttribute);
+    // Only called, never wrapped: no wrapper for the lookup to skip.
+    let f = crate::real::real(H::cuMemPoolGetAttribute, |_| std::ptr::null_mut());
     if f.is_null() {
         return;
     }

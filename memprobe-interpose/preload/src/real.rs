@@ -1,7 +1,7 @@
 //! Finding the real functions: glibc's `dlsym` (ours replaces it), and the
 //! driver's entry points behind each wrapper.
 
-use crate::hooks::{wrapper, H, NAMES};
+use crate::driver::{H, NAMES};
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
@@ -63,18 +63,22 @@ fn libcuda() -> *mut c_void {
     h
 }
 
+/// What a lookup must not return for a function: our own wrapper of it
+/// (`hooks.rs`'s `wrapper`; null for one only called).
+pub(crate) type Wrapper = fn(H) -> *mut c_void;
+
 /// The driver's function behind `h`, or null when the driver lacks it.
 #[inline]
-pub(crate) fn real(h: H) -> *mut c_void {
+pub(crate) fn real(h: H, wrapper: Wrapper) -> *mut c_void {
     let p = REAL[h as usize].load(Acquire);
     if !p.is_null() {
         return p;
     }
-    resolve(h)
+    resolve(h, wrapper)
 }
 
 #[cold]
-fn resolve(h: H) -> *mut c_void {
+fn resolve(h: H, wrapper: Wrapper) -> *mut c_void {
     let Some(dlsym) = real_dlsym() else {
         return std::ptr::null_mut();
     };
@@ -93,13 +97,13 @@ fn resolve(h: H) -> *mut c_void {
     if p.is_null() || p == ours {
         return std::ptr::null_mut();
     }
-    record(h, p);
+    record(h, p, wrapper);
     REAL[h as usize].load(Acquire)
 }
 
 /// Records what the driver handed out for `h` (through `dlsym` or
 /// `cuGetProcAddress`); the first one found stays.
-pub(crate) fn record(h: H, p: *mut c_void) {
+pub(crate) fn record(h: H, p: *mut c_void, wrapper: Wrapper) {
     if !p.is_null() && p != wrapper(h) {
         let _ = REAL[h as usize].compare_exchange(std::ptr::null_mut(), p, AcqRel, Acquire);
     }

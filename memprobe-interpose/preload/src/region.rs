@@ -144,7 +144,7 @@ pub(crate) fn init() {
     STATE.store(READY, Release);
     // SAFETY: registering plain extern "C" handlers.
     unsafe {
-        libc::pthread_atfork(None, None, Some(in_child));
+        libc::pthread_atfork(None, None, Some(crate::in_child));
         libc::atexit(at_exit);
     }
 }
@@ -335,11 +335,10 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
     Some(l)
 }
 
-/// A forked child: empty maps (its parent's memory is not its own) and a
-/// region of its own when it first uses the driver; the parent's region
-/// stays mapped, untouched.
-extern "C" fn in_child() {
-    crate::hooks::forget_all();
+/// A forked child (called by the library's fork handler, with the hooks'
+/// maps emptied): a region of its own when it first uses the driver; the
+/// parent's region stays mapped, untouched.
+pub(crate) fn forget_in_child() {
     REGION.store(ptr::null_mut(), Release);
     CREATING.store(false, Release);
 }
