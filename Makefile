@@ -65,9 +65,12 @@ lint:
 test: lint test-rust test-prometheus test-c test-python test-go
 
 # Rust: every crate's unit and integration tests but the cross-language
-# crate (memprobe-tests, run by test-c).
+# crate (memprobe-tests, run by test-c); then no import cycle between the
+# files of a crate (the checker's own test first).
 test-rust:
 	$(CARGO) test -j$(JOBS) --workspace --exclude memprobe-tests --no-fail-fast
+	python3 scripts/import-cycles.py --self-test
+	python3 scripts/import-cycles.py
 
 # The Prometheus rules shipped in deploy/: promtool's check, and the unit
 # tests of every alert (fires when it should, not before its `for`). That
