@@ -112,10 +112,10 @@ def test_a_failing_part_never_stops_the_others(tmp_path):
     (b / "bin" / "memprobe").unlink()
     (b / "bin" / "memprobe").write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
     (b / "bin" / "memprobe").chmod(0o755)
-    r, doc, _ = _dry(tmp_path, "env,run,oom", b)
+    r, doc, _ = _dry(tmp_path, "run,oom", b)
     assert r.returncode == 1, r.stdout[-3000:]
     outcomes = {k: v["outcome"] for k, v in doc["parts"].items()}
-    assert outcomes == {"env": "passed", "run": "failed", "oom": "passed"}, outcomes
+    assert outcomes == {"run": "failed", "oom": "passed"}, outcomes
     assert doc["passed"] is False
     assert "did not pass" in (tmp_path / "out" / "gpu-validation.md").read_text()
     assert "===== oom: rc 0" in (tmp_path / "out" / "gpu-validation.log").read_text()
