@@ -6,8 +6,9 @@
 //
 // References memprobe does not control:
 //   * known sizes: nested epoch / step windows over uint8 tensors whose sizes
-//     this program chose (each rounded up to 512 bytes, as c10's allocator
-//     does): every window's peak is computed here from the sizes it holds;
+//     this program chose (small ones rounded up to 512 bytes, as c10's
+//     allocator does; large ones whole multiples of 2 MiB): every window's
+//     peak is computed here from the sizes it holds;
 //   * the spike: one step per epoch holds a 2 GiB tensor for about 1 ms; the
 //     step's window must read at least its base + 2 GiB (caught), and every
 //     other step, the one after it included, below that (negative control).
@@ -53,15 +54,19 @@ struct Op {
     std::int64_t size;
 };
 
+// As known_schedule in gpu-validate-torch.py: large tensors whole multiples
+// of 2 MiB of at least 12 MiB (c10 then never hands out a larger block than
+// asked for), small ones under 1 MiB (rounded up to 512 bytes).
 std::vector<Op> known_step(int e, int s) {
-    const std::int64_t a = (s + 1) * 3 * MIB + 777 * (e + 1), b = (e + 2) * 5 * MIB + 100 + s;
-    std::vector<Op> ops{{true, "x", a}, {true, "y", b}, {false, "x", 0}};
+    const std::int64_t a = (s + 6) * 2 * MIB, b = (e + s + 7) * 2 * MIB, c = 777 * (e + 1) + 100 * s + 1;
+    std::vector<Op> ops{{true, "x", a}, {true, "c", c}, {true, "y", b}, {false, "x", 0}};
     if (e == 0 && s == 1) {
-        ops.push_back({true, "big", 512 * MIB + 12345});
+        ops.push_back({true, "big", 512 * MIB});
         ops.push_back({false, "big", 0});
     }
-    ops.push_back({true, "z", a / 2 + 1});
+    ops.push_back({true, "z", ((s + 6) / 2 + 6) * 2 * MIB});
     ops.push_back({false, "y", 0});
+    ops.push_back({false, "c", 0});
     ops.push_back({false, "z", 0});
     return ops;
 }

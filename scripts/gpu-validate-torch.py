@@ -7,8 +7,9 @@ torch's one global peak counter, so that counter cannot be their reference
 (had memprobe's reset done nothing, both would still agree). The references:
 
 1. known sizes: nested run / epoch / step windows over a schedule of uint8
-   tensors whose sizes the script chose (each rounded up to 512 bytes, as
-   c10's caching allocator does): every window's peak is computed by the
+   tensors whose sizes the script chose (small ones rounded up to 512
+   bytes, as c10's caching allocator does; large ones whole multiples of
+   2 MiB, which c10 never rounds): every window's peak is computed by the
    script from the sizes it holds;
 2. the same schedule before memprobe is imported, with torch's own reset
    binding called by the script at each step (no memprobe wrapper exists
@@ -198,18 +199,23 @@ class MemprobePeaks:
 def known_schedule(epochs, steps):
     """Per epoch, per step: a list of ("a", name, bytes) / ("f", name)
     operations. Epoch 0's step 1 holds the largest tensor; every window
-    after it holds less (the negative control)."""
+    after it holds less (the negative control). The large tensors are whole
+    multiples of 2 MiB of at least 12 MiB: c10 keeps a cached block whole
+    when at most 1 MiB would remain, and gives 1-10 MiB requests 20 MiB
+    segments, so other sizes could be counted as a larger block than asked
+    for; the small ones (under 1 MiB, the small pool, whose blocks always
+    split) show the rounding up to 512 bytes."""
     sched = []
     for e in range(epochs):
         ep = []
         for s in range(steps):
-            big = 512 * MIB + 12345 if (e, s) == (0, 1) else 0
-            a = (s + 1) * 3 * MIB + 777 * (e + 1)
-            b = (e + 2) * 5 * MIB + 100 + s
-            ops = [("a", "x", a), ("a", "y", b), ("f", "x")]
-            if big:
-                ops += [("a", "big", big), ("f", "big")]
-            ops += [("a", "z", a // 2 + 1), ("f", "y"), ("f", "z")]
+            a = (s + 6) * 2 * MIB
+            b = (e + s + 7) * 2 * MIB
+            c = 777 * (e + 1) + 100 * s + 1
+            ops = [("a", "x", a), ("a", "c", c), ("a", "y", b), ("f", "x")]
+            if (e, s) == (0, 1):
+                ops += [("a", "big", 512 * MIB), ("f", "big")]
+            ops += [("a", "z", ((s + 6) // 2 + 6) * 2 * MIB), ("f", "y"), ("f", "c"), ("f", "z")]
             ep.append(ops)
         sched.append(ep)
     return sched
