@@ -300,6 +300,12 @@ class Tracker(Owned):
         k, n = _kind(kind, name)
         check_over(C.memprobe_tracker_begin(self._handle, k, n), self._sources)
 
+    def _begin_code(self, k: int, n: Optional[bytes]) -> None:
+        """:meth:`begin` with the kind and name as the C call takes them."""
+        status = C.memprobe_tracker_begin(self._arg, k, n)
+        if status:
+            check_over(status, self._sources)
+
     def _ending(self, fn: Callable[..., int], kind: Kind, name: Optional[str]) -> PhaseRecord:
         k, n = _kind(kind, name)
         rec = _ffi.memprobe_phase_record()
@@ -357,6 +363,11 @@ class Tracker(Owned):
         built; a training step's hot path)."""
         k, n = _kind(kind, name)
         nk, nn = (k, n) if next_kind is None else _kind(next_kind, next_name)
+        return self._end_into_raw(k, n, nk, nn)
+
+    def _end_into_raw(self, k: int, n: Optional[bytes], nk: int, nn: Optional[bytes]) -> RawDeltas:
+        """:meth:`end_into_raw` with the kinds and names as the C call takes
+        them (an integration's hot path resolves them once)."""
         raw = self._raw
         if raw is None:
             raw = self._raw = _RawOut(len(self._sources))
@@ -384,6 +395,10 @@ class Tracker(Owned):
         :meth:`begin`."""
         k, n = _kind(kind, name)
         fk, fn = (k, n) if from_kind is None else _kind(from_kind, from_name)
+        self._resume(k, n, fk, fn)
+
+    def _resume(self, k: int, n: Optional[bytes], fk: int, fn: Optional[bytes]) -> None:
+        """:meth:`resume` with the kinds and names as the C call takes them."""
         status = _RESUME(self._arg, k, n, fk, fn)
         if status:
             check_over(status, self._sources)

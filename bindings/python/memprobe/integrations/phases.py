@@ -13,15 +13,19 @@ being started, measures from its previous end — one boundary per step."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
+from .._ffi import C
 from ..errors import WrongOrderError
-from ..sources import Source, as_sources
-from ..tracker import PhaseKind, Tracker
+from ..sources import Source, as_sources, check_over
+from ..tracker import PhaseKind, Tracker, _kind
 from ..units import MiB
 from ..windows import Delta, RawDeltas, deltas_of
 
 _METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
+
+#: A tracker phase's kind and name as the C calls take them.
+Code = Tuple[int, Optional[bytes]]
 
 #: A phase's name -> the tracker's (kind, name).
 _KINDS: Dict[str, Tuple[Any, Optional[str]]] = {
@@ -60,42 +64,46 @@ class PhasePeaks:
         self._stack: List[str] = []
         # Phases that ended or were marked: their tails run (resume takes one).
         self._tails: Dict[str, bool] = {}
-        # Steps or epochs kept as custom phases (where nesting refused them).
-        self._custom: Set[str] = set()
+        # Per phase: the tracker's (kind, name) as the C call takes them,
+        # resolved once (a step's boundary is a hot path).
+        self._codes: Dict[str, Code] = {}
         if oom_report is not None:
             from .torch import report_oom
 
             kwargs = dict(oom_report) if isinstance(oom_report, dict) else {"path": oom_report}
             report_oom(self.tracker, **kwargs)
 
+    def _code(self, phase: str) -> Code:
+        code = self._codes.get(phase)
+        if code is None:
+            kind, name = tracker_phase(phase)
+            code = self._codes[phase] = _kind(kind, name)
+        return code
+
     def _begin(self, phase: str, resume: bool, since: Optional[str] = None) -> None:
-        kind, name = tracker_phase(phase)
+        k, n = self._code(phase)
         t = self.tracker
         try:
             if resume:
-                fk, fn = tracker_phase(since or phase)
-                t.resume(kind, name, fk, fn)
+                fk, fn = self._code(since or phase)
+                t._resume(k, n, fk, fn)
             else:
-                t.begin(kind, name)
+                t._begin_code(k, n)
         except WrongOrderError:
             # A step or epoch where the tracker's nesting refuses one (an
-            # epoch inside a step): a custom phase of that name instead.
-            if kind is PhaseKind.CUSTOM:
+            # epoch inside a step): a custom phase of that name from now on.
+            if k == PhaseKind.CUSTOM:
                 raise
+            self._codes[phase] = _kind(PhaseKind.CUSTOM, phase)
             t.begin(PhaseKind.CUSTOM, phase)
-            self._custom.add(phase)
         self._tails.pop(since or phase, None)
         self._stack.append(phase)
-
-    def _kind(self, phase: str) -> Tuple[Any, Optional[str]]:
-        if phase in self._custom:
-            return PhaseKind.CUSTOM, phase
-        return tracker_phase(phase)
 
     def start(self, phase: str) -> None:
         """Begins a phase now (ending it first if it is open)."""
         if phase in self._stack:
             self._close_to(phase)
+            self._end(phase, None, None)
         self._begin(phase, False)
 
     def resume(self, phase: str) -> None:
@@ -111,31 +119,35 @@ class PhasePeaks:
         """Starts ``phase``'s next interval now without beginning it: the
         next :meth:`resume` (or :meth:`end` of it unstarted) measures from
         here."""
-        kind, name = tracker_phase(phase)
-        self.tracker.mark_tail(kind, name)
+        k, n = self._code(phase)
+        check_over(C.memprobe_tracker_mark_tail(self.tracker._arg, k, n), self.sources)
         self._tails[phase] = True
 
     def _close_to(self, phase: str) -> None:
         """Ends the phases open inside ``phase`` (innermost first), keeping
         their tails."""
-        while self._stack and self._stack[-1] != phase:
-            inner = self._stack[-1]
-            kind, name = self._kind(inner)
-            self.tracker.end_into_raw(kind, name)
-            self._stack.pop()
+        stack = self._stack
+        while stack and stack[-1] != phase:
+            inner = stack[-1]
+            k, n = self._code(inner)
+            self.tracker._end_into_raw(k, n, k, n)
+            stack.pop()
             self._tails[inner] = True
 
     def _end(self, phase: str, into: Optional[str], since: Optional[str]) -> RawDeltas:
-        if phase not in self._stack:
-            # Never started: from the previous end of ``since`` (its tail),
-            # or an empty interval from now.
-            self._begin(phase, True, since)
-        self._close_to(phase)
-        kind, name = self._kind(phase)
-        nxt = into or phase
-        nk, nn = tracker_phase(nxt)
-        raw = self.tracker.end_into_raw(kind, name, nk, nn)
-        self._stack.pop()
+        stack = self._stack
+        if not stack or stack[-1] != phase:
+            if phase not in stack:
+                # Never started: from the previous end of ``since`` (its
+                # tail), or an empty interval from now.
+                self._begin(phase, True, since)
+            else:
+                self._close_to(phase)
+        k, n = self._code(phase)
+        nxt = phase if into is None else into
+        nk, nn = (k, n) if into is None else self._code(into)
+        raw = self.tracker._end_into_raw(k, n, nk, nn)
+        stack.pop()
         self._tails[nxt] = True
         return raw
 
