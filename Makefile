@@ -12,7 +12,7 @@ RELEASE := target/release
 BUILD := build
 CFLAGS_STRICT := -std=c99 -Wall -Wextra -Werror -pedantic -O2 -g
 
-.PHONY: all lib examples demo demo-c lint test test-rust test-prometheus test-c test-prefix test-python test-go bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
+.PHONY: all lib examples demo demo-c lint test test-rust test-prometheus test-c test-prefix test-python test-go test-docs bench header clean wheel sdist dist crates install install-files gpu-validation-bundle
 
 all: lib examples
 
@@ -62,7 +62,7 @@ lint:
 # Every test: the lint gate, then each layer's tests in this order. Each
 # layer runs alone too (`make test-c`); a new layer is a new target added to
 # this list of prerequisites.
-test: lint test-rust test-prometheus test-c test-python test-go
+test: lint test-rust test-prometheus test-c test-python test-go test-docs
 
 # Rust: every crate's unit and integration tests but the cross-language
 # crate (memprobe-tests, run by test-c); then no import cycle between the
@@ -110,6 +110,14 @@ test-go: test-prefix
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" LD_LIBRARY_PATH="$(TEST_PREFIX)/lib" GOTOOLCHAIN=local $(GO) test -count=1 ./...
 	cd bindings/go && test -z "$$(gofmt -l .)" || { echo "make test: gofmt would change: $$(gofmt -l .)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" GOTOOLCHAIN=local $(GO) vet ./...
+
+# The docs: every fenced block of README.md and docs/*.md run as written
+# (shell, Python, C/C++ through the installed memprobe.pc, Go, Rust), output
+# blocks compared, the rest counted as data or marked not runnable with a
+# reason (tests/docs/docs_test.py says how). After test-python, whose
+# installed package (PY_SITE) the Python blocks import.
+test-docs: test-prefix
+	$(PYTHON) tests/docs/docs_test.py --prefix $(TEST_PREFIX) --site $(PY_SITE) --python $(PYTHON)
 
 # The Python package as manylinux wheels, one per architecture, built on
 # this machine whatever its glibc: setuptools-rust builds libmemprobe, the
