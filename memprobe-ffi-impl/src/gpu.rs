@@ -11,7 +11,7 @@
 use crate::boundary::{
     entry_point, free_point, null, opt_text, out, out_array, FfiError, FfiResult, UserData,
 };
-use crate::handle::IdTable;
+use crate::handle::{Ids, Table};
 use crate::source::{memprobe_source, publish};
 use crate::status::memprobe_status;
 use memprobe_core::{Error, ErrorKind, Source};
@@ -185,7 +185,7 @@ pub struct memprobe_gpu_device {
 
 /// The ids of open device handles. Lookups take no lock: a handle names a
 /// device of the process-wide [`Gpus`], which never changes once open.
-static DEVICES: IdTable<4096> = IdTable::new(0x47, "memprobe_gpu_device");
+static DEVICES: Table<u32, Ids> = Table::with_max(0x47, "memprobe_gpu_device", 4096);
 
 fn device(h: *const memprobe_gpu_device) -> FfiResult<&'static DeviceHandle> {
     if h.is_null() {

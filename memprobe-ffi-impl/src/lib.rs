@@ -15,7 +15,6 @@ pub mod boundary;
 pub mod gpu;
 pub mod gpu_exact;
 pub mod handle;
-pub mod locked_handle;
 pub mod mark;
 pub mod metrics;
 pub mod monitor;
@@ -95,8 +94,8 @@ pub extern "C" fn memprobe_debug_live_handles(
     boundary::entry_point("memprobe_debug_live_handles", || {
         let counts = [
             (sources, live::<source::memprobe_source>()),
-            (windows, locked_handle::live::<window::memprobe_window>()),
-            (traces, locked_handle::live::<trace::memprobe_trace>()),
+            (windows, live::<window::memprobe_window>()),
+            (traces, live::<trace::memprobe_trace>()),
             (trackers, live::<tracker::memprobe_tracker>()),
         ];
         for (p, n) in counts {

@@ -9,7 +9,7 @@
 //! lose each other's peaks.
 
 use crate::boundary::{entry_point, free_point, text, UserData};
-use crate::handle::{get, publish, release, Handle, Table};
+use crate::handle::{get, publish, release, Handle, Shared, Table};
 use crate::source::memprobe_source;
 use crate::status::memprobe_status;
 use memprobe_core::{Error, ErrorKind, MarkGroup, MarkValue, Marks, Result, Source, SourceKind};
@@ -22,11 +22,12 @@ pub struct memprobe_mark_group {
     _private: [u8; 0],
 }
 
-static GROUPS: Table<MarkGroup> = Table::new(0x4d, "memprobe_mark_group");
+static GROUPS: Table<MarkGroup, Shared> = Table::new(0x4d, "memprobe_mark_group");
 
 impl Handle for memprobe_mark_group {
     type Object = MarkGroup;
-    fn table() -> &'static Table<MarkGroup> {
+    type Kind = Shared;
+    fn table() -> &'static Table<MarkGroup, Shared> {
         &GROUPS
     }
 }

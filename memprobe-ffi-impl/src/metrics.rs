@@ -1,7 +1,7 @@
 //! The Prometheus exporter through the C ABI.
 
 use crate::boundary::{entry_point, free_point, opt_text, out, FfiError, FfiResult};
-use crate::locked_handle::{lock, publish, release, LockedHandle, LockedTable};
+use crate::handle::{lock, publish, release, Handle, Locked, Table};
 use crate::source::{memprobe_source, source};
 use crate::status::memprobe_status;
 use crate::tracker::memprobe_tracker;
@@ -17,11 +17,12 @@ pub struct memprobe_exporter {
     _private: [u8; 0],
 }
 
-static EXPORTERS: LockedTable<Exporter> = LockedTable::new(0x45, "memprobe_exporter");
+static EXPORTERS: Table<Exporter, Locked> = Table::new(0x45, "memprobe_exporter");
 
-impl LockedHandle for memprobe_exporter {
+impl Handle for memprobe_exporter {
     type Object = Exporter;
-    fn table() -> &'static LockedTable<Exporter> {
+    type Kind = Locked;
+    fn table() -> &'static Table<Exporter, Locked> {
         &EXPORTERS
     }
 }

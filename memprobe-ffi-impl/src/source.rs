@@ -3,7 +3,7 @@
 use crate::boundary::{
     check_flags, copy_out, entry_point, free_point, out, text, FfiError, FfiResult, UserData,
 };
-use crate::handle::{get, release, Handle, Table};
+use crate::handle::{get, release, Handle, Shared, Table};
 use crate::status::memprobe_status;
 use memprobe_core::SmapsMetric;
 use memprobe_core::{Error, ErrorKind, PeakFidelity, Sample, Source, SourceKind};
@@ -17,11 +17,12 @@ pub struct memprobe_source {
     _private: [u8; 0],
 }
 
-static SOURCES: Table<Source> = Table::new(0x51, "memprobe_source");
+static SOURCES: Table<Source, Shared> = Table::new(0x51, "memprobe_source");
 
 impl Handle for memprobe_source {
     type Object = Source;
-    fn table() -> &'static Table<Source> {
+    type Kind = Shared;
+    fn table() -> &'static Table<Source, Shared> {
         &SOURCES
     }
 }

@@ -3,7 +3,7 @@
 use crate::boundary::{
     check_flags, copy_out, entry_point, free_point, opt_text, out, FdWriter, UserData,
 };
-use crate::locked_handle::{lock, publish, release, LockedHandle, LockedTable};
+use crate::handle::{lock, publish, release, Handle, Locked, Table};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
 use crate::window::{memprobe_delta, pick};
@@ -18,11 +18,12 @@ pub struct memprobe_trace {
     _private: [u8; 0],
 }
 
-static TRACES: LockedTable<Trace> = LockedTable::new(0x54, "memprobe_trace");
+static TRACES: Table<Trace, Locked> = Table::new(0x54, "memprobe_trace");
 
-impl LockedHandle for memprobe_trace {
+impl Handle for memprobe_trace {
     type Object = Trace;
-    fn table() -> &'static LockedTable<Trace> {
+    type Kind = Locked;
+    fn table() -> &'static Table<Trace, Locked> {
         &TRACES
     }
 }

@@ -4,7 +4,7 @@ use crate::boundary::{
     entry_point, free_point, opt_out, opt_out_array, opt_text, out, text, FdWriter, FfiError,
     FfiResult, UserData,
 };
-use crate::handle::{get, publish, release, Handle, Table};
+use crate::handle::{get, publish, release, Handle, Shared, Table};
 use crate::source::{memprobe_source, sources};
 use crate::status::memprobe_status;
 use crate::window::memprobe_delta;
@@ -23,11 +23,12 @@ pub struct memprobe_tracker {
     _private: [u8; 0],
 }
 
-static TRACKERS: Table<Lock<Tracker>> = Table::new(0x4b, "memprobe_tracker");
+static TRACKERS: Table<Lock<Tracker>, Shared> = Table::new(0x4b, "memprobe_tracker");
 
 impl Handle for memprobe_tracker {
     type Object = Lock<Tracker>;
-    fn table() -> &'static Table<Lock<Tracker>> {
+    type Kind = Shared;
+    fn table() -> &'static Table<Lock<Tracker>, Shared> {
         &TRACKERS
     }
 }

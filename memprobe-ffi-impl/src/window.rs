@@ -1,7 +1,7 @@
 //! Peak windows through the C ABI.
 
 use crate::boundary::{entry_point, free_point, opt_out_array, out, FfiError, FfiResult};
-use crate::locked_handle::{lock, publish, release, LockedHandle, LockedTable};
+use crate::handle::{lock, publish, release, Handle, Locked, Table};
 use crate::source::{fidelity_code, kind_code, memprobe_source, sources};
 use crate::status::memprobe_status;
 use memprobe_core::{SourceDelta, Window};
@@ -19,11 +19,12 @@ pub(crate) struct OpenWindow {
     ended: Vec<SourceDelta>,
 }
 
-static WINDOWS: LockedTable<OpenWindow> = LockedTable::new(0x57, "memprobe_window");
+static WINDOWS: Table<OpenWindow, Locked> = Table::new(0x57, "memprobe_window");
 
-impl LockedHandle for memprobe_window {
+impl Handle for memprobe_window {
     type Object = OpenWindow;
-    fn table() -> &'static LockedTable<OpenWindow> {
+    type Kind = Locked;
+    fn table() -> &'static Table<OpenWindow, Locked> {
         &WINDOWS
     }
 }
