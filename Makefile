@@ -117,6 +117,7 @@ test-go: test-prefix
 # reason (tests/docs/docs_test.py says how). After test-python, whose
 # installed package (PY_SITE) the Python blocks import.
 test-docs: test-prefix
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/docs/test_docs_test.py
 	$(PYTHON) tests/docs/docs_test.py --prefix $(TEST_PREFIX) --site $(PY_SITE) --python $(PYTHON)
 
 # The Python package as manylinux wheels, one per architecture, built on

@@ -238,8 +238,13 @@ def make_env(prefix: Path, site: Optional[Path], python: str, home: Path) -> Dic
     return env
 
 
+def scratch_dir(page: Path) -> Path:
+    """build/docs-test/<page>: docs/cli.md's is docs_cli."""
+    return SCRATCH / page.relative_to(ROOT).as_posix().replace("/", "_").removesuffix(".md")
+
+
 def fresh_scratch(page: Path) -> Path:
-    d = SCRATCH / page.relative_to(ROOT).as_posix().replace("/", "_").removesuffix(".md")
+    d = scratch_dir(page)
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
