@@ -19,7 +19,7 @@ from pathlib import Path
 
 import memprobe
 
-from conftest import ROOT, require
+from conftest import ROOT, require, require_module
 
 SCRIPT = ROOT / "scripts" / "gpu-validate-all.sh"
 SUMMARY = ROOT / "scripts" / "gpu-validate-summary.py"
@@ -70,6 +70,9 @@ def _run(*args: str, timeout: int = 300, **env_extra: str) -> subprocess.Complet
 
 def _dry(tmp_path: Path, parts: str, bundle: Path | None = None, *more: str, **env: str):
     """A dry run of `parts`: (exit status, the summary's JSON, checks per part as {name: ok})."""
+    # The fakes of the torch, interpose, oom and cpp parts run over the real
+    # (CPU) torch, as the Python tests' fake torch.cuda does.
+    require_module("torch", "torch")
     out = tmp_path / "out"
     b = bundle or _bundle(tmp_path)
     r = _run("--dry-run", "--parts", parts, *more, "--bundle", str(b), str(out), **env)
