@@ -8,16 +8,22 @@ through the interposer's C entry points (memprobe_interpose_current,
 memprobe_interpose_mark_claim / _take / _release):
 
   * direct: cudaMalloc / cudaFree through ctypes into the wheel's libcudart:
-    the interposer's current bytes against the sizes asked for and NVML's
-    per-process used (minus the context, measured before the allocation);
-  * spikes: a 1 ms spike of cudaMalloc + cudaFree, 50 times: caught by the
-    interposer's mark (expected 50 of 50) versus NVML polled at 10 ms and at
-    1 ms by a thread;
+    the interposer's current bytes (absolute: 0 before the first allocation)
+    equal to the sizes asked for and 0 after the free, and between NVML's
+    per-process used minus the context (measured before the allocation)
+    less one 2 MiB page and that figure;
+  * spikes: a 1 ms spike of cudaMalloc + cudaFree (held by a C busy-wait,
+    the GIL released), 50 times: caught by the interposer's mark (expected
+    50 of 50) versus NVML polled at 10 ms and at 1 ms by a native thread
+    (reported; a poller that reads nothing fails);
   * torch-default, torch-expandable (PYTORCH_CUDA_ALLOC_CONF=
     expandable_segments:True), torch-async (backend:cudaMallocAsync): a small
-    training loop; per step, the interposer's current bytes against
-    torch.cuda.memory_reserved() and NVML's per-process used, and the
-    interposer's step peak against torch.cuda.max_memory_reserved();
+    training loop; per step, the interposer's current bytes at most NVML's
+    per-process used, their excess over torch.cuda.memory_reserved() one
+    constant (within 2 MiB) across steps and modes, and the interposer's
+    step peak over torch.cuda.max_memory_reserved() between 0 and that
+    excess (--fake-torch: a caching allocator over the fake driver,
+    tests/fake-gpu/fake_torch_driver.py, for the dry run);
   * throughput: the same training loop with and without the interposer,
     alternated, steps per second.
 
