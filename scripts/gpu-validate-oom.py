@@ -23,7 +23,8 @@ asks for its device's free memory plus 4 GiB:
     driver's trigger too: the report comes from the interposer, on the thread
     whose `cuMemAlloc` failed, before PyTorch even sees the error. Checks: the
     driver trigger, a driver entry point named, the interposer's counted bytes
-    on device 0 at least torch's reserved bytes, torch's observer and the
+    on device 0 between torch's reserved bytes after the failure and before
+    it plus 256 MiB (allocations outside torch's cache), torch's observer and the
     retries counted as later triggers, the program still gets
     `torch.cuda.OutOfMemoryError` (the driver's error went back unchanged).
   * recovered (interposer): the caching allocator holds freed blocks, then a
@@ -35,8 +36,9 @@ asks for its device's free memory plus 4 GiB:
     median of the five later ones (counted only): what the report adds to
     the failure, per experiment.
 
-Usage: gpu-validate-oom.py PATH/libmemprobe_interpose.so [--out report.json]
-       (memprobe found as `import memprobe`: the package installed, or
+Usage: gpu-validate-oom.py PATH/libmemprobe_interpose.so [--out report.json] [--fake]
+       (--fake: the dry run, over tests/fake-gpu/fake_torch_driver.py's
+       allocator on the fake driver; memprobe found as `import memprobe`: the package installed, or
        PYTHONPATH=bindings/python with MEMPROBE_LIBRARY=.../libmemprobe.so)
 Prints the checks and writes the JSON report; exits non-zero if a check fails.
 """
