@@ -357,17 +357,20 @@ pub(crate) fn build(
                 })
             })
         }),
-        peaks.iter().filter(|p| p.step_index.is_some()).flat_map(|p| {
-            p.ranks.map(|r| RankedPeak {
-                label: &p.label,
-                kind: "step",
-                source: &p.source,
-                fidelity: &p.fidelity,
-                rank: r.rank,
-                pid: p.pid,
-                bytes: p.peak_bytes,
-            })
-        }),
+        peaks
+            .iter()
+            .filter(|p| p.step_index.is_some())
+            .flat_map(|p| {
+                p.ranks.map(|r| RankedPeak {
+                    label: &p.label,
+                    kind: "step",
+                    source: &p.source,
+                    fidelity: &p.fidelity,
+                    rank: r.rank,
+                    pid: p.pid,
+                    bytes: p.peak_bytes,
+                })
+            }),
     );
     let channel = PhaseChannelReport {
         received: log.received,

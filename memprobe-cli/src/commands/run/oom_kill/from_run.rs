@@ -1,8 +1,8 @@
 //! The detector's evidence gathered from a finished run (its recording,
 //! the kernel's process events and log), and the verdict kept in it.
 
-use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
 use super::detect;
+use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
 use crate::commands::run::kernel_log::KernelLog;
 use crate::commands::run::process_events::Lifetimes;
 use crate::commands::run::recording::Recording;

@@ -2,8 +2,8 @@
 //! members, the kernel's log, as the run would have recorded them.
 
 use super::counters::CounterLog;
-use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
 use super::detect;
+use super::evidence::{Container, Inputs, KernelKill, KernelRecord, Member};
 use super::verdict::{Evidence, Level};
 use memprobe_core::internal::cgroup::OomEvents;
 use memprobe_core::CgroupVersion;
