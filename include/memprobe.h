@@ -1382,6 +1382,33 @@ memprobe_status memprobe_source_new_mark(const memprobe_mark_group *group, size_
 memprobe_status memprobe_exporter_start(const char *listen_addr, memprobe_exporter **out);
 
 /**
+ * Starts an exporter as memprobe_exporter_start does, served as the web
+ * configuration file `web_config_file` says: the YAML of Prometheus
+ * exporter-toolkit (node_exporter's `--web.config.file`): TLS
+ * (`tls_server_config`: cert and key, client CA and `client_auth_type`,
+ * min/max version, cipher suites) and passwords (`basic_auth_users`,
+ * bcrypt). See docs/metrics.md. The file and the certificates it names
+ * are re-read when they change; a bad new file keeps the last good one
+ * (memprobe_exporter_get_web_config_error says why; nothing is printed).
+ * A file that cannot be read, an unknown key or a bad value fails the
+ * start (PARSE, UNAVAILABLE, IO, UNSUPPORTED, with the key or file named
+ * by memprobe_last_error): never a fallback to plain HTTP.
+ * `web_config_file` NULL is NULL_POINTER (memprobe_exporter_start serves
+ * plain HTTP).
+ */
+memprobe_status memprobe_exporter_start_with_web_config(const char *listen_addr, const char *web_config_file, memprobe_exporter **out);
+
+/**
+ * Why the last re-read of the exporter's web configuration was refused
+ * (the last good configuration is still served): its status to `*error`
+ * and its message copied into `buf[..len]` with a NUL (`*needed`, when
+ * not NULL, gets the size needed; a short buffer is BUFFER_TOO_SMALL).
+ * `*error` is OK and the message empty when the last read was good or the
+ * exporter has no web configuration.
+ */
+memprobe_status memprobe_exporter_get_web_config_error(const memprobe_exporter *exporter, memprobe_status *error, char *buf, size_t len, size_t *needed);
+
+/**
  * The port the exporter listens on, to `*port` (also after it stopped).
  */
 memprobe_status memprobe_exporter_port(const memprobe_exporter *exporter, uint16_t *port);

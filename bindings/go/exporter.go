@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"unsafe"
 )
 
 // Exporter serves GET /metrics in the Prometheus text format from this
@@ -33,6 +34,57 @@ func StartExporter(addr string) (*Exporter, error) {
 	e := &Exporter{h: h}
 	runtime.SetFinalizer(e, (*Exporter).Close)
 	return e, nil
+}
+
+// StartExporterWithWebConfig listens on addr as StartExporter does, served
+// as the web configuration file webConfig says: Prometheus
+// exporter-toolkit's YAML (node_exporter's --web.config.file), with TLS
+// (tls_server_config) and passwords (basic_auth_users, bcrypt); see
+// docs/metrics.md. The file is re-read when it changes; a bad new file keeps
+// the last good one and WebConfigError says why. A file that cannot be read
+// or has an unknown key fails the start (never plain HTTP instead).
+func StartExporterWithWebConfig(addr, webConfig string) (*Exporter, error) {
+	caddr := cString(addr, true)
+	defer freeCString(caddr)
+	cfile := cString(webConfig, false)
+	defer freeCString(cfile)
+	var h *C.memprobe_exporter
+	if err := call(func() C.memprobe_status {
+		return C.memprobe_exporter_start_with_web_config(caddr, cfile, &h)
+	}); err != nil {
+		return nil, err
+	}
+	e := &Exporter{h: h}
+	runtime.SetFinalizer(e, (*Exporter).Close)
+	return e, nil
+}
+
+// WebConfigError says why the last re-read of the web configuration was
+// refused (the last good one is still served); nil when the last read was
+// good or there is no web configuration.
+func (e *Exporter) WebConfigError() error {
+	size := C.size_t(256)
+	for {
+		buf := (*C.char)(C.malloc(size))
+		var st C.memprobe_status
+		var needed C.size_t
+		err := e.do(func(h *C.memprobe_exporter) C.memprobe_status {
+			return C.memprobe_exporter_get_web_config_error(h, &st, buf, size, &needed)
+		})
+		msg := C.GoString(buf)
+		C.free(unsafe.Pointer(buf))
+		if isStatus(err, StatusBufferTooSmall) && needed > size {
+			size = needed
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if Status(st) == StatusOK {
+			return nil
+		}
+		return &Error{Status: Status(st), Message: msg}
+	}
 }
 
 func (e *Exporter) do(f func(*C.memprobe_exporter) C.memprobe_status) error {

@@ -27,6 +27,20 @@ impl Handle for memprobe_exporter {
     }
 }
 
+/// `listen_addr` as an address; NULL: `None` (127.0.0.1, a free port).
+fn listen_address(listen_addr: *const c_char) -> FfiResult<Option<SocketAddr>> {
+    opt_text(listen_addr, "listen_addr")?
+        .map(|a| {
+            a.parse::<SocketAddr>().map_err(|_| {
+                FfiError::new(
+                    memprobe_status::InvalidArgument,
+                    format!("listen_addr {a:?} is not IP:PORT (e.g. 127.0.0.1:9464)"),
+                )
+            })
+        })
+        .transpose()
+}
+
 /// Starts an exporter listening on `listen_addr` (`"IP:PORT"`, e.g.
 /// `"0.0.0.0:9464"` to be scraped from other machines; NULL: `127.0.0.1`
 /// on a free port, see memprobe_exporter_port). Rank labels come from
@@ -41,21 +55,70 @@ pub extern "C" fn memprobe_exporter_start(
 ) -> memprobe_status {
     entry_point("memprobe_exporter_start", || {
         self::out(out, "out")?;
-        let listen = opt_text(listen_addr, "listen_addr")?
-            .map(|a| {
-                a.parse::<SocketAddr>().map_err(|_| {
-                    FfiError::new(
-                        memprobe_status::InvalidArgument,
-                        format!("listen_addr {a:?} is not IP:PORT (e.g. 127.0.0.1:9464)"),
-                    )
-                })
-            })
-            .transpose()?;
+        let listen = listen_address(listen_addr)?;
         let e = Exporter::start(ExporterOptions {
             listen,
             ..ExporterOptions::default()
         })?;
         publish(e, out)
+    })
+}
+
+/// Starts an exporter as memprobe_exporter_start does, served as the web
+/// configuration file `web_config_file` says: the YAML of Prometheus
+/// exporter-toolkit (node_exporter's `--web.config.file`): TLS
+/// (`tls_server_config`: cert and key, client CA and `client_auth_type`,
+/// min/max version, cipher suites) and passwords (`basic_auth_users`,
+/// bcrypt). See docs/metrics.md. The file and the certificates it names
+/// are re-read when they change; a bad new file keeps the last good one
+/// (memprobe_exporter_get_web_config_error says why; nothing is printed).
+/// A file that cannot be read, an unknown key or a bad value fails the
+/// start (PARSE, UNAVAILABLE, IO, UNSUPPORTED, with the key or file named
+/// by memprobe_last_error): never a fallback to plain HTTP.
+/// `web_config_file` NULL is NULL_POINTER (memprobe_exporter_start serves
+/// plain HTTP).
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_start_with_web_config(
+    listen_addr: *const c_char,
+    web_config_file: *const c_char,
+    out: *mut *mut memprobe_exporter,
+) -> memprobe_status {
+    entry_point("memprobe_exporter_start_with_web_config", || {
+        self::out(out, "out")?;
+        let listen = listen_address(listen_addr)?;
+        let file = crate::boundary::text(web_config_file, "web_config_file")?;
+        let e = Exporter::start(ExporterOptions {
+            listen,
+            web_config: Some(file.into()),
+            ..ExporterOptions::default()
+        })?;
+        publish(e, out)
+    })
+}
+
+/// Why the last re-read of the exporter's web configuration was refused
+/// (the last good configuration is still served): its status to `*error`
+/// and its message copied into `buf[..len]` with a NUL (`*needed`, when
+/// not NULL, gets the size needed; a short buffer is BUFFER_TOO_SMALL).
+/// `*error` is OK and the message empty when the last read was good or the
+/// exporter has no web configuration.
+#[no_mangle]
+pub extern "C" fn memprobe_exporter_get_web_config_error(
+    exporter: *const memprobe_exporter,
+    error: *mut memprobe_status,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> memprobe_status {
+    entry_point("memprobe_exporter_get_web_config_error", || {
+        let slot = out(error, "error")?;
+        let last = lock(exporter)?.web_config_error();
+        let (status, message) = match &last {
+            None => (memprobe_status::Ok, ""),
+            Some(e) => (memprobe_status::from_kind(e.kind()), e.message()),
+        };
+        *slot = status;
+        crate::boundary::copy_out(message, buf, len, needed)
     })
 }
 

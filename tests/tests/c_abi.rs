@@ -160,6 +160,11 @@ fn metrics_exporter() {
 }
 
 #[test]
+fn metrics_exporter_with_a_web_config() {
+    check_all_ways("test_web_config.c", &[("MEMPROBE_GPU_BACKEND", "none")]);
+}
+
+#[test]
 fn file_sinks_refuse_directories_and_leave_no_temporary_files() {
     check_all_ways("test_sink_paths.c", &[]);
 }

@@ -46,6 +46,7 @@ const FUNCTIONS = (
     :memprobe_exporter_start, :memprobe_exporter_port, :memprobe_exporter_add_source,
     :memprobe_exporter_watch_tracker, :memprobe_exporter_set_rank, :memprobe_exporter_add_gpus,
     :memprobe_exporter_stop, :memprobe_exporter_free,
+    :memprobe_exporter_start_with_web_config, :memprobe_exporter_get_web_config_error,
 )
 
 const LIB = Ref{Ptr{Cvoid}}(C_NULL)

@@ -233,3 +233,27 @@ end
     close(e)
     close(p)
 end
+
+@testset "exporter with a web configuration" begin
+    # bcrypt (cost 4) of "s3cret"; the Authorization value is base64 of "user:s3cret".
+    hash = raw"$2b$04$DLse4tY1yMwulgkiUjPoOuY7.3QEz2D0lKkl1cubv8IH8v4FRjdf2"
+    dir = mktempdir()
+    web = joinpath(dir, "web.yml")
+    write(web, "basic_auth_users:\n  user: '$hash'\n")
+    e = Exporter(; web_config=web)
+    @test MemProbe.port(e) > 0
+    @test MemProbe.web_config_error(e) === nothing
+    # A broken file while serving: refused and reported, not thrown.
+    write(web * ".tmp", "basic_auth_users:\n  user: '$hash'\nbasic_auth_userz: {}\n")
+    mv(web * ".tmp", web; force=true)
+    err = nothing
+    for _ in 1:200
+        err = MemProbe.web_config_error(e)
+        err === nothing || break
+        sleep(0.05)
+    end
+    @test err isa MemprobeError
+    @test occursin("basic_auth_userz", sprint(showerror, err))
+    close(e)
+    @test_throws MemprobeError Exporter(; web_config=joinpath(dir, "absent.yml"))
+end

@@ -332,6 +332,11 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_trace_free": (status_t, [handle_t]),
     # the Prometheus exporter
     "memprobe_exporter_start": (status_t, [c_char_p, P(handle_t)]),
+    "memprobe_exporter_start_with_web_config": (status_t, [c_char_p, c_char_p, P(handle_t)]),
+    "memprobe_exporter_get_web_config_error": (
+        status_t,
+        [handle_t, P(status_t), c_char_p, c_size_t, P(c_size_t)],
+    ),
     "memprobe_exporter_port": (status_t, [handle_t, P(c_uint16)]),
     "memprobe_exporter_add_source": (status_t, [handle_t, handle_t]),
     "memprobe_exporter_watch_tracker": (status_t, [handle_t, handle_t]),

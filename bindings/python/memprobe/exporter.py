@@ -8,6 +8,15 @@ the GPUs as DCGM exporter's gauges (``docs/metrics.md``)::
         exporter.add_gpus()
         train()
 
+To be scraped from other machines, serve it behind TLS and a password with
+a web configuration file in Prometheus exporter-toolkit's format (the one
+node_exporter's ``--web.config.file`` takes)::
+
+    memprobe.Exporter("0.0.0.0:9464", web_config="/etc/memprobe/web.yml")
+
+The file is re-read when it changes; a bad new file keeps the last good one
+and :attr:`Exporter.web_config_error` says why (nothing is printed).
+
 Rank labels come from ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` (torchrun
 sets them) or :meth:`Exporter.set_rank`. Scrapes are answered by the
 exporter's own threads; the training thread never waits on them.
@@ -15,11 +24,13 @@ exporter's own threads; the training thread never waits on them.
 
 from __future__ import annotations
 
-from ctypes import byref, c_uint16
-from typing import Optional
+import os
+from ctypes import byref, c_size_t, c_uint16, c_uint32, create_string_buffer
+from typing import Optional, Union
 
 from . import _ffi
 from ._ffi import C, check
+from .errors import MemprobeError, Status, error_for
 from ._owned import Owned
 from .sources import Source
 from .tracker import Tracker
@@ -27,14 +38,26 @@ from .tracker import Tracker
 
 class Exporter(Owned):
     """Serves ``/metrics`` on ``listen`` (``"IP:PORT"``; None: 127.0.0.1 on
-    a free port). Close it (or ``with``) to stop serving and release it."""
+    a free port), with TLS and basic auth as the web configuration file
+    ``web_config`` says (``docs/metrics.md``; a file that cannot be read or
+    has an unknown key raises, never serves plain HTTP instead). Close it
+    (or ``with``) to stop serving and release it."""
 
     _FREE = "memprobe_exporter_free"
 
-    def __init__(self, listen: Optional[str] = None):
+    def __init__(
+        self,
+        listen: Optional[str] = None,
+        web_config: Optional[Union[str, "os.PathLike[str]"]] = None,
+    ):
         self._closed = True
         h = _ffi.out_handle()
-        check(C.memprobe_exporter_start(None if listen is None else str(listen).encode(), byref(h)))
+        addr = None if listen is None else str(listen).encode()
+        if web_config is None:
+            check(C.memprobe_exporter_start(addr, byref(h)))
+        else:
+            path = os.fsencode(web_config)
+            check(C.memprobe_exporter_start_with_web_config(addr, path, byref(h)))
         self._handle = h.value
         self._closed = False
 
@@ -47,8 +70,29 @@ class Exporter(Owned):
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>/metrics`` (for a local scrape)."""
+        """``http://127.0.0.1:<port>/metrics`` (for a local scrape; an
+        exporter whose web configuration has ``tls_server_config`` is
+        ``https://`` at the same place)."""
         return f"http://127.0.0.1:{self.port}/metrics"
+
+    @property
+    def web_config_error(self) -> Optional[MemprobeError]:
+        """Why the last re-read of the web configuration was refused (an
+        exception instance, not raised: the last good configuration is still
+        served); None when the last read was good, or without a web
+        configuration."""
+        size = 256
+        while True:
+            buf = create_string_buffer(size)
+            err, needed = c_uint32(), c_size_t()
+            status = C.memprobe_exporter_get_web_config_error(self._handle, byref(err), buf, size, byref(needed))
+            if status == Status.BUFFER_TOO_SMALL and needed.value > size:
+                size = int(needed.value)
+                continue
+            check(status)
+            if err.value == Status.OK:
+                return None
+            return error_for(err.value, buf.value.decode("utf-8", "replace"))
 
     def add_source(self, source: Source) -> None:
         """Exports the source's readings, read at each scrape (the exporter
@@ -79,3 +123,4 @@ class Exporter(Owned):
         if self._closed:
             return "<memprobe.Exporter (closed)>"
         return f"<memprobe.Exporter {self.url}>"
+

@@ -59,3 +59,49 @@ def test_port_in_use_is_an_io_error():
         with pytest.raises(memprobe.IoError) as err:
             Exporter(f"127.0.0.1:{first.port}")
         assert "in use" in err.value.message
+
+
+# bcrypt (cost 4) of "s3cret"; the header is base64 of "user:s3cret".
+HASH = "$2b$04$DLse4tY1yMwulgkiUjPoOuY7.3QEz2D0lKkl1cubv8IH8v4FRjdf2"
+GOOD = {"Authorization": "Basic dXNlcjpzM2NyZXQ="}
+
+
+def get(exporter: Exporter, headers: dict) -> int:
+    req = urllib.request.Request(exporter.url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_web_config_asks_the_password_and_reports_a_refused_reload(tmp_path):
+    import time
+
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  user: '{HASH}'\n")
+    with Exporter(web_config=web) as e:
+        assert get(e, {}) == 401
+        assert get(e, {"Authorization": "Basic dXNlcjp3cm9uZw=="}) == 401
+        assert get(e, GOOD) == 200
+        assert e.web_config_error is None
+        # A broken file while serving: refused, said here, the last good one kept.
+        tmp = tmp_path / "web.tmp"
+        tmp.write_text(f"basic_auth_users:\n  user: '{HASH}'\nbasic_auth_userz: {{}}\n")
+        tmp.replace(web)
+        deadline = time.monotonic() + 10
+        while e.web_config_error is None:
+            assert time.monotonic() < deadline, "the broken file was not noticed"
+            time.sleep(0.05)
+        err = e.web_config_error
+        assert isinstance(err, memprobe.ParseError) and "basic_auth_userz" in str(err)
+        assert get(e, GOOD) == 200 and get(e, {}) == 401
+
+
+def test_web_config_errors_fail_the_start(tmp_path):
+    with pytest.raises(memprobe.UnavailableError, match="absent.yml"):
+        Exporter(web_config=tmp_path / "absent.yml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("tls_server_config:\n  cert_flie: x\n")
+    with pytest.raises(memprobe.ParseError, match="cert_flie"):
+        Exporter(web_config=str(bad))
