@@ -15,7 +15,7 @@ use crate::oom_report_hook;
 use crate::pools;
 use crate::real::{real, record};
 use crate::region;
-use crate::table::{pack, unpack, Table};
+use crate::table::{pack, unpack, Table, MAX_BYTES};
 use shm::layout::{self, Layout, HOST_PINNED, MAX_DEVICES};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -162,7 +162,14 @@ unsafe fn location_counter(props: *const c_void) -> Option<usize> {
 
 fn counted(l: &Layout, table: &Table, key: u64, counter: Option<usize>, bytes: u64) {
     match counter {
-        Some(c) if table.insert(key, pack(c, bytes)) => region::add(l, c, bytes),
+        Some(c) if bytes <= MAX_BYTES => {
+            let o = crate::origin::here(l);
+            if table.insert(key, pack(c, o, bytes)) {
+                region::add(l, o, c, bytes);
+            } else {
+                l.record_not_counted(bytes);
+            }
+        }
         _ => l.record_not_counted(bytes),
     }
 }
@@ -229,8 +236,8 @@ fn freed(rc: CUresult, table: &Table, key: u64, taken: Option<u64>) {
     };
     match taken {
         Some(v) if rc == CUDA_SUCCESS => {
-            let (c, b) = unpack(v);
-            region::sub(l, c, b);
+            let (c, o, b) = unpack(v);
+            region::sub(l, o, c, b);
         }
         Some(v) => {
             table.insert(key, v);

@@ -16,12 +16,15 @@
 //!
 //! Environment: `MEMPROBE_GPU_EXACT=off` (or `0`, `false`, `no`) loads the
 //! library without counting (every call passes straight through);
-//! `MEMPROBE_GPU_EXACT_DIR` names the directory of region files.
+//! `MEMPROBE_GPU_EXACT_DIR` names the directory of region files;
+//! `MEMPROBE_GPU_ORIGINS=off` counts without naming each allocation's
+//! origin (see `origin.rs`).
 
 mod dlsym;
 mod driver;
 mod hooks;
 mod oom_report_hook;
+mod origin;
 mod pools;
 mod real;
 mod region;
@@ -32,6 +35,7 @@ mod table;
 /// it first uses the driver.
 extern "C" fn in_child() {
     hooks::forget_all();
+    origin::forget_all();
     region::forget_in_child();
 }
 

@@ -15,6 +15,10 @@ struct Pool {
     handle: AtomicU64,
     counter: AtomicUsize,
     reserved: AtomicU64,
+    /// The origin slot its reservation is counted under: whoever created
+    /// it, or first allocated from it (a pool's bytes are not split between
+    /// the callers that share it).
+    origin: AtomicUsize,
     busy: AtomicBool,
 }
 
@@ -23,6 +27,7 @@ static POOLS: [Pool; MAX_POOLS] = [const {
         handle: AtomicU64::new(0),
         counter: AtomicUsize::new(0),
         reserved: AtomicU64::new(0),
+        origin: AtomicUsize::new(crate::origin::NO_ORIGIN),
         busy: AtomicBool::new(false),
     }
 }; MAX_POOLS];
@@ -38,10 +43,12 @@ fn find(handle: u64) -> Option<&'static Pool> {
     POOLS.iter().find(|p| p.handle.load(Acquire) == handle)
 }
 
-fn entry(handle: u64, counter: usize) -> Option<&'static Pool> {
+fn entry(l: &shm::layout::Layout, handle: u64, counter: usize) -> Option<&'static Pool> {
     if let Some(p) = find(handle) {
         return Some(p);
     }
+    // Named before the registration lock: the walk may take the loader's.
+    let origin = crate::origin::here(l);
     // New pools register one at a time, so a pool never gets two entries.
     while REGISTERING.swap(true, Acquire) {
         std::hint::spin_loop();
@@ -52,6 +59,7 @@ fn entry(handle: u64, counter: usize) -> Option<&'static Pool> {
         lock(p);
         p.counter.store(counter, Release);
         p.reserved.store(0, Release);
+        p.origin.store(origin, Release);
         p.handle.store(handle, Release);
         p.busy.store(false, Release);
         KNOWN.fetch_add(1, AcqRel);
@@ -74,7 +82,7 @@ pub(crate) fn refresh(pool: *mut c_void, counter: usize) {
     let (Some(l), false) = (crate::region::get(), pool.is_null()) else {
         return;
     };
-    let Some(p) = entry(pool as u64, counter) else {
+    let Some(p) = entry(l, pool as u64, counter) else {
         l.record_not_counted(0);
         return;
     };
@@ -111,10 +119,11 @@ fn read_into(l: &shm::layout::Layout, p: &Pool, pool: *mut c_void) {
         if rc == CUDA_SUCCESS {
             let before = p.reserved.swap(now, AcqRel);
             let c = p.counter.load(Acquire);
+            let o = p.origin.load(Acquire);
             if now > before {
-                crate::region::add(l, c, now - before);
+                crate::region::add(l, o, c, now - before);
             } else {
-                crate::region::sub(l, c, before - now);
+                crate::region::sub(l, o, c, before - now);
             }
         }
     }
@@ -140,8 +149,8 @@ pub(crate) fn refresh_all() {
 
 /// Registers a pool created on counter `counter`.
 pub(crate) fn created(pool: *mut c_void, counter: usize) {
-    if crate::region::get().is_some() && !pool.is_null() {
-        let _ = entry(pool as u64, counter);
+    if let (Some(l), false) = (crate::region::get(), pool.is_null()) {
+        let _ = entry(l, pool as u64, counter);
     }
 }
 
@@ -153,7 +162,12 @@ pub(crate) fn destroyed(pool: *mut c_void) {
     if let Some(p) = find(pool as u64) {
         lock(p);
         if p.handle.load(Acquire) == pool as u64 {
-            crate::region::sub(l, p.counter.load(Acquire), p.reserved.swap(0, AcqRel));
+            crate::region::sub(
+                l,
+                p.origin.load(Acquire),
+                p.counter.load(Acquire),
+                p.reserved.swap(0, AcqRel),
+            );
             p.handle.store(0, Release);
             KNOWN.fetch_sub(1, AcqRel);
         }

@@ -9,7 +9,9 @@
 //! --gpu-exact`; see `memprobe_interpose_reader::tree_counter`) every count also goes to the
 //! tree's counter, mapped when the library loads and inherited across fork.
 
-use shm::layout::{Layout, FLAG_COUNTING, FLAG_EXITED, FLAG_SHARED, LAYOUT_SIZE, MAGIC};
+use shm::layout::{
+    Layout, FLAG_COUNTING, FLAG_EXITED, FLAG_ORIGINS, FLAG_SHARED, LAYOUT_SIZE, MAGIC,
+};
 use std::ffi::CString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::ptr;
@@ -76,19 +78,21 @@ fn tree() -> Option<&'static Layout> {
     unsafe { TREE.load(Acquire).as_ref() }
 }
 
-/// Counts `bytes` more on counter `c`: this process's and its tree's.
+/// Counts `bytes` more on counter `c` for origin slot `o`: this process's
+/// (by origin) and its tree's.
 #[inline]
-pub(crate) fn add(l: &Layout, c: usize, bytes: u64) {
-    l.add(c, bytes);
+pub(crate) fn add(l: &Layout, o: usize, c: usize, bytes: u64) {
+    l.add_from(o, c, bytes);
     if let Some(t) = tree() {
         t.add(c, bytes);
     }
 }
 
-/// Counts `bytes` fewer on counter `c`: this process's and its tree's.
+/// Counts `bytes` fewer on counter `c` for origin slot `o`: this process's
+/// and its tree's.
 #[inline]
-pub(crate) fn sub(l: &Layout, c: usize, bytes: u64) {
-    l.sub(c, bytes);
+pub(crate) fn sub(l: &Layout, o: usize, c: usize, bytes: u64) {
+    l.sub_from(o, c, bytes);
     if let Some(t) = tree() {
         t.sub(c, bytes);
     }
@@ -288,7 +292,7 @@ fn create(dir: Option<&CString>, pid: u32) -> *mut Layout {
     }
     let l = m.cast::<Layout>();
     // SAFETY: just mapped.
-    unsafe { (*l).init(pid, start, FLAG_COUNTING) };
+    unsafe { (*l).init(pid, start, FLAG_COUNTING | origins_flag()) };
     l
 }
 
@@ -327,12 +331,25 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
         h.flags
             .fetch_and(!shm::tree_counter::FLAG_TREE_SETTLED, SeqCst);
         h.flags.fetch_and(!FLAG_EXITED, SeqCst);
+        // The old image's origins name its libraries, not this one's.
+        layout.clear_origins();
+        h.flags.fetch_and(!FLAG_ORIGINS, SeqCst);
+        h.flags.fetch_or(origins_flag(), SeqCst);
         return Some(l);
     }
     // SAFETY: ours to overwrite: a new file, or a dead process's.
     unsafe { ptr::write_bytes(l.cast::<u8>(), 0, LAYOUT_SIZE) };
-    layout.init(pid, start, FLAG_COUNTING | FLAG_SHARED);
+    layout.init(pid, start, FLAG_COUNTING | FLAG_SHARED | origins_flag());
     Some(l)
+}
+
+/// [`FLAG_ORIGINS`] when origins are kept.
+fn origins_flag() -> u32 {
+    if crate::origin::enabled() {
+        FLAG_ORIGINS
+    } else {
+        0
+    }
 }
 
 /// A forked child (called by the library's fork handler, with the hooks'

@@ -27,14 +27,23 @@ pub(crate) struct Table {
     bits: u32,
 }
 
-/// Bytes and counter index packed in one word: the index in the top byte.
-pub(crate) fn pack(counter: usize, bytes: u64) -> u64 {
-    (bytes & ((1 << 56) - 1)) | ((counter as u64) << 56)
+/// Bytes the value of one entry holds: 48 bits (256 TiB), the rest names
+/// the counter and the origin.
+pub(crate) const MAX_BYTES: u64 = (1 << 48) - 1;
+
+/// Counter index, origin slot and bytes packed in one word: the counter in
+/// the top byte, the origin in the next, the bytes below.
+pub(crate) fn pack(counter: usize, origin: usize, bytes: u64) -> u64 {
+    (bytes & MAX_BYTES) | ((origin as u64 & 0xff) << 48) | ((counter as u64) << 56)
 }
 
-/// The inverse of [`pack`].
-pub(crate) fn unpack(v: u64) -> (usize, u64) {
-    ((v >> 56) as usize, v & ((1 << 56) - 1))
+/// The inverse of [`pack`]: (counter, origin, bytes).
+pub(crate) fn unpack(v: u64) -> (usize, usize, u64) {
+    (
+        (v >> 56) as usize,
+        ((v >> 48) & 0xff) as usize,
+        v & MAX_BYTES,
+    )
 }
 
 impl Table {
@@ -116,6 +125,26 @@ impl Table {
         false
     }
 
+    /// The value of `key`, left in place.
+    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+        if key == EMPTY || key == TOMB {
+            return None;
+        }
+        let slots = self.slots()?;
+        let mask = self.len() - 1;
+        let mut i = self.start(key);
+        for _ in 0..MAX_PROBES.min(self.len()) {
+            let s = &slots[i];
+            match s.key.load(Acquire) {
+                EMPTY => return None,
+                k if k == key => return Some(s.value.load(Acquire)),
+                _ => {}
+            }
+            i = (i + 1) & mask;
+        }
+        None
+    }
+
     /// Removes `key`, returning its value.
     pub(crate) fn remove(&self, key: u64) -> Option<u64> {
         if key == EMPTY || key == TOMB {
@@ -161,20 +190,22 @@ mod tests {
     #[test]
     fn insert_remove_reuse() {
         let t = Table::new(4);
-        assert!(t.insert(0x1000, pack(3, 42)));
-        assert!(t.insert(0x2000, pack(64, 7)));
+        assert!(t.insert(0x1000, pack(3, 9, 42)));
+        assert_eq!(t.get(0x1000).map(unpack), Some((3, 9, 42)));
+        assert!(t.insert(0x2000, pack(64, 255, 7)));
         assert!(!t.insert(0, 1));
-        assert_eq!(t.remove(0x1000).map(unpack), Some((3, 42)));
+        assert_eq!(t.remove(0x1000).map(unpack), Some((3, 9, 42)));
         assert_eq!(t.remove(0x1000), None);
         // Fill all 16 slots (tombstones are reused), then one more fails.
         for k in 1..=15u64 {
-            assert!(t.insert(k << 20, pack(0, k)), "{k}");
+            assert!(t.insert(k << 20, pack(0, 1, k)), "{k}");
         }
         assert!(!t.insert(99 << 20, 1));
         for k in 1..=15u64 {
-            assert_eq!(t.remove(k << 20).map(unpack), Some((0, k)));
+            assert_eq!(t.remove(k << 20).map(unpack), Some((0, 1, k)));
         }
-        assert_eq!(t.remove(0x2000).map(unpack), Some((64, 7)));
+        assert_eq!(t.remove(0x2000).map(unpack), Some((64, 255, 7)));
+        assert_eq!(t.get(0x2000), None);
         t.clear();
         assert!(t.insert(0x1000, 5));
     }
@@ -188,8 +219,8 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 1..20_000u64 {
                         let key = (th << 40) | (i % 97 + 1) << 8;
-                        assert!(t.insert(key, pack(th as usize, i)));
-                        assert_eq!(t.remove(key).map(unpack), Some((th as usize, i)));
+                        assert!(t.insert(key, pack(th as usize, 0, i)));
+                        assert_eq!(t.remove(key).map(unpack), Some((th as usize, 0, i)));
                     }
                 })
             })

@@ -47,6 +47,9 @@ pub const FLAG_EXITED: u32 = 4;
 /// replaced its image with `exec`) was taken out of its tree's counter
 /// ([`crate::tree_counter`]).
 pub const FLAG_TREE_SETTLED: u32 = 8;
+/// [`Header::flags`]: the writer names the origin of every allocation it
+/// counts ([`crate::origins`]).
+pub const FLAG_ORIGINS: u32 = 16;
 
 /// The per-process part of a region.
 #[repr(C, align(64))]
@@ -160,6 +163,11 @@ pub struct Layout {
     pub header: Header,
     /// Devices `0..MAX_DEVICES`, then [`HOST_PINNED`].
     pub counters: [CounterBlock; COUNTERS],
+    /// Who holds the counted bytes, and who held them at each counter's
+    /// peak. Appended after the counters: every earlier offset is what
+    /// readers of this version knew before; a region without it is shorter
+    /// than `LAYOUT_SIZE` and refused as such.
+    pub origins: crate::origins::Origins,
 }
 
 /// `size_of::<Layout>()`.

@@ -11,7 +11,9 @@
 //! [`reclaim_dead`]). A run's directory may also hold a counter of the whole
 //! process tree, the exact peak of the processes' sum ([`tree_counter`]). An
 //! allocation that fails with out-of-memory can be reported, as it happens,
-//! to a hook registered in the process ([`oom_report_hook`]).
+//! to a hook registered in the process ([`oom_report_hook`]). Every counted
+//! byte is named by its origin, the library that asked for it, with the
+//! breakdown at each counter's peak kept ([`origins`]).
 //!
 //! ```no_run
 //! use memprobe_interpose_reader::{Counter, Region};
@@ -26,6 +28,7 @@
 pub mod layout;
 pub mod liveness;
 pub mod oom_report_hook;
+pub mod origins;
 mod reader;
 mod reclaim;
 pub mod tree_counter;

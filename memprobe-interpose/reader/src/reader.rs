@@ -352,6 +352,30 @@ impl Region {
         })
     }
 
+    /// Whether the writer names the origin of what it counts
+    /// ([`crate::origins`]).
+    pub fn keeps_origins(&self) -> bool {
+        self.layout().header.flags.load(SeqCst) & crate::layout::FLAG_ORIGINS != 0
+    }
+
+    /// The origins named so far in that process.
+    pub fn origins(&self) -> Vec<crate::origins::Origin> {
+        self.layout().origins()
+    }
+
+    /// The bytes held now on `counter`, by origin, largest first.
+    pub fn live_by_origin(&self, counter: Counter) -> Vec<crate::origins::OriginBytes> {
+        counter
+            .index()
+            .map_or_else(Vec::new, |i| self.layout().live_by_origin(i))
+    }
+
+    /// The bytes by origin at `counter`'s lifetime peak (`None` before
+    /// anything was counted there with its origin).
+    pub fn peak_origins(&self, counter: Counter) -> Option<crate::origins::PeakOrigins> {
+        self.layout().peak_origins(counter.index()?)
+    }
+
     /// Claims a high-water mark of this reader's own: it starts at the
     /// current bytes of every counter and only this reader resets it.
     pub fn mark(self: &Arc<Self>) -> Result<Mark, Error> {

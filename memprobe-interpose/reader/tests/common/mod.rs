@@ -40,7 +40,8 @@ pub fn scratch() -> PathBuf {
     .clone()
 }
 
-fn cc(args: &[&str], sources: &[PathBuf], out: &Path, tail: &[String]) {
+/// Compiles `sources` into `out` with the tests' warnings-as-errors flags.
+pub fn cc(args: &[&str], sources: &[PathBuf], out: &Path, tail: &[String]) {
     let o = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-g"])
         .args(args)

@@ -1,0 +1,214 @@
+//! The origin of an allocation: the first frame of the calling thread's
+//! stack outside this library, the CUDA driver (`libcuda.so*`) and the CUDA
+//! runtime (`libcudart.so*`), named by its library and nearest symbol.
+//!
+//! The stack is walked with the unwinder's `_Unwind_Backtrace` (DWARF
+//! unwind tables: no frame pointers needed), stopping at the first frame
+//! that is not the driver's or the runtime's. Each return address is
+//! classified once, with `dladdr`, and cached in a bounded lock-free map
+//! (return address -> origin slot, or "a CUDA frame"), so a known call site
+//! costs the unwinding of the few frames above it plus a lookup per frame.
+//!
+//! `MEMPROBE_GPU_ORIGINS=off` (or `0`, `false`, `no`) keeps no origins:
+//! every allocation is counted as before, with no walk and no lock.
+
+use crate::table::Table;
+use shm::layout::Layout;
+use shm::origins::{MAX_ORIGINS, UNKNOWN_LIBRARY};
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+
+/// The origin of an allocation counted without one (origins switched
+/// off); beyond every slot, so the region counts it plainly.
+pub(crate) const NO_ORIGIN: usize = 0xff;
+const _: () = assert!(MAX_ORIGINS < NO_ORIGIN);
+
+/// Return address -> origin slot, or [`CUDA_FRAME`].
+static SITES: Table = Table::new(14);
+const CUDA_FRAME: u64 = u64::MAX - 1;
+/// Frames walked at most before giving up on finding a caller.
+const MAX_DEPTH: u32 = 64;
+
+const UNSET: u32 = 0;
+const ON: u32 = 1;
+const OFF: u32 = 2;
+static MODE: AtomicU32 = AtomicU32::new(UNSET);
+/// This library's load address (its own frames are skipped).
+static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
+
+const URC_NO_REASON: c_int = 0;
+const URC_NORMAL_STOP: c_int = 4;
+
+extern "C" {
+    fn _Unwind_Backtrace(
+        trace: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+        arg: *mut c_void,
+    ) -> c_int;
+    fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
+}
+
+/// Whether origins are kept (read once from the environment).
+pub(crate) fn enabled() -> bool {
+    match MODE.load(Relaxed) {
+        ON => true,
+        OFF => false,
+        _ => {
+            // SAFETY: a NUL-terminated name; the value is read at once.
+            let v = unsafe { libc::getenv(c"MEMPROBE_GPU_ORIGINS".as_ptr()) };
+            let off = !v.is_null() && {
+                // SAFETY: getenv returns a NUL-terminated string.
+                let v = unsafe { CStr::from_ptr(v) }.to_bytes();
+                matches!(
+                    v.to_ascii_lowercase().as_slice(),
+                    b"off" | b"0" | b"false" | b"no" | b"disabled"
+                )
+            };
+            let mut info: libc::Dl_info = unsafe_zeroed_info();
+            // SAFETY: dladdr writes `info`; the address is this function's.
+            if unsafe { libc::dladdr(enabled as *const c_void, &mut info) } != 0 {
+                OWN_BASE.store(info.dli_fbase as usize, Relaxed);
+            }
+            MODE.store(if off { OFF } else { ON }, Relaxed);
+            !off
+        }
+    }
+}
+
+fn unsafe_zeroed_info() -> libc::Dl_info {
+    libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    }
+}
+
+struct Walk<'a> {
+    layout: &'a Layout,
+    found: Option<usize>,
+    /// The outermost CUDA frame seen (the origin when no other is found).
+    last_cuda: usize,
+    depth: u32,
+}
+
+extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Walk` of `here`, alive for the whole walk.
+    let w = unsafe { &mut *arg.cast::<Walk<'_>>() };
+    // SAFETY: the unwinder's context for this frame.
+    let ip = unsafe { _Unwind_GetIP(ctx) };
+    w.depth += 1;
+    if ip == 0 || w.depth > MAX_DEPTH {
+        return URC_NORMAL_STOP;
+    }
+    match site(w.layout, ip) {
+        Some(o) => {
+            w.found = Some(o);
+            URC_NORMAL_STOP
+        }
+        None => {
+            w.last_cuda = ip;
+            URC_NO_REASON
+        }
+    }
+}
+
+/// The origin slot of the allocation being made on this thread now
+/// ([`NO_ORIGIN`] when origins are off).
+pub(crate) fn here(l: &Layout) -> usize {
+    if !enabled() {
+        return NO_ORIGIN;
+    }
+    let mut w = Walk {
+        layout: l,
+        found: None,
+        last_cuda: 0,
+        depth: 0,
+    };
+    // SAFETY: `step` only reads the context and writes `w`, which outlives
+    // the call.
+    unsafe { _Unwind_Backtrace(step, (&mut w as *mut Walk<'_>).cast()) };
+    if let Some(o) = w.found {
+        return o;
+    }
+    if w.last_cuda != 0 {
+        // Only the driver, the runtime and this library on the stack (the
+        // runtime's own start-up, a thread of the driver's): the outermost
+        // of them is the origin.
+        if let Some(o) = describe(l, w.last_cuda, true) {
+            return o;
+        }
+    }
+    l.origins.unwalkable.fetch_add(1, Relaxed);
+    l.claim_origin(UNKNOWN_LIBRARY.as_bytes(), b"", 0, 0)
+}
+
+/// The origin slot of return address `ip`; `None` for a frame of the
+/// driver, the runtime or this library.
+fn site(l: &Layout, ip: usize) -> Option<usize> {
+    match SITES.get(ip as u64) {
+        Some(CUDA_FRAME) => None,
+        Some(o) => Some(o as usize),
+        None => {
+            let o = describe(l, ip, false);
+            SITES.insert(ip as u64, o.map_or(CUDA_FRAME, |o| o as u64));
+            o
+        }
+    }
+}
+
+fn is_cuda(file_name: &[u8]) -> bool {
+    file_name.starts_with(b"libcuda.so") || file_name.starts_with(b"libcudart.so")
+}
+
+/// Names the code at return address `ip` (`dladdr` of the call instruction,
+/// just before it). `None` for the driver, the runtime or this library
+/// unless `any`.
+fn describe(l: &Layout, ip: usize, any: bool) -> Option<usize> {
+    let mut info = unsafe_zeroed_info();
+    let call = ip.saturating_sub(1);
+    // SAFETY: dladdr only reads the loader's tables and writes `info`.
+    let known = unsafe { libc::dladdr(call as *const c_void, &mut info) } != 0;
+    if !known || info.dli_fname.is_null() {
+        return Some(l.claim_origin(UNKNOWN_LIBRARY.as_bytes(), b"", ip as u64, 0));
+    }
+    // SAFETY: dladdr's strings live as long as the library stays loaded.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    let own = info.dli_fbase as usize == OWN_BASE.load(Relaxed);
+    if !any && (own || is_cuda(file)) {
+        return None;
+    }
+    let symbol = if info.dli_sname.is_null() {
+        &b""[..]
+    } else {
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(info.dli_sname) }.to_bytes()
+    };
+    let mut exe = [0u8; 512];
+    let path = if path.is_empty() {
+        // The program itself, as some loaders name it.
+        // SAFETY: readlink writes at most `exe.len()` bytes.
+        let n = unsafe {
+            libc::readlink(
+                c"/proc/self/exe".as_ptr(),
+                exe.as_mut_ptr().cast(),
+                exe.len(),
+            )
+        };
+        if n > 0 {
+            &exe[..n as usize]
+        } else {
+            &b"(program)"[..]
+        }
+    } else {
+        path
+    };
+    let offset = call.wrapping_sub(info.dli_fbase as usize) as u64;
+    Some(l.claim_origin(path, symbol, ip as u64, offset))
+}
+
+/// Forgets every call site (a forked child: its region, and so its origin
+/// slots, are its own).
+pub(crate) fn forget_all() {
+    SITES.clear();
+}
