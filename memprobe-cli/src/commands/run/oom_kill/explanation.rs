@@ -72,7 +72,6 @@ fn no_victim(r: &OomKillReport, inputs: &Inputs, no_log: Option<&str>) -> Option
                 .find(|m| m.signal() == Some(libc::SIGKILL))
         });
     let outside = r.kills_outside_tree.filter(|&n| n > 0);
-    let plural = |n: u64| if n == 1 { "" } else { "es" };
     match (r.verdict, sigkilled, outside) {
         (Level::None, Some(m), _) if r.kernel_log && !r.other_kills.is_empty() => Some(format!(
             "pid {} ({}) was killed by SIGKILL, but not by the kernel's OOM killer: the kernel's log names {} as its victim{}, not a process of this run",
@@ -86,13 +85,13 @@ fn no_victim(r: &OomKillReport, inputs: &Inputs, no_log: Option<&str>) -> Option
             m.pid, m.name
         )),
         (Level::None, _, Some(n)) if r.kernel_log => Some(format!(
-            "the kernel's OOM killer killed {n} process{} in the container during the run, none of them this run's (the kernel's log names {})",
-            plural(n),
+            "the kernel's OOM killer killed {} in the container during the run, none of them this run's (the kernel's log names {})",
+            units::plural(n, "process", "processes"),
             named(&r.other_kills)
         )),
         (Level::None, _, Some(n)) => Some(format!(
-            "the kernel's OOM killer killed {n} process{} in the container during the run, none of them this run's (the container's oom_kill counter rose; no process of the run ended then, and every birth and death of the run was seen)",
-            plural(n)
+            "the kernel's OOM killer killed {} in the container during the run, none of them this run's (the container's oom_kill counter rose; no process of the run ended then, and every birth and death of the run was seen)",
+            units::plural(n, "process", "processes")
         )),
         (Level::None, Some(m), None) if r.oom_kill_rise.is_some() => Some(format!(
             "pid {} ({}) was killed by SIGKILL, but not by the kernel's OOM killer: the container's oom_kill counter did not rise (a process sent it: a user-space OOM daemon, a scheduler, or the program itself)",
