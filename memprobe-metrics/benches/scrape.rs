@@ -1,11 +1,18 @@
 //! Scrape latency with 8 fake GPUs after a long run, alone and with 256 idle
-//! and 256 dribbling connections open, and what the exporter adds to a
-//! training step (`Tracker::next`) while scraped in a loop.
+//! and 256 dribbling connections open; a node of 8 fake GPUs and 64 GPU
+//! processes scraped over plain HTTP and over TLS with basic auth, in the
+//! same run; and what the exporter adds to a training step
+//! (`Tracker::next`) while scraped in a loop.
 //! `cargo bench -p memprobe-metrics --bench scrape`
 
 #[path = "../../tests/src/fake_gpu.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod fake_gpu;
+
+#[path = "../tests/common/pki.rs"]
+mod pki;
+#[path = "../tests/common/tls_client.rs"]
+mod tls_client;
 
 use memprobe_core::{PhaseKind, Source, Tracker};
 use memprobe_gpu::{GpuBackend, GpuConfig, Gpus};
@@ -17,19 +24,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn fake_gpus() -> &'static Gpus {
-    let dir = std::env::temp_dir().join(format!("memprobe-scrape-bench-{}", std::process::id()));
+/// 8 fake GPUs with `procs` processes each.
+fn fake_gpus(procs: u32) -> &'static Gpus {
+    let dir = std::env::temp_dir().join(format!(
+        "memprobe-scrape-bench-{}-{procs}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = dir.join("libnvidia-ml.so.1");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-gpu");
     fake_gpu::compile_fake(&root, "fake_nvml.c", &[], &lib);
     let mut script = String::from("devices 8\n");
-    for i in 0..8 {
-        script += &format!(
-            "device {i} procs 1000:{} 2000:{}\n",
-            (i + 1) << 20,
-            (i + 2) << 20
-        );
+    for i in 0..8u64 {
+        let list: Vec<String> = (0..u64::from(procs))
+            .map(|p| format!("{}:{}", 1000 + 100 * i + p, (i + p + 1) << 20))
+            .collect();
+        script += &format!("device {i} procs {}\n", list.join(" "));
     }
     std::fs::write(dir.join("fake_nvml.script"), script).unwrap();
     let gpus = Gpus::open(GpuConfig {
@@ -106,8 +116,98 @@ fn steps(t: &mut Tracker, act: &Source, n: u64) -> f64 {
     t0.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// Median and p99 of `n` timings (µs) of `f`.
+fn timed(n: usize, mut f: impl FnMut()) -> (f64, f64) {
+    let mut v: Vec<f64> = (0..n)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    (pct(&mut v, 0.5), pct(&mut v, 0.99))
+}
+
+/// A node (8 GPUs, 64 processes on them, host RAM, cgroup-like sources)
+/// scraped over plain HTTP and over TLS 1.3 with basic auth, interleaved in
+/// rounds so that both see the same machine load. Every TLS scrape is a
+/// new connection with a full handshake and no session resumption, as
+/// Prometheus' scraper makes them; the password is verified once (bcrypt)
+/// and then taken from the cache.
+fn plain_vs_tls() {
+    if !pki::openssl_installed() {
+        println!("TLS scrape: skipped (no openssl to make the certificates)");
+        return;
+    }
+    let gpus = fake_gpus(8);
+    let dir =
+        std::env::temp_dir().join(format!("memprobe-scrape-bench-tls-{}", std::process::id()));
+    let p = pki::Pki::new(&dir);
+    let hash = bcrypt::hash("right", 10).unwrap();
+    std::fs::write(
+        dir.join("web.yml"),
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n\
+             basic_auth_users:\n  prometheus: '{hash}'\n"
+        ),
+    )
+    .unwrap();
+    let node = |web: Option<std::path::PathBuf>| {
+        let e = Exporter::start(ExporterOptions {
+            web_config: web,
+            ..ExporterOptions::default()
+        })
+        .unwrap();
+        e.set_gpus(Some(gpus), true).unwrap();
+        e.add_source(&Source::system_ram().unwrap()).unwrap();
+        e.add_source(&Source::process().unwrap()).unwrap();
+        e
+    };
+    let plain = node(None);
+    let tls = node(Some(dir.join("web.yml")));
+    let mut config = (*tls_client::config(&p.ca, None)).clone();
+    config.resumption = rustls::client::Resumption::disabled();
+    let config = Arc::new(config);
+    let auth = tls_client::basic("prometheus", "right");
+    let tls_scrape = || {
+        let (status, text) = tls_client::get(tls.local_addr(), &config, "/metrics", &auth).unwrap();
+        assert_eq!(status, 200);
+        text.len()
+    };
+    let first = Instant::now();
+    let bytes_tls = tls_scrape();
+    let first = first.elapsed();
+    let bytes_plain = scrape(plain.local_addr());
+    let (mut p50s, mut t50s, mut p99s, mut t99s) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..5 {
+        let (a, b) = timed(100, || {
+            scrape(plain.local_addr());
+        });
+        let (c, d) = timed(100, || {
+            tls_scrape();
+        });
+        p50s.push(a);
+        p99s.push(b);
+        t50s.push(c);
+        t99s.push(d);
+    }
+    let (pm, tm) = (pct(&mut p50s, 0.5), pct(&mut t50s, 0.5));
+    println!(
+        "node of 8 GPUs and 64 GPU processes, median of 5 rounds x 100 scrapes, interleaved: \
+         plain HTTP {bytes_plain} bytes p50 {pm:.0} us (p99 {:.0} us); \
+         TLS 1.3 + basic auth (full handshake each, password cached) {bytes_tls} bytes \
+         p50 {tm:.0} us (p99 {:.0} us); ratio {:.2}x; the first TLS scrape (bcrypt cost 10) {:.0} ms",
+        pct(&mut p99s, 0.5),
+        pct(&mut t99s, 0.5),
+        tm / pm,
+        first.as_secs_f64() * 1e3
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() {
-    let gpus = fake_gpus();
+    plain_vs_tls();
+    let gpus = fake_gpus(2);
     let e = Exporter::start(ExporterOptions::default()).unwrap();
     e.set_gpus(Some(gpus), true).unwrap();
     let sources: Vec<Source> = (0..4)
