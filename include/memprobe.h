@@ -1789,6 +1789,15 @@ memprobe_status memprobe_tracker_next(memprobe_tracker *tracker, uint32_t kind, 
 memprobe_status memprobe_tracker_end_into(memprobe_tracker *tracker, uint32_t kind, const char *name, uint32_t next_kind, const char *next_name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
 
 /**
+ * Ends the phase of `kind` (and `name`) that began on its own tail and
+ * ends now: memprobe_tracker_resume then memprobe_tracker_end_into in one
+ * call (same outputs; one boundary per step for a loop whose hooks see
+ * only the end of each step). Without a tail the phase began now. Nesting
+ * as for memprobe_tracker_begin (WRONG_ORDER, nothing changes).
+ */
+memprobe_status memprobe_tracker_end_tail(memprobe_tracker *tracker, uint32_t kind, const char *name, uint32_t next_kind, const char *next_name, memprobe_phase_record *record, memprobe_delta *deltas, size_t n_deltas);
+
+/**
  * Begins a phase of `kind` (and `name`) on the tail of `from_kind` /
  * `from_name` (made by memprobe_tracker_end_into or
  * memprobe_tracker_mark_tail): its interval began when the tail did, and the

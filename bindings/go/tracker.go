@@ -226,6 +226,25 @@ func (t *Tracker) EndInto(kind PhaseKind, name string, nextKind PhaseKind, nextN
 	return recordFromC(&rec, &ds[0], len(ds)), nil
 }
 
+// EndTail ends the phase of kind (and name) that began on its own tail and
+// ends now: Resume then EndInto in one call (one boundary per step for a
+// loop whose hooks see only the end of each step).
+func (t *Tracker) EndTail(kind PhaseKind, name string, nextKind PhaseKind, nextName string) (PhaseRecord, error) {
+	cname, cnext := cString(name, true), cString(nextName, true)
+	defer freeCString(cname)
+	defer freeCString(cnext)
+	var rec C.memprobe_phase_record
+	ds := make([]C.memprobe_delta, len(t.sources))
+	err := t.do(func(h *C.memprobe_tracker) C.memprobe_status {
+		return C.memprobe_tracker_end_tail(h, C.uint32_t(kind), cname, C.uint32_t(nextKind), cnext,
+			&rec, &ds[0], C.size_t(len(ds)))
+	})
+	if err != nil {
+		return PhaseRecord{}, err
+	}
+	return recordFromC(&rec, &ds[0], len(ds)), nil
+}
+
 // Resume begins a phase of kind (and name) on the tail of fromKind (and
 // fromName), made by EndInto or MarkTail: its interval began when the tail
 // did. Without such a tail, as Begin.

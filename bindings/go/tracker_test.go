@@ -263,6 +263,10 @@ func TestTrackerTails(t *testing.T) {
 		t.Fatalf("%+v", ev)
 	}
 	ok(t, tr.MarkTail(Step, ""))
+	third := must(tr.EndTail(Step, "", Step, ""))(t)
+	if third.Index != 2 || third.StartedAt < ev.EndedAt {
+		t.Fatalf("%+v", third)
+	}
 	if err := tr.Resume(Epoch, "", Step, ""); !errors.Is(err, ErrWrongOrder) {
 		t.Fatal(err)
 	}

@@ -324,6 +324,33 @@ pub extern "C" fn memprobe_tracker_end_into(
     })
 }
 
+/// Ends the phase of `kind` (and `name`) that began on its own tail and
+/// ends now: memprobe_tracker_resume then memprobe_tracker_end_into in one
+/// call (same outputs; one boundary per step for a loop whose hooks see
+/// only the end of each step). Without a tail the phase began now. Nesting
+/// as for memprobe_tracker_begin (WRONG_ORDER, nothing changes).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn memprobe_tracker_end_tail(
+    tracker: *mut memprobe_tracker,
+    kind: u32,
+    name: *const c_char,
+    next_kind: u32,
+    next_name: *const c_char,
+    record: *mut memprobe_phase_record,
+    deltas: *mut memprobe_delta,
+    n_deltas: usize,
+) -> memprobe_status {
+    entry_point("memprobe_tracker_end_tail", || {
+        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
+        let (nk, nn) = (self::kind(next_kind)?, opt_text(next_name, "next_name")?);
+        let t = get(tracker)?;
+        let r = t.lock()?.end_tail(k, n, nk, nn)?;
+        write_record(&r, record, deltas, n_deltas);
+        Ok(())
+    })
+}
+
 /// Begins a phase of `kind` (and `name`) on the tail of `from_kind` /
 /// `from_name` (made by memprobe_tracker_end_into or
 /// memprobe_tracker_mark_tail): its interval began when the tail did, and the

@@ -41,6 +41,21 @@ int main(void) {
     OK(memprobe_tracker_end(t, EPOCH, NULL, &rec, NULL, 0));
     CHECK(rec.depth == 0);
 
+    /* A step that began on its tail, ended in one call. */
+    OK(memprobe_tracker_begin(t, EPOCH, NULL));
+    OK(memprobe_tracker_mark_tail(t, STEP, NULL));
+    OK(memprobe_source_push(src, 333));
+    OK(memprobe_tracker_end_tail(t, STEP, NULL, STEP, NULL, &rec, d, 1));
+    CHECK(rec.kind == STEP && rec.depth == 1 && d[0].peak == 333);
+    OK(memprobe_tracker_end_tail(t, STEP, NULL, STEP, NULL, &rec2, NULL, 0));
+    CHECK(rec2.index == rec.index + 1 && rec2.started_at_ns == rec.ended_at_ns);
+    EXPECT(memprobe_tracker_end_tail(t, EPOCH, NULL, EPOCH, NULL, NULL, NULL, 0), MEMPROBE_STATUS_WRONG_ORDER);
+    EXPECT(memprobe_tracker_end_tail(NULL, STEP, NULL, STEP, NULL, NULL, NULL, 0), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_tracker_end_tail(t, 77, NULL, STEP, NULL, NULL, NULL, 0), MEMPROBE_STATUS_INVALID_ARGUMENT);
+    EXPECT(memprobe_tracker_end_tail((memprobe_tracker *)src, STEP, NULL, STEP, NULL, NULL, NULL, 0),
+           MEMPROBE_STATUS_INVALID_HANDLE);
+    OK(memprobe_tracker_end(t, EPOCH, NULL, NULL, NULL, 0));
+
     /* A tail started now, with no phase. */
     OK(memprobe_tracker_mark_tail(t, STEP, NULL));
     OK(memprobe_tracker_mark_tail(t, CUSTOM, "warmup"));
@@ -69,7 +84,7 @@ int main(void) {
     EXPECT(memprobe_tracker_end_into(t, STEP, NULL, 42, NULL, NULL, NULL, 0), MEMPROBE_STATUS_INVALID_ARGUMENT);
     /* The step is still open after every refusal. */
     OK(memprobe_tracker_end_into(t, STEP, NULL, STEP, NULL, &rec, NULL, 0));
-    CHECK(rec.index == 2);
+    CHECK(rec.index == 4);
     OK(memprobe_tracker_end(t, EPOCH, NULL, NULL, NULL, 0));
 
     FREE_OK(memprobe_tracker_free(t));

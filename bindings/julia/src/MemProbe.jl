@@ -21,7 +21,7 @@ using Libdl
 export Source, Sample, SourceInfo, Window, Delta, Trace, Tracker, PhaseRecord,
        MemprobeError, read_sample, read_used, peak, peaks, measure, reset!, report,
        report_n_reset, format_report, data, data_mb, b2mb, withtrace, start!, stop!,
-       isrunning, begin_phase, end_phase, next_phase, end_into, resume_phase, mark_tail, phase, monitor_set_interval,
+       isrunning, begin_phase, end_phase, next_phase, end_into, end_tail, resume_phase, mark_tail, phase, monitor_set_interval,
        monitor_stats, monitor_stop, GPUMemory, GpuDevice, gpu_mem_get, gpu_mem_get_all,
        gpu_mem_get_free, gpu_mem_get_free_no_cache, gpu_mem_get_used,
        gpu_mem_get_used_no_cache, gpu_mem_get_used_fast, gpu_with_max_free_mem,

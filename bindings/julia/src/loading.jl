@@ -23,7 +23,7 @@ const FUNCTIONS = (
     :memprobe_window_reset, :memprobe_window_source_count, :memprobe_window_free,
     :memprobe_tracker_new, :memprobe_tracker_free, :memprobe_tracker_begin,
     :memprobe_tracker_end, :memprobe_tracker_next, :memprobe_tracker_end_into,
-    :memprobe_tracker_resume, :memprobe_tracker_mark_tail, :memprobe_tracker_add_table_sink,
+    :memprobe_tracker_resume, :memprobe_tracker_mark_tail, :memprobe_tracker_end_tail, :memprobe_tracker_add_table_sink,
     :memprobe_tracker_add_jsonl_sink, :memprobe_tracker_add_csv_sink,
     :memprobe_tracker_add_callback_sink, :memprobe_tracker_finish_sinks,
     :memprobe_tracker_add_release, :memprobe_tracker_release_every,

@@ -129,6 +129,24 @@ function resume_phase(t::Tracker, kind::Symbol, name=nothing; from_kind::Symbol=
                 t.handle, k, n === nothing ? C_NULL : n, fk, fnm === nothing ? C_NULL : fnm))
 end
 
+"""
+    end_tail(t, kind, name=nothing; next_kind=kind, next_name=name)
+
+Ends the phase that began on its own tail and ends now: `resume_phase`
+then `end_into` in one call.
+"""
+function end_tail(t::Tracker, kind::Symbol, name=nothing; next_kind::Symbol=kind, next_name=name)
+    k, n = phase_args(kind, name)
+    nk, nn = phase_args(next_kind, next_name)
+    rec = Ref{CPhaseRecord}()
+    ds = Vector{CDelta}(undef, length(t.sources))
+    check(ccall(sym(:memprobe_tracker_end_tail), UInt32,
+                (Ptr{Cvoid}, UInt32, Cstring, UInt32, Cstring, Ref{CPhaseRecord}, Ptr{CDelta}, Csize_t),
+                t.handle, k, n === nothing ? C_NULL : n, nk, nn === nothing ? C_NULL : nn,
+                rec, ds, length(ds)))
+    PhaseRecord(rec[], ds)
+end
+
 "Starts the tail of `kind` (and `name`) now: the next `resume_phase` of it begins here."
 function mark_tail(t::Tracker, kind::Symbol, name=nothing)
     k, n = phase_args(kind, name)

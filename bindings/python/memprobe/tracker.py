@@ -210,6 +210,7 @@ def _unbound(name: str) -> Callable[..., int]:
 
 
 _END_INTO = _unbound("memprobe_tracker_end_into")
+_END_TAIL = _unbound("memprobe_tracker_end_tail")
 _RESUME = _unbound("memprobe_tracker_resume")
 
 
@@ -365,8 +366,21 @@ class Tracker(Owned):
         nk, nn = (k, n) if next_kind is None else _kind(next_kind, next_name)
         return self._end_into_raw(k, n, nk, nn)
 
-    def _end_into_raw(self, k: int, n: Optional[bytes], nk: int, nn: Optional[bytes]) -> RawDeltas:
-        """:meth:`end_into_raw` with the kinds and names as the C call takes
+    def end_tail_raw(
+        self, kind: Kind, name: Optional[str] = None, next_kind: Optional[Kind] = None, next_name: Optional[str] = None
+    ) -> RawDeltas:
+        """Ends the phase that began on its own tail and ends now:
+        :meth:`resume` then :meth:`end_into_raw` in one call (one boundary
+        per step for a loop whose hooks see only the end of each step)."""
+        k, n = _kind(kind, name)
+        nk, nn = (k, n) if next_kind is None else _kind(next_kind, next_name)
+        return self._end_into_raw(k, n, nk, nn, _END_TAIL)
+
+    def _end_into_raw(
+        self, k: int, n: Optional[bytes], nk: int, nn: Optional[bytes], fn: Optional[Callable[..., int]] = None
+    ) -> RawDeltas:
+        """:meth:`end_into_raw` (or, with ``fn=_END_TAIL``,
+        :meth:`end_tail_raw`) with the kinds and names as the C call takes
         them (an integration's hot path resolves them once)."""
         raw = self._raw
         if raw is None:
@@ -378,7 +392,7 @@ class Tracker(Owned):
         if self._flush:
             sys.stdout.flush()
             sys.stderr.flush()
-        status = _END_INTO(self._arg, k, n, nk, nn, None, out[1], raw.count)
+        status = (fn or _END_INTO)(self._arg, k, n, nk, nn, None, out[1], raw.count)
         if status:
             raw.outs.append(out)
             check_over(status, self._sources)

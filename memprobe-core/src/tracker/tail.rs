@@ -75,6 +75,30 @@ impl Tracker {
         Ok(())
     }
 
+    /// Ends the phase of `kind` (and `name`) that began on its own tail and
+    /// ends now: [`resume`](Self::resume) then [`end_into`](Self::end_into)
+    /// in one call (one boundary per step, for a loop whose hooks see only
+    /// the end of each step). Without a tail the phase began now. Should
+    /// the boundary fail, the phase's window is its tail again (its begin
+    /// was told to the observers).
+    pub fn end_tail(
+        &mut self,
+        kind: PhaseKind,
+        name: Option<&str>,
+        next_kind: PhaseKind,
+        next_name: Option<&str>,
+    ) -> Result<Record> {
+        self.resume(kind, name, kind, name)?;
+        match self.end_into(kind, name, next_kind, next_name) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let open = self.stack.pop().expect("resumed");
+                self.tails.push((open.kind, open.name, open.window));
+                Err(e)
+            }
+        }
+    }
+
     /// Starts the tail of `kind` (and `name`) now: the next
     /// [`resume`](Self::resume) of it begins here (a boundary of no phase;
     /// an earlier tail of it is dropped). On error the earlier tail stays.
@@ -238,6 +262,38 @@ mod tests {
         // A fresh begin of the step drops its tail.
         t.begin(PhaseKind::Step, None).unwrap();
         assert!(t.tail_started_at_ns(PhaseKind::Step, None).is_none());
+    }
+
+    #[test]
+    fn end_tail_is_resume_and_end_into_in_one_call() {
+        let (mut t, used, log) = tracker();
+        t.begin(PhaseKind::Epoch, None).unwrap();
+        t.mark_tail(PhaseKind::Step, None).unwrap();
+        let since = t.tail_started_at_ns(PhaseKind::Step, None).unwrap();
+        used.push(70).unwrap();
+        used.push(30).unwrap();
+        let a = t
+            .end_tail(PhaseKind::Step, None, PhaseKind::Step, None)
+            .unwrap();
+        let b = t
+            .end_tail(PhaseKind::Step, None, PhaseKind::Step, None)
+            .unwrap();
+        assert_eq!((a.started_at_ns, a.sources[0].peak), (since, 70));
+        assert_eq!((b.started_at_ns, b.sources[0].peak), (a.ended_at_ns, 30));
+        assert_eq!(b.phase.as_ref().unwrap().index, 1);
+        assert_eq!(t.open_phases(), vec![(PhaseKind::Epoch, "epoch".into())]);
+        // Nesting as for resume: nothing changes on a refusal.
+        let e = t
+            .end_tail(PhaseKind::Epoch, None, PhaseKind::Epoch, None)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WrongOrder);
+        t.end(PhaseKind::Epoch, None).unwrap();
+        let log = log.lock().unwrap();
+        assert_eq!(
+            log.iter().filter(|l| l.starts_with("begin step")).count(),
+            2
+        );
+        assert_eq!(log.iter().filter(|l| l.starts_with("end step")).count(), 2);
     }
 
     #[test]

@@ -66,7 +66,20 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                         ),
                     ),
                     // The step boundaries: next, and the tail's three.
-                    _ => match rng.below(5) {
+                    _ => match rng.below(6) {
+                        4 => call(
+                            "tracker_end_tail",
+                            tracker::memprobe_tracker_end_tail(
+                                h,
+                                kind,
+                                cptr(&name),
+                                kind,
+                                cptr(&name),
+                                &mut rec,
+                                deltas.as_mut_ptr(),
+                                n,
+                            ),
+                        ),
                         0 => call(
                             "tracker_end_into",
                             tracker::memprobe_tracker_end_into(

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 from .._ffi import C
 from ..errors import WrongOrderError
 from ..sources import Source, as_sources, check_over
-from ..tracker import PhaseKind, Tracker, _kind
+from ..tracker import _END_TAIL, PhaseKind, Tracker, _kind
 from ..units import MiB
 from ..windows import Delta, RawDeltas, deltas_of
 
@@ -67,6 +67,8 @@ class PhasePeaks:
         # Per phase: the tracker's (kind, name) as the C call takes them,
         # resolved once (a step's boundary is a hot path).
         self._codes: Dict[str, Code] = {}
+        #: Whether :meth:`resume` leaves the tracker's begin to the phase's end.
+        self.lazy = oom_report is None
         if oom_report is not None:
             from .torch import report_oom
 
@@ -110,8 +112,13 @@ class PhasePeaks:
         """Begins ``phase`` with no boundary of its own: its interval runs on
         from its last :meth:`end`, which started the next interval at the
         same instant (one boundary per phase instead of two, for phases that
-        follow each other). A phase never ended is :meth:`start`-ed."""
+        follow each other). A phase never ended is :meth:`start`-ed. With
+        ``lazy`` (no out-of-memory report configured) the tracker is told
+        when the phase ends, in the same call: nothing but the report reads
+        a phase while it is open."""
         if phase in self._stack:
+            return
+        if self.lazy and phase in self._tails:
             return
         self._begin(phase, phase in self._tails)
 
@@ -136,6 +143,19 @@ class PhasePeaks:
 
     def _end(self, phase: str, into: Optional[str], since: Optional[str]) -> RawDeltas:
         stack = self._stack
+        if since is None and phase in self._tails and phase not in stack:
+            # Began on its own tail, ends now: one call (a step's hot path).
+            k, n = self._code(phase)
+            nxt = phase if into is None else into
+            nk, nn = (k, n) if into is None else self._code(into)
+            try:
+                raw = self.tracker._end_into_raw(k, n, nk, nn, _END_TAIL)
+            except WrongOrderError:
+                raw = None  # as a custom phase, below
+            if raw is not None:
+                del self._tails[phase]
+                self._tails[nxt] = True
+                return raw
         if not stack or stack[-1] != phase:
             if phase not in stack:
                 # Never started: from the previous end of ``since`` (its
