@@ -19,6 +19,11 @@
 //! Every series carries `hostname` (`Hostname` on the DCGM families) and,
 //! when known, `rank`, `local_rank` and `world_size`. See docs/metrics.md.
 //!
+//! To be scraped from other machines, give
+//! [`ExporterOptions::web_config`] a web configuration file in Prometheus
+//! exporter-toolkit's format ([`WebConfig`]): TLS (rustls), client
+//! certificates, bcrypt passwords; re-read when it changes.
+//!
 //! ```no_run
 //! use memprobe_core::{PhaseKind, Source, Tracker};
 //! use memprobe_metrics::{Exporter, ExporterOptions};
