@@ -179,6 +179,13 @@
 #define MEMPROBE_OOM_CACHE_RELEASABLE 4
 
 /**
+ * The `device` value of memprobe_gpu_origins_live / _at_peak that reads
+ * pinned host memory (`cuMemHostAlloc`, `cuMemAllocHost`,
+ * `cuMemHostRegister`) instead of a device.
+ */
+#define MEMPROBE_GPU_ORIGINS_HOST_PINNED -1
+
+/**
  * `memprobe_sample.valid`: `total` holds a value.
  */
 #define MEMPROBE_SAMPLE_TOTAL 1
@@ -870,6 +877,44 @@ typedef struct {
 } memprobe_oom_report_status;
 
 /**
+ * The bytes one origin holds.
+ */
+typedef struct {
+  /**
+   * The origin's number in this process (stable while it runs).
+   */
+  uint32_t id;
+  /**
+   * Nonzero when `symbol` is known.
+   */
+  uint32_t has_symbol;
+  /**
+   * Bytes it holds (now, or at the peak).
+   */
+  uint64_t bytes;
+  /**
+   * The first call site seen, an address in this process.
+   */
+  uint64_t address;
+  /**
+   * The same, relative to its library's load address.
+   */
+  uint64_t offset;
+  /**
+   * The library's path as the loader knows it (the program's path for
+   * the program itself; "(unknown)" for code the loader cannot place;
+   * "(other origins: table full)" past 64 origins), NUL-terminated. A
+   * path too long keeps its end.
+   */
+  char library[200];
+  /**
+   * The nearest dynamic symbol at or before that call site,
+   * NUL-terminated ("" when none is known).
+   */
+  char symbol[104];
+} memprobe_gpu_origin;
+
+/**
  * The read function of a custom source: store the bytes in use in
  * `*out_bytes` and return 0, or return non-zero on failure. May be called
  * from the monitor thread.
@@ -1547,6 +1592,36 @@ memprobe_status memprobe_tracker_oom_status(const memprobe_tracker *tracker, mem
  * that file's write error.
  */
 memprobe_status memprobe_tracker_rearm_oom_report(memprobe_tracker *tracker);
+
+/**
+ * The bytes this process holds now on CUDA device `device` (or pinned
+ * host memory: MEMPROBE_GPU_ORIGINS_HOST_PINNED), by origin, largest
+ * first: the first library outside the CUDA driver and runtime on the
+ * stack of each allocation, as the driver-API interposer counted it.
+ * `out[0..min(capacity, *count)]` receives them; entries past those are
+ * never touched. Origins that hold nothing now are left out.
+ *
+ * Errors: MEMPROBE_STATUS_NULL_POINTER for a NULL `count`, or a NULL `out`
+ * with `capacity` > 0; MEMPROBE_STATUS_INVALID_ID for a device beyond
+ * 0..63 other than -1; MEMPROBE_STATUS_BUFFER_TOO_SMALL when more origins
+ * than `capacity` (the first `capacity` are written; `out` NULL with
+ * `capacity` 0 only learns the count); MEMPROBE_STATUS_UNAVAILABLE when
+ * the interposer is not loaded in this process, counts nothing
+ * (MEMPROBE_GPU_EXACT=off) or keeps no origins (MEMPROBE_GPU_ORIGINS=off).
+ */
+memprobe_status memprobe_gpu_origins_live(int32_t device, memprobe_gpu_origin *out, size_t capacity, size_t *count);
+
+/**
+ * The bytes by origin at this process's highest use of CUDA device
+ * `device` so far (or of pinned host memory:
+ * MEMPROBE_GPU_ORIGINS_HOST_PINNED), largest first; `*peak` receives that
+ * peak (the sum of the entries) and `*at_ns` when it was reached
+ * (CLOCK_MONOTONIC nanoseconds), both optional. The breakdown is copied by
+ * the interposer at the allocation that raised the peak, exact to the
+ * byte. Before anything was counted there: `*count` = 0, `*peak` = 0 and
+ * MEMPROBE_STATUS_OK. Buffer and errors as memprobe_gpu_origins_live.
+ */
+memprobe_status memprobe_gpu_origins_at_peak(int32_t device, memprobe_gpu_origin *out, size_t capacity, size_t *count, uint64_t *peak, uint64_t *at_ns);
 
 /**
  * This process's RSS (`/proc/self/statm`, one pread). By default its peak is

@@ -19,6 +19,7 @@ pub mod mark;
 pub mod metrics;
 pub mod monitor;
 pub mod oom_report;
+pub mod origins;
 pub mod source;
 pub mod status;
 pub mod trace;

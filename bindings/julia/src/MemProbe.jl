@@ -26,7 +26,8 @@ export Source, Sample, SourceInfo, Window, Delta, Trace, Tracker, PhaseRecord,
        gpu_mem_get_free, gpu_mem_get_free_no_cache, gpu_mem_get_used,
        gpu_mem_get_used_no_cache, gpu_mem_get_used_fast, gpu_with_max_free_mem,
        preload_pytorch, gpu_source, gpu_exact_source, Exporter, set_oom_report!,
-       clear_oom_report!, report_oom!, oom_status, rearm_oom_report!, OomCache
+       clear_oom_report!, report_oom!, oom_status, rearm_oom_report!, OomCache,
+       gpu_origins_live, gpu_origins_at_peak, GPU_ORIGINS_HOST_PINNED
 
 # One file per concept, included in this order (later files use earlier ones).
 # tests/tests/bindings_cover_header.rs reads them in the same order.
@@ -39,6 +40,7 @@ include("traces.jl")
 include("tracker.jl")
 include("oom_report.jl")
 include("gpu.jl")
+include("origins.jl")
 include("exporter.jl")
 
 end # module

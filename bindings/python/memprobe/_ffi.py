@@ -72,6 +72,7 @@ MEMPROBE_OOM_EVENT_DEVICE_FREE = 2
 MEMPROBE_OOM_CACHE_RESERVED = 1
 MEMPROBE_OOM_CACHE_ALLOCATED = 2
 MEMPROBE_OOM_CACHE_RELEASABLE = 4
+MEMPROBE_GPU_ORIGINS_HOST_PINNED = -1
 
 # --- types --------------------------------------------------------------------
 
@@ -140,6 +141,18 @@ class memprobe_gpu_memory(Structure):
         ("valid", c_uint32),
         ("taken_at_ns", c_uint64),
         ("read_ns", c_uint64),
+    ]
+
+
+class memprobe_gpu_origin(Structure):
+    _fields_ = [
+        ("id", c_uint32),
+        ("has_symbol", c_uint32),
+        ("bytes", c_uint64),
+        ("address", c_uint64),
+        ("offset", c_uint64),
+        ("library", c_char * 200),
+        ("symbol", c_char * 104),
     ]
 
 
@@ -294,6 +307,11 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_gpu_get_info": (status_t, [c_uint32, P(memprobe_gpu_info)]),
     "memprobe_gpu_mem_get": (status_t, [c_int64, P(memprobe_gpu_memory)]),
     "memprobe_gpu_mem_get_all": (status_t, [P(memprobe_gpu_memory), c_size_t, P(c_size_t)]),
+    "memprobe_gpu_origins_live": (status_t, [c_int32, P(memprobe_gpu_origin), c_size_t, P(c_size_t)]),
+    "memprobe_gpu_origins_at_peak": (
+        status_t,
+        [c_int32, P(memprobe_gpu_origin), c_size_t, P(c_size_t), P(c_uint64), P(c_uint64)],
+    ),
     "memprobe_gpu_mem_get_free": (status_t, [P(c_uint64)]),
     "memprobe_gpu_mem_get_used": (status_t, [P(c_uint64)]),
     "memprobe_gpu_mem_get_free_no_cache": (status_t, [P(c_uint64)]),

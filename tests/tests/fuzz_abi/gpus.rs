@@ -139,6 +139,27 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                             "gpu_debug_live_devices",
                             gpu::memprobe_gpu_debug_live_devices(&mut v),
                         );
+                        // Origins: no interposer here; any device, any buffer.
+                        let dev = rng.below(67) as i32 - 2;
+                        let mut buf = vec![std::mem::zeroed::<origins::memprobe_gpu_origin>(); 2];
+                        let cap = rng.below(3) as usize;
+                        let ptr = if rng.chance(90) {
+                            buf.as_mut_ptr()
+                        } else {
+                            std::ptr::null_mut()
+                        };
+                        let mut n = 0usize;
+                        call(
+                            "gpu_origins_live",
+                            origins::memprobe_gpu_origins_live(dev, ptr, cap, &mut n),
+                        );
+                        let mut at = 0u64;
+                        call(
+                            "gpu_origins_at_peak",
+                            origins::memprobe_gpu_origins_at_peak(
+                                dev, ptr, cap, &mut n, &mut v, &mut at,
+                            ),
+                        );
                     }
                     _ => {
                         let d = pick(rng, &p.devices, p);
