@@ -11,7 +11,7 @@
 //! anything else is refused with a clear error, never guessed at. A change
 //! that moves or resizes a field bumps the version.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 
 /// The first eight bytes of a region: `"MPGPUXC\0"` read as a little-endian
 /// `u64`. Written last when a region is set up, so a reader never sees a
@@ -167,7 +167,7 @@ pub struct Layout {
     /// peak. Appended after the counters: every earlier offset is what
     /// readers of this version knew before; a region without it is shorter
     /// than `LAYOUT_SIZE` and refused as such.
-    pub origins: crate::origins::Origins,
+    pub origins: Origins,
 }
 
 /// `size_of::<Layout>()`.
@@ -378,6 +378,74 @@ impl Layout {
         }
         Ok(())
     }
+}
+
+// ---- origins: who holds the counted bytes (the methods: `origins.rs`) ----
+
+/// Origins a region names; the last slot collects what comes after the
+/// others are taken.
+pub const MAX_ORIGINS: usize = 64;
+/// Bytes kept of an origin's library path (longer paths keep their end,
+/// where the file name is).
+pub const LIBRARY_BYTES: usize = 192;
+/// Bytes kept of an origin's symbol.
+pub const SYMBOL_BYTES: usize = 96;
+/// One origin: its name, where it was first seen, and its live bytes.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct OriginSlot {
+    /// 0 while free; 2 once the names below are written.
+    pub state: AtomicU32,
+    /// Bytes used of `library`.
+    pub library_len: AtomicU32,
+    /// The first call site seen (absolute address in that process).
+    pub address: AtomicU64,
+    /// That address relative to its library's load address (0 if unknown).
+    pub offset: AtomicU64,
+    /// Bytes used of `symbol` (0: no symbol known).
+    pub symbol_len: AtomicU32,
+    /// Padding.
+    pub reserved: u32,
+    /// The library's path as the loader knows it (the program's own path
+    /// for the program).
+    pub library: [AtomicU8; LIBRARY_BYTES],
+    /// The nearest dynamic symbol at or before the call site.
+    pub symbol: [AtomicU8; SYMBOL_BYTES],
+    /// Live bytes of this origin on each counter.
+    pub live: [AtomicU64; COUNTERS],
+}
+
+/// The live bytes by origin of one counter at its latest lifetime peak.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct PeakBreakdown {
+    /// Serializes the counter's origin-aware updates (writer only).
+    pub lock: AtomicU32,
+    /// Odd while the breakdown is being rewritten (readers retry).
+    pub seq: AtomicU32,
+    /// The peak the breakdown belongs to (0: none yet).
+    pub total: AtomicU64,
+    /// When it was reached, `CLOCK_MONOTONIC` nanoseconds.
+    pub at_ns: AtomicU64,
+    /// Bytes of each origin slot at that moment.
+    pub bytes: [AtomicU64; MAX_ORIGINS],
+}
+
+/// The origins part of a region.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Origins {
+    /// Slots handed out so far (the first `count` are in use).
+    pub count: AtomicU32,
+    /// Serializes naming a new origin (writer only; rare).
+    pub claim_lock: AtomicU32,
+    /// Allocations whose call stack could not be walked at all: counted
+    /// under `UNKNOWN_LIBRARY` (`origins.rs`).
+    pub unwalkable: AtomicU64,
+    /// The origins.
+    pub slots: [OriginSlot; MAX_ORIGINS],
+    /// The breakdown at each counter's latest lifetime peak.
+    pub peaks: [PeakBreakdown; COUNTERS],
 }
 
 #[cfg(test)]

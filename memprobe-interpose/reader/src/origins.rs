@@ -12,16 +12,11 @@
 //! peak it belongs to, to the byte.
 
 use crate::layout::{Layout, COUNTERS};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+pub use crate::layout::{
+    OriginSlot, Origins, PeakBreakdown, LIBRARY_BYTES, MAX_ORIGINS, SYMBOL_BYTES,
+};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::*};
 
-/// Origins a region names; the last slot collects what comes after the
-/// others are taken.
-pub const MAX_ORIGINS: usize = 64;
-/// Bytes kept of an origin's library path (longer paths keep their end,
-/// where the file name is).
-pub const LIBRARY_BYTES: usize = 192;
-/// Bytes kept of an origin's symbol.
-pub const SYMBOL_BYTES: usize = 96;
 /// The library name of the overflow slot.
 pub const OVERFLOW_LIBRARY: &str = "(other origins: table full)";
 /// The library name of an origin whose code `dladdr` cannot place (JIT code,
@@ -30,64 +25,6 @@ pub const UNKNOWN_LIBRARY: &str = "(unknown)";
 
 const FREE: u32 = 0;
 const READY: u32 = 2;
-
-/// One origin: its name, where it was first seen, and its live bytes.
-#[repr(C, align(64))]
-#[derive(Debug)]
-pub struct OriginSlot {
-    /// 0 while free; 2 once the names below are written.
-    pub state: AtomicU32,
-    /// Bytes used of `library`.
-    pub library_len: AtomicU32,
-    /// The first call site seen (absolute address in that process).
-    pub address: AtomicU64,
-    /// That address relative to its library's load address (0 if unknown).
-    pub offset: AtomicU64,
-    /// Bytes used of `symbol` (0: no symbol known).
-    pub symbol_len: AtomicU32,
-    /// Padding.
-    pub reserved: u32,
-    /// The library's path as the loader knows it (the program's own path
-    /// for the program).
-    pub library: [AtomicU8; LIBRARY_BYTES],
-    /// The nearest dynamic symbol at or before the call site.
-    pub symbol: [AtomicU8; SYMBOL_BYTES],
-    /// Live bytes of this origin on each counter.
-    pub live: [AtomicU64; COUNTERS],
-}
-
-/// The live bytes by origin of one counter at its latest lifetime peak.
-#[repr(C, align(64))]
-#[derive(Debug)]
-pub struct PeakBreakdown {
-    /// Serializes the counter's origin-aware updates (writer only).
-    pub lock: AtomicU32,
-    /// Odd while the breakdown is being rewritten (readers retry).
-    pub seq: AtomicU32,
-    /// The peak the breakdown belongs to (0: none yet).
-    pub total: AtomicU64,
-    /// When it was reached, `CLOCK_MONOTONIC` nanoseconds.
-    pub at_ns: AtomicU64,
-    /// Bytes of each origin slot at that moment.
-    pub bytes: [AtomicU64; MAX_ORIGINS],
-}
-
-/// The origins part of a region.
-#[repr(C, align(64))]
-#[derive(Debug)]
-pub struct Origins {
-    /// Slots handed out so far (the first `count` are in use).
-    pub count: AtomicU32,
-    /// Serializes naming a new origin (writer only; rare).
-    pub claim_lock: AtomicU32,
-    /// Allocations whose call stack could not be walked at all: counted
-    /// under [`UNKNOWN_LIBRARY`].
-    pub unwalkable: AtomicU64,
-    /// The origins.
-    pub slots: [OriginSlot; MAX_ORIGINS],
-    /// The breakdown at each counter's latest lifetime peak.
-    pub peaks: [PeakBreakdown; COUNTERS],
-}
 
 fn lock(l: &AtomicU32) {
     while l.swap(1, Acquire) != 0 {
