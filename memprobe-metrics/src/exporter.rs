@@ -49,6 +49,8 @@ struct Inner {
     config: Lock<Config>,
     hostname: String,
     shared: Arc<Shared>,
+    /// The web configuration's last refusal, when one is served.
+    web_error: Option<Arc<std::sync::Mutex<Option<Error>>>>,
 }
 
 impl Inner {
@@ -63,6 +65,10 @@ impl Inner {
             hostname: &self.hostname,
             rank: &config.rank,
             snapshot: &snapshot,
+            web_config_ok: self
+                .web_error
+                .as_ref()
+                .map(|e| e.lock().map_or(false, |e| e.is_none())),
         })
     }
 }
@@ -114,6 +120,7 @@ impl Exporter {
             }),
             hostname,
             shared: Arc::new(Shared::new()),
+            web_error: web.as_ref().map(|(_, w)| Arc::clone(&w.error)),
         });
         let listen = options
             .listen

@@ -19,6 +19,8 @@ pub(crate) struct Inputs<'a> {
     pub(crate) hostname: &'a str,
     pub(crate) rank: &'a Rank,
     pub(crate) snapshot: &'a Snapshot,
+    /// With a web configuration: whether its last read was taken.
+    pub(crate) web_config_ok: Option<bool>,
 }
 
 /// One family's samples, collected before the family is written so that
@@ -65,6 +67,15 @@ pub(crate) fn render(i: &Inputs<'_>) -> String {
     phases(&mut e, i.snapshot, &common);
     if let Some(location) = i.oom {
         oom_kills(&mut e, location, &common);
+    }
+    if let Some(ok) = i.web_config_ok {
+        let mut reload = Rows::new(
+            "memprobe_web_config_last_reload_successful",
+            Type::Gauge,
+            "1 when the web configuration's last read was taken, 0 when a changed file was refused (the last good one is served).",
+        );
+        reload.push(Vec::new(), if ok { 1.0 } else { 0.0 });
+        reload.write(&mut e, &common);
     }
     if let Some(gpus) = i.gpus {
         let mut dcgm_common: Vec<(&str, &str)> = vec![("Hostname", i.hostname)];

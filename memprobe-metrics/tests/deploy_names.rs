@@ -225,7 +225,13 @@ fn scraped_names() -> BTreeSet<String> {
     )
     .unwrap();
 
-    let e = Exporter::start(ExporterOptions::default()).unwrap();
+    // A web configuration (empty: plain HTTP, no password) brings its gauge.
+    std::fs::write(dir.join("web.yml"), "").unwrap();
+    let e = Exporter::start(ExporterOptions {
+        web_config: Some(dir.join("web.yml")),
+        ..ExporterOptions::default()
+    })
+    .unwrap();
     e.set_gpus(Some(gpus), true).unwrap();
     e.set_oom_kills(Some(CgroupLocation {
         version: CgroupVersion::V2,

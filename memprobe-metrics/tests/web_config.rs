@@ -332,6 +332,12 @@ fn a_changed_file_takes_effect_and_a_broken_one_keeps_the_last_good() {
         e.web_config_error().map(|e| e.kind()),
         Some(ErrorKind::Parse)
     );
+    let gauge = "memprobe_web_config_last_reload_successful{hostname=\"node1\"} ";
+    assert!(
+        e.render().contains(&format!("{gauge}0\n")),
+        "{}",
+        e.render()
+    );
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         events.lock().unwrap().len(),
@@ -354,6 +360,7 @@ fn a_changed_file_takes_effect_and_a_broken_one_keeps_the_last_good() {
     replace_file(&file, &users("fourth"));
     assert!(matches!(wait(4), WebConfigEvent::Reloaded { .. }));
     assert!(e.web_config_error().is_none());
+    assert!(e.render().contains(&format!("{gauge}1\n")));
     assert_eq!(e.scheme(), "http");
     let text = plain_get(addr, "/metrics");
     assert!(text.starts_with("HTTP/1.1 401 "), "{text}");
