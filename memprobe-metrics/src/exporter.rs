@@ -68,7 +68,7 @@ impl Inner {
             web_config_ok: self
                 .web_error
                 .as_ref()
-                .map(|e| e.lock().map_or(false, |e| e.is_none())),
+                .map(|e| e.lock().is_ok_and(|e| e.is_none())),
         })
     }
 }
