@@ -460,6 +460,7 @@ class Counts:
     data: int = 0
     failed: int = 0
     reasons: List[str] = field(default_factory=list)
+    slow: List[Tuple[float, str]] = field(default_factory=list)
 
 
 def tail(text: str, n: int = 40) -> str:
@@ -520,6 +521,7 @@ def test_page(page: Path, env_base: Dict[str, str], python: str, failures: List[
             if rc != 0:
                 raise DocError(f"{b.where}: {b.lang} block failed (status {rc}, {dt:.1f} s)\n{tail(out)}")
             c.run += 1
+            c.slow.append((dt, f"{b.line} ({b.lang})"))
             last = (b, out)
         except DocError as e:
             c.failed += 1
@@ -565,6 +567,9 @@ def main() -> int:
         )
         for r in c.reasons:
             print(f"    not runnable {page.name}:{r}")
+        slow = [f"{where} {dt:.1f} s" for dt, where in sorted(c.slow, reverse=True) if dt >= 5]
+        if slow:
+            print(f"    slowest: {', '.join(slow[:5])}")
     print(
         f"docs-test: {len(pages)} files: {total.run} run, {total.compared} compared, {total.skipped} marked not "
         f"runnable, {total.data} data, {total.failed} failed, in {time.monotonic() - t0:.1f} s"
