@@ -989,6 +989,14 @@ public:
     explicit Exporter(const std::string &listen_addr = "") : keeps_(new Keeps()) {
         detail::check(memprobe_exporter_start(listen_addr.empty() ? nullptr : listen_addr.c_str(), &h_));
     }
+    /** Listens on `listen_addr` as above, served with TLS and passwords as
+     *  the web configuration file `web_config_file` says (Prometheus
+     *  exporter-toolkit's format, see docs/metrics.md); a file that cannot
+     *  be read or has an unknown key throws. */
+    Exporter(const std::string &listen_addr, const std::string &web_config_file) : keeps_(new Keeps()) {
+        detail::check(memprobe_exporter_start_with_web_config(
+            listen_addr.empty() ? nullptr : listen_addr.c_str(), web_config_file.c_str(), &h_));
+    }
     Exporter(Exporter &&o) noexcept : h_(std::exchange(o.h_, nullptr)), keeps_(std::move(o.keeps_)) {}
     Exporter &operator=(Exporter &&o) noexcept {
         if (this != &o) {
@@ -1027,6 +1035,24 @@ public:
      *  them when `with_processes`. */
     void add_gpus(bool with_processes = false) {
         detail::check(memprobe_exporter_add_gpus(h_, with_processes ? 1 : 0));
+    }
+    /** Why the last re-read of the web configuration was refused (the last
+     *  good one is still served), as an Error to inspect, not thrown: its
+     *  status is MEMPROBE_STATUS_OK and its message empty when the last
+     *  read was taken or there is no web configuration. */
+    Error web_config_error() const {
+        std::string buf(256, '\0');
+        for (;;) {
+            memprobe_status st = MEMPROBE_STATUS_OK;
+            std::size_t needed = 0;
+            memprobe_status r = memprobe_exporter_get_web_config_error(h_, &st, &buf[0], buf.size(), &needed);
+            if (r == MEMPROBE_STATUS_BUFFER_TOO_SMALL && needed > buf.size()) {
+                buf.assign(needed, '\0');
+                continue;
+            }
+            detail::check(r);
+            return Error(st, std::string(buf.c_str()));
+        }
     }
     /** Stops serving (WRONG_ORDER when already stopped). */
     void stop() { detail::check(memprobe_exporter_stop(h_)); }

@@ -9,9 +9,11 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "memprobe.hpp"
@@ -402,6 +404,46 @@ int main() {
         CHECK(threw);
         Exporter moved(std::move(x));
         CHECK(moved.port() > 0);
+    }
+    {
+        // With a web configuration (basic auth only: no certificates here):
+        // taken, then a broken file refused and reported, not thrown.
+        char dir[] = "/tmp/memprobe-cpp-web-XXXXXX";
+        CHECK(mkdtemp(dir) != nullptr);
+        std::string web = std::string(dir) + "/web.yml";
+        const char *users =
+            "basic_auth_users:\n  user: '$2b$04$DLse4tY1yMwulgkiUjPoOuY7.3QEz2D0lKkl1cubv8IH8v4FRjdf2'\n";
+        auto write = [&](const std::string &text) {
+            std::string tmp = web + ".tmp";
+            FILE *f = std::fopen(tmp.c_str(), "w");
+            CHECK(f != nullptr);
+            if (!f) return;
+            std::fputs(text.c_str(), f);
+            std::fclose(f);
+            CHECK(std::rename(tmp.c_str(), web.c_str()) == 0);
+        };
+        write(users);
+        Exporter w("127.0.0.1:0", web);
+        CHECK(w.port() > 0);
+        CHECK(w.web_config_error().status() == MEMPROBE_STATUS_OK);
+        CHECK(scrape(w.port()).rfind("HTTP/1.1 401 ", 0) == 0);  // no password sent
+        write(std::string(users) + "basic_auth_userz: {}\n");
+        Error e = w.web_config_error();
+        for (int i = 0; i < 200 && e.status() == MEMPROBE_STATUS_OK; i++) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            e = w.web_config_error();
+        }
+        CHECK(e.status() == MEMPROBE_STATUS_PARSE);
+        CHECK(std::string(e.what()).find("basic_auth_userz") != std::string::npos);
+        bool threw = false;
+        try {
+            Exporter bad("127.0.0.1:0", std::string(dir) + "/absent.yml");
+        } catch (const Error &err) {
+            threw = err.status() == MEMPROBE_STATUS_UNAVAILABLE;
+        }
+        CHECK(threw);
+        std::remove(web.c_str());
+        rmdir(dir);
     }
     CHECK(registered() == 0);
 
