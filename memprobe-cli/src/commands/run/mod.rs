@@ -37,6 +37,7 @@ mod sampling;
 mod timeline;
 mod timeline_csv;
 mod tree_pss;
+mod tree_sampler;
 
 use crate::args::RunArgs;
 use crate::exit;
@@ -279,6 +280,7 @@ fn start(
         pss: args.pss,
         kernel_log: Some(Arc::clone(&kernel_log)),
         inherited: inherited.clone(),
+        feed: events.as_ref().ok().map(ProcessEvents::feed),
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {

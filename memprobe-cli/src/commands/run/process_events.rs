@@ -18,6 +18,7 @@
 //! the whole machine; a socket that overflows (`ENOBUFS`) loses some, which
 //! is counted, and the tracking is then no longer complete.
 
+use super::tree_sampler::Feed;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -56,7 +57,7 @@ pub(crate) struct Life {
 }
 
 /// What the listener saw over the run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Lifetimes {
     /// Every descendant of memprobe (the command and its tree).
     pub(crate) members: HashMap<u32, Life>,
@@ -64,6 +65,8 @@ pub(crate) struct Lifetimes {
     pub(crate) overflows: u64,
     /// Members not tracked beyond [`MAX_MEMBERS`].
     pub(crate) dropped: u64,
+    /// The sampler's queue of births and renames (no report of its own).
+    feed: Feed,
 }
 
 impl Lifetimes {
@@ -102,6 +105,7 @@ impl Lifetimes {
                 let name = comm(child_pid)
                     .or_else(|| self.members.get(&parent_tgid).map(|p| p.name.clone()))
                     .unwrap_or_default();
+                self.feed.born(child_pid, parent_tgid);
                 self.members.insert(
                     child_pid,
                     Life {
@@ -116,6 +120,7 @@ impl Lifetimes {
             }
             PROC_EVENT_EXEC => {
                 if let Some(m) = u32_at(16).and_then(|p| self.members.get_mut(&p)) {
+                    self.feed.renamed(m.pid);
                     if let Some(n) = comm(m.pid) {
                         m.name = n;
                     }
@@ -129,6 +134,7 @@ impl Lifetimes {
                     return;
                 }
                 if let (Some(m), Some(raw)) = (self.members.get_mut(&pid), ev.get(24..40)) {
+                    self.feed.renamed(pid);
                     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
                     m.name = String::from_utf8_lossy(&raw[..end]).into_owned();
                 }
@@ -167,6 +173,7 @@ fn comm(pid: u32) -> Option<String> {
 pub(crate) struct ProcessEvents {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<Lifetimes>,
+    feed: Feed,
 }
 
 impl ProcessEvents {
@@ -185,11 +192,18 @@ impl ProcessEvents {
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
         let me = std::process::id();
+        let feed = Feed::default();
+        let f = feed.clone();
         let handle = thread::Builder::new()
             .name("memprobe-procev".into())
-            .spawn(move || listen(&sock, &s, me))
+            .spawn(move || listen(&sock, &s, me, f))
             .map_err(|e| format!("cannot start the process events thread: {e}"))?;
-        Ok(ProcessEvents { stop, handle })
+        Ok(ProcessEvents { stop, handle, feed })
+    }
+
+    /// The births and renames of the tree, for the sampler.
+    pub(crate) fn feed(&self) -> Feed {
+        self.feed.clone()
     }
 
     /// Reads every event already sent, stops and returns what was seen.
@@ -288,8 +302,11 @@ fn subscribe() -> io::Result<OwnedFd> {
     Ok(sock)
 }
 
-fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32) -> Lifetimes {
-    let mut seen = Lifetimes::default();
+fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32, feed: Feed) -> Lifetimes {
+    let mut seen = Lifetimes {
+        feed,
+        ..Lifetimes::default()
+    };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // Once asked to stop, read what is queued without waiting.
@@ -301,6 +318,7 @@ fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32) -> Lifetimes {
             match io::Error::last_os_error().raw_os_error() {
                 Some(libc::ENOBUFS) => {
                     seen.overflows += 1;
+                    seen.feed.lost();
                     continue;
                 }
                 Some(libc::EINTR) => continue,

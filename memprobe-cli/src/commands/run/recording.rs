@@ -78,17 +78,20 @@ impl ProcessRecord {
         }
     }
 
-    /// Folds in one status read at `now`.
-    fn observe(&mut self, s: &ProcessStatus, now: u64) {
-        if self.name != s.name {
-            self.name.clone_from(&s.name);
+    /// Folds in one sample at `now`: its resident set, and its status when
+    /// it was read at this sample.
+    fn observe(&mut self, rss: u64, status: Option<&ProcessStatus>, now: u64) {
+        if let Some(s) = status {
+            if self.name != s.name {
+                self.name.clone_from(&s.name);
+            }
+            if s.ppid.is_some() {
+                self.ppid = s.ppid;
+            }
+            self.vmhwm = Some(self.vmhwm.unwrap_or(0).max(s.hwm));
         }
-        if s.ppid.is_some() {
-            self.ppid = s.ppid;
-        }
-        self.vmhwm = Some(self.vmhwm.unwrap_or(0).max(s.hwm));
-        self.max_sampled_rss = self.max_sampled_rss.max(s.rss);
-        self.last_rss = s.rss;
+        self.max_sampled_rss = self.max_sampled_rss.max(rss);
+        self.last_rss = rss;
         self.last_seen_ns = now;
     }
 
@@ -261,8 +264,9 @@ pub(crate) struct Recording {
 pub(crate) const MAX_PROCESS_RECORDS: usize = 4096;
 
 impl Recording {
-    /// Folds in one status read of `pid` at `now`.
-    pub(crate) fn observe(&mut self, pid: u32, s: &ProcessStatus, now: u64) {
+    /// Folds in one sample of `pid` at `now`: its resident set, and its
+    /// status when it was read at this sample (always at its first).
+    pub(crate) fn observe(&mut self, pid: u32, rss: u64, status: Option<&ProcessStatus>, now: u64) {
         let seen = &mut self.processes_seen;
         self.live
             .entry(pid)
@@ -270,8 +274,8 @@ impl Recording {
                 *seen += 1;
                 ProcessRecord::first_seen(pid, now)
             })
-            .observe(s, now);
-        self.lines.observe(pid, s.rss, now);
+            .observe(rss, status, now);
+        self.lines.observe(pid, rss, now);
     }
 
     /// Marks `pid` as exited, seen at `now` with `wait_status` if it was

@@ -1,6 +1,6 @@
 //! The sampling thread of `run`: at every tick (absolute deadlines, no drift)
-//! it reads the child's process tree (memprobe-core's [`ProcessTree`]: each
-//! process's resident set and kernel high-water mark in one `pread`), the
+//! it reads the child's process tree ([`TreeSampler`]: each process's
+//! `statm` in one `pread`, its status only when a figure asks for it), the
 //! container ([`CgroupSampler`]) and the GPUs, and appends a point to the
 //! [`Recording`].
 //!
@@ -13,10 +13,12 @@
 //! So the loop below only schedules ticks; every reading comes from a core
 //! sampler (or the GPU crate), and the bookkeeping is the [`Recording`]'s.
 //!
-//! A process's exact peak is the last `VmHWM` read while it lived; a spike in
-//! the last interval before a worker exits is the one thing this can miss
-//! (the direct child is covered by `wait4`'s `ru_maxrss`, see
-//! [`crate::commands::run::child::reap`]).
+//! A process's exact peak is the last `VmHWM` read while it lived (read at
+//! least every [`super::tree_sampler::STATUS_REFRESH`], or every tick when
+//! the interval is longer, and at every sample above its known peak); a
+//! spike that rose and fell after that last read, just before a worker
+//! exits, is the one thing this can miss (the direct child is covered by
+//! `wait4`'s `ru_maxrss`, see [`crate::commands::run::child::reap`]).
 
 use super::gpu_exact::Watcher;
 use super::kernel_log::KernelLog;
@@ -25,8 +27,8 @@ use super::oom_kill::ZombieWatch;
 use super::recording::{CgroupRecord, GpuSeries, Recording};
 use super::timeline::Point;
 use super::tree_pss::{PssPoint, PssRecord};
+use super::tree_sampler::{Feed, TreeSampler};
 use crate::gpu_readings::{self, GpuReading};
-use memprobe_core::internal::process_tree::ProcessTree;
 use memprobe_core::CgroupSampler;
 use memprobe_core::Sampler;
 use std::collections::HashSet;
@@ -57,6 +59,8 @@ pub(crate) struct Setup {
     pub(crate) kernel_log: Option<Arc<Mutex<KernelLog>>>,
     /// memprobe's children from before the spawn (no orphans of the tree).
     pub(crate) inherited: Vec<u32>,
+    /// The process events' births, where they can be had.
+    pub(crate) feed: Option<Feed>,
 }
 
 /// The running sampling thread.
@@ -90,7 +94,7 @@ impl SamplingThread {
 }
 
 struct State {
-    tree: ProcessTree,
+    tree: TreeSampler,
     interval: Duration,
     t0: Instant,
     cgroup: Option<CgroupSampler>,
@@ -125,7 +129,7 @@ impl State {
             }
         }
         State {
-            tree: ProcessTree::new(setup.root),
+            tree: TreeSampler::new(setup.root, setup.interval, setup.feed),
             interval: setup.interval,
             t0: setup.t0,
             cgroup,
@@ -219,8 +223,8 @@ impl State {
             let status = self.zombies.ended(pid, now);
             self.rec.exited(pid, now, status);
         }
-        for (pid, status) in &tree.processes {
-            self.rec.observe(*pid, status, now);
+        for (pid, seen) in &tree.processes {
+            self.rec.observe(*pid, seen.rss, seen.status.as_ref(), now);
         }
         let tree_rss = tree.rss();
         let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);

@@ -1,0 +1,355 @@
+//! The run's processes read near the floor: at every tick each known
+//! process costs one `pread` of its `statm` (kept open), and nothing else.
+//!
+//! - Births come from the kernel's process events ([`Feed`], filled by
+//!   [`crate::commands::run::process_events`]) as they happen; the tree is
+//!   also walked (memprobe-core's [`TreeWalker`]) slowly, as a safety net
+//!   ([`RESCAN_WITH_EVENTS`]), and often where the events cannot be had
+//!   ([`RESCAN_WITHOUT_EVENTS`]).
+//! - Deaths: the kept-open `statm` of a process that has exited reads no
+//!   memory (a zombie's is all zeros, a reaped one's read fails).
+//! - `/proc/<pid>/status` (8× a `statm` read: name, parent, `VmHWM`) is read
+//!   when a figure asks for it: at a process's first sight, when a sample
+//!   sees it above its known peak (a new peak), when it execs or renames,
+//!   and at least every [`STATUS_REFRESH`] (at every tick when the interval
+//!   is longer), staggered over processes, so that the kernel's high-water
+//!   mark still catches a spike that rose and fell between two samples.
+
+use memprobe_core::internal::process::{ProcessStatus, StatusFile};
+use memprobe_core::internal::process_tree::TreeWalker;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The longest a known process goes without a `status` read.
+pub(crate) const STATUS_REFRESH: Duration = Duration::from_millis(250);
+/// How often the tree is walked when every birth comes as an event.
+pub(crate) const RESCAN_WITH_EVENTS: Duration = Duration::from_secs(1);
+/// How often the tree is walked when no events can be had.
+pub(crate) const RESCAN_WITHOUT_EVENTS: Duration = Duration::from_millis(50);
+/// At most this many events wait for the sampler (beyond: a rescan).
+const FEED_CAP: usize = 1 << 16;
+
+/// What the process events tell the sampler between two ticks.
+#[derive(Debug, Default)]
+pub(crate) struct FeedState {
+    /// (pid, parent) of each birth in memprobe's tree, in order.
+    pub(crate) births: Vec<(u32, u32)>,
+    /// Processes that exec'd or were renamed (their name is stale).
+    pub(crate) renamed: Vec<u32>,
+    /// Events dropped because the sampler fell behind: walk the tree.
+    pub(crate) lost: bool,
+}
+
+/// The shared queue between the process events' thread and the sampler.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Feed(Arc<Mutex<FeedState>>);
+
+impl Feed {
+    /// A birth of `pid`, child of `ppid`.
+    pub(crate) fn born(&self, pid: u32, ppid: u32) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if s.births.len() < FEED_CAP {
+            s.births.push((pid, ppid));
+        } else {
+            s.lost = true;
+        }
+    }
+
+    /// `pid` exec'd or was renamed.
+    pub(crate) fn renamed(&self, pid: u32) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if s.renamed.len() < FEED_CAP {
+            s.renamed.push(pid);
+        }
+    }
+
+    /// The socket overflowed: some events were lost.
+    pub(crate) fn lost(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).lost = true;
+    }
+
+    fn take(&self) -> FeedState {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// One process at one tick: its resident set, and its status when it was
+/// read at this tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub(crate) rss: u64,
+    pub(crate) status: Option<ProcessStatus>,
+}
+
+/// One tick's reading of the tree.
+#[derive(Debug, Default)]
+pub(crate) struct Reading {
+    /// Every live process followed.
+    pub(crate) processes: Vec<(u32, Seen)>,
+    /// Processes followed until the last tick that have exited since.
+    pub(crate) exited: Vec<u32>,
+}
+
+impl Reading {
+    /// The sum of the live processes' resident sets.
+    pub(crate) fn rss(&self) -> u64 {
+        self.processes.iter().map(|(_, s)| s.rss).sum()
+    }
+}
+
+struct Member {
+    statm: File,
+    /// The largest of `VmHWM` and the resident sets read: a sample above it
+    /// is a new peak, worth a `status` read.
+    peak: u64,
+    threads: u32,
+    /// The tick of its last `status` read.
+    status_tick: u64,
+    stale_name: bool,
+}
+
+/// The run's tree (see the module's description).
+pub(crate) struct TreeSampler {
+    root: u32,
+    walker: TreeWalker,
+    members: HashMap<u32, Member>,
+    feed: Option<Feed>,
+    /// memprobe itself: its other children are not the command's.
+    me: u32,
+    /// Ticks between `status` refreshes, and between walks.
+    refresh_every: u64,
+    rescan_every: u64,
+    tick: u64,
+    page: u64,
+    buf: Vec<u8>,
+    /// `status` reads done, for the summary of what sampling cost.
+    pub(crate) status_reads: u64,
+}
+
+fn ticks(every: Duration, interval: Duration) -> u64 {
+    let i = interval.as_nanos().max(1);
+    u64::try_from(every.as_nanos().div_ceil(i))
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+impl TreeSampler {
+    /// The tree rooted at `root`, sampled every `interval`; `feed`: the
+    /// process events' births, where they can be had.
+    pub(crate) fn new(root: u32, interval: Duration, feed: Option<Feed>) -> TreeSampler {
+        let rescan = if feed.is_some() {
+            RESCAN_WITH_EVENTS
+        } else {
+            RESCAN_WITHOUT_EVENTS
+        };
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        TreeSampler {
+            root,
+            walker: TreeWalker::new(root),
+            members: HashMap::new(),
+            feed,
+            me: std::process::id(),
+            refresh_every: ticks(STATUS_REFRESH, interval),
+            rescan_every: ticks(rescan, interval),
+            tick: 0,
+            page: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
+            buf: vec![0; 4096],
+            status_reads: 0,
+        }
+    }
+
+    /// The root.
+    pub(crate) fn root(&self) -> u32 {
+        self.root
+    }
+
+    /// Reads every known process, then the newcomers.
+    pub(crate) fn read(&mut self) -> Reading {
+        let mut reading = Reading::default();
+        let fed = self.feed.as_ref().map(Feed::take).unwrap_or_default();
+        for pid in fed.renamed {
+            if let Some(m) = self.members.get_mut(&pid) {
+                m.stale_name = true;
+            }
+        }
+        let (tick, refresh, page) = (self.tick, self.refresh_every, self.page);
+        let buf = &mut self.buf;
+        let reads = &mut self.status_reads;
+        self.members.retain(|&pid, m| {
+            let Some(rss) = statm_rss(&m.statm, page) else {
+                reading.exited.push(pid);
+                return false;
+            };
+            // Staggered: a tick's refreshes are a 1/refresh share of all.
+            let due = (tick + u64::from(pid)) % refresh == 0;
+            let status = if rss > m.peak || m.stale_name || (due && m.status_tick != tick) {
+                *reads += 1;
+                m.status_tick = tick;
+                StatusFile::open(pid).read(buf)
+            } else {
+                None
+            };
+            if let Some(s) = &status {
+                m.peak = m.peak.max(s.hwm);
+                m.threads = s.threads;
+                m.stale_name = false;
+            }
+            m.peak = m.peak.max(rss);
+            reading.processes.push((pid, Seen { rss, status }));
+            true
+        });
+        for &pid in &reading.exited {
+            self.walker.forget(pid);
+        }
+        let mut newcomers: Vec<u32> = fed
+            .births
+            .into_iter()
+            .filter(|&(pid, ppid)| pid == self.root || ppid != self.me)
+            .map(|(pid, _)| pid)
+            .collect();
+        if self.tick == 0 || fed.lost || self.tick % self.rescan_every == 0 {
+            let members = &self.members;
+            newcomers.extend(
+                self.walker
+                    .walk(|pid| members.get(&pid).map(|m| m.threads), &mut self.buf),
+            );
+        }
+        for pid in newcomers {
+            if self.members.contains_key(&pid) {
+                continue;
+            }
+            if let Some((m, seen)) = self.open(pid) {
+                self.members.insert(pid, m);
+                reading.processes.push((pid, seen));
+            }
+        }
+        self.tick += 1;
+        reading
+    }
+
+    /// A newcomer: its `statm` kept open and its status read; `None` when
+    /// it has exited already or is a zombie.
+    fn open(&mut self, pid: u32) -> Option<(Member, Seen)> {
+        let statm = File::open(format!("/proc/{pid}/statm")).ok()?;
+        self.status_reads += 1;
+        let s = StatusFile::open(pid).read(&mut self.buf)?;
+        let m = Member {
+            statm,
+            peak: s.hwm.max(s.rss),
+            threads: s.threads,
+            status_tick: self.tick,
+            stale_name: false,
+        };
+        Some((
+            m,
+            Seen {
+                rss: s.rss,
+                status: Some(s),
+            },
+        ))
+    }
+}
+
+/// The resident set from a kept-open `statm`, bytes; `None` once the
+/// process has exited (a zombie's reads all zeros: a live process always
+/// has a size).
+fn statm_rss(f: &File, page: u64) -> Option<u64> {
+    let mut buf = [0u8; 128];
+    let len = f.read_at(&mut buf, 0).ok()?;
+    let mut fields = buf[..len].split(|&c| c == b' ');
+    let size = parse(fields.next()?)?;
+    let resident = parse(fields.next()?)?;
+    (size > 0).then_some(resident * page)
+}
+
+fn parse(s: &[u8]) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, &c| {
+        c.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn statm_reads_the_resident_set_and_sees_an_end() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let f = File::open(format!("/proc/{}/statm", child.id())).unwrap();
+        let rss = statm_rss(&f, 4096).expect("alive");
+        assert!(rss > 0);
+        child.kill().unwrap();
+        // A zombie until reaped: no memory.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(statm_rss(&f, 4096), None);
+        child.wait().unwrap();
+        assert_eq!(statm_rss(&f, 4096), None);
+    }
+
+    #[test]
+    fn parse_takes_digits_only() {
+        assert_eq!(parse(b"123"), Some(123));
+        assert_eq!(parse(b""), None);
+        assert_eq!(parse(b"12a"), None);
+        assert_eq!(parse(b"99999999999999999999999"), None);
+    }
+
+    #[test]
+    fn cadences_in_ticks() {
+        assert_eq!(ticks(STATUS_REFRESH, Duration::from_millis(10)), 25);
+        assert_eq!(ticks(STATUS_REFRESH, Duration::from_secs(1)), 1);
+        assert_eq!(ticks(RESCAN_WITHOUT_EVENTS, Duration::from_millis(30)), 2);
+    }
+
+    /// Births fed as events are read at the next tick without a walk; a
+    /// process seen above its peak gets its status read.
+    #[test]
+    fn fed_births_are_followed_and_new_peaks_read() {
+        let mut root = Command::new("sh")
+            .args(["-c", "sleep 5 & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let feed = Feed::default();
+        let mut t = TreeSampler::new(root.id(), Duration::from_millis(10), Some(feed.clone()));
+        let first = t.read();
+        assert!(first.processes.iter().all(|(_, s)| s.status.is_some()));
+        // Until the children are there, through the walk of tick 0 or later.
+        let t0 = std::time::Instant::now();
+        while t.members.len() < 3 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+            let children =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", root.id()))
+                    .unwrap_or_default();
+            for c in children.split_whitespace() {
+                feed.born(c.parse().unwrap(), root.id());
+            }
+            t.read();
+        }
+        assert_eq!(t.members.len(), 3);
+        // Steady: no status reads but the staggered refreshes.
+        let before = t.status_reads;
+        for _ in 0..25 {
+            t.read();
+        }
+        assert_eq!(t.status_reads - before, 3, "one refresh each per 25 ticks");
+        // A stale peak: the next read sees a new one and reads status.
+        let pid = root.id();
+        t.members.get_mut(&pid).unwrap().peak = 0;
+        let r = t.read();
+        let (_, seen) = r.processes.iter().find(|(p, _)| *p == pid).unwrap();
+        assert!(seen.status.is_some());
+        root.kill().unwrap();
+        root.wait().unwrap();
+        let r = t.read();
+        assert!(r.exited.contains(&pid));
+    }
+}
