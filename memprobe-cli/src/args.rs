@@ -69,6 +69,16 @@ pub(crate) struct RunArgs {
         value_name = "DURATION"
     )]
     pub(crate) interval: Duration,
+    /// Keep memprobe's own CPU under PCT percent of one core (e.g. 1%):
+    /// the sampling interval widens while it would cost more, and narrows
+    /// back, never below --interval. The summary and the JSON's cpu_cap
+    /// say how far it widened.
+    #[arg(
+        long,
+        value_parser = crate::commands::run::cpu_cap::parse_max_cpu,
+        value_name = "PCT"
+    )]
+    pub(crate) max_cpu: Option<f64>,
     /// Write the summary and the timeline as JSON to FILE
     /// (schema: docs/run-output.schema.json).
     #[arg(long, value_name = "FILE")]

@@ -3,6 +3,7 @@
 mod commands;
 mod exit_codes;
 mod helper;
+mod max_cpu;
 mod oom;
 mod outputs;
 mod peaks;

@@ -19,6 +19,7 @@
 //!    the last orphans, and judge any OOM kill.
 
 mod child;
+pub(crate) mod cpu_cap;
 mod gpu_exact;
 mod kernel_log;
 mod live;
@@ -272,6 +273,7 @@ fn start(
     let sampling = SamplingThread::start(Setup {
         root: pid,
         interval: args.interval,
+        max_cpu: args.max_cpu,
         t0,
         cgroup,
         gpus,

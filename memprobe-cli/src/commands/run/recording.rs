@@ -253,6 +253,8 @@ pub(crate) struct Recording {
     pub(crate) unavailable: BTreeMap<String, String>,
     /// Ticks skipped because the sampler fell behind its deadlines.
     pub(crate) missed_ticks: u64,
+    /// With `--max-cpu`: how the interval was widened to stay under it.
+    pub(crate) cpu_cap: Option<crate::commands::run::cpu_cap::CpuCapReport>,
     /// The phases the command's trackers sent (None: no channel).
     pub(crate) phases: Option<crate::commands::run::phase_log::PhaseLog>,
     /// Each process's resident set over time, for the chart.

@@ -20,6 +20,7 @@
 //! exits, is the one thing this can miss (the direct child is covered by
 //! `wait4`'s `ru_maxrss`, see [`crate::commands::run::child::reap`]).
 
+use super::cpu_cap::CpuCap;
 use super::gpu_exact::Watcher;
 use super::kernel_log::KernelLog;
 use super::live::LiveState;
@@ -43,6 +44,8 @@ pub(crate) struct Setup {
     /// The child's pid: the root of the tree.
     pub(crate) root: u32,
     pub(crate) interval: Duration,
+    /// `--max-cpu`: memprobe's CPU cap, percent of one core.
+    pub(crate) max_cpu: Option<f64>,
     /// When the child was spawned: time zero of the timeline.
     pub(crate) t0: Instant,
     /// The container's cgroup, or why there is none.
@@ -96,6 +99,7 @@ impl SamplingThread {
 struct State {
     tree: TreeSampler,
     interval: Duration,
+    cap: Option<CpuCap>,
     t0: Instant,
     cgroup: Option<CgroupSampler>,
     live: Option<Arc<LiveState>>,
@@ -131,6 +135,7 @@ impl State {
         State {
             tree: TreeSampler::new(setup.root, setup.interval, setup.feed),
             interval: setup.interval,
+            cap: setup.max_cpu.map(|m| CpuCap::new(m, setup.interval)),
             t0: setup.t0,
             cgroup,
             live: setup.live,
@@ -150,6 +155,13 @@ impl State {
             self.tick();
             if stopping {
                 break;
+            }
+            if let Some(cap) = self.cap.as_mut() {
+                let wider = cap.after_tick(Instant::now());
+                if wider != self.interval {
+                    self.interval = wider;
+                    self.tree.set_interval(wider);
+                }
             }
             deadline += self.interval;
             let now = Instant::now();
@@ -182,6 +194,7 @@ impl State {
             r
         });
         self.rec.pss = self.pss.as_ref().map(PssRecord::report);
+        self.rec.cpu_cap = self.cap.as_ref().map(CpuCap::report);
         self.rec.finish();
         self.rec
     }

@@ -162,6 +162,17 @@ impl TreeSampler {
         }
     }
 
+    /// The interval changed (`--max-cpu`): the cadences in ticks follow.
+    pub(crate) fn set_interval(&mut self, interval: Duration) {
+        let rescan = if self.feed.is_some() {
+            RESCAN_WITH_EVENTS
+        } else {
+            RESCAN_WITHOUT_EVENTS
+        };
+        self.refresh_every = ticks(STATUS_REFRESH, interval);
+        self.rescan_every = ticks(rescan, interval);
+    }
+
     /// The root.
     pub(crate) fn root(&self) -> u32 {
         self.root

@@ -68,6 +68,9 @@ pub(crate) struct RunReport {
     pub(crate) signals: Vec<SignalReport>,
     pub(crate) command_cpu_s: f64,
     pub(crate) memprobe_cpu_s: f64,
+    /// With `--max-cpu` only: the cap and how far the interval widened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_cap: Option<crate::commands::run::cpu_cap::CpuCapReport>,
     pub(crate) timeline_merged: u64,
     pub(crate) timeline: Vec<PointReport>,
     /// The command's phases (phase_report.rs).
@@ -353,6 +356,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             .collect(),
         command_cpu_s: facts.exit.cpu_s,
         memprobe_cpu_s: facts.memprobe_cpu_s,
+        cpu_cap: rec.cpu_cap.clone(),
         timeline_merged: rec.timeline.merged(),
         timeline: rec
             .timeline

@@ -311,12 +311,24 @@ fn signals(out: &mut Rows, r: &RunReport) {
     }
 }
 
-/// How many samples, how often, and the ticks missed.
+/// How many samples, how often, the ticks missed, and what sampling cost.
 fn samples(out: &mut Rows, r: &RunReport) {
+    let widened = r
+        .cpu_cap
+        .as_ref()
+        .filter(|c| c.widenings > 0)
+        .map(|c| {
+            format!(
+                ", widened up to {} to stay under --max-cpu {}%",
+                units::duration(Duration::from_secs_f64(c.widest_interval_s)),
+                c.max_cpu_percent
+            )
+        })
+        .unwrap_or_default();
     out.row(
         "samples",
         format!(
-            "{} every {}{}",
+            "{} every {}{widened}{}",
             r.samples,
             units::duration(Duration::from_secs_f64(r.interval_s)),
             if r.missed_ticks > 0 {
@@ -328,6 +340,22 @@ fn samples(out: &mut Rows, r: &RunReport) {
             } else {
                 String::new()
             }
+        ),
+    );
+    let share = if r.duration_s > 0.0 {
+        r.memprobe_cpu_s / r.duration_s * 100.0
+    } else {
+        0.0
+    };
+    out.row(
+        "memprobe CPU",
+        format!(
+            "{share:.2} % of one core ({:.3} s){}",
+            r.memprobe_cpu_s,
+            r.cpu_cap
+                .as_ref()
+                .map(|c| format!(", capped at {}%", c.max_cpu_percent))
+                .unwrap_or_default()
         ),
     );
 }
