@@ -255,12 +255,40 @@ pub(crate) fn forget_all() {
     pools::forget_all();
 }
 
+// ---- the exported allocation entry points ----------------------------------
+
+// Each allocation entry point is a two-instruction trampoline that hands
+// its return address (the caller: the origin, unless it is the CUDA
+// runtime) to the wrapper as one more argument, then jumps to it; the
+// wrapper returns straight to the caller. See crate::origin.
+crate::trampoline::trampolines! {
+    cuMemAlloc_v2 => cuMemAlloc_v2_at(dptr: *mut CUdeviceptr, bytesize: usize);
+    cuMemAllocPitch_v2 => cuMemAllocPitch_v2_at(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint);
+    cuMemAllocManaged => cuMemAllocManaged_at(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint);
+    cuMemCreate => cuMemCreate_at(handle: *mut CUhandle, size: usize, prop: *const c_void, flags: u64);
+    cuMemPoolCreate => cuMemPoolCreate_at(pool: *mut CUpool, props: *const c_void);
+    cuMemAllocAsync => cuMemAllocAsync_at(dptr: *mut CUdeviceptr, size: usize, s: CUstream);
+    cuMemAllocAsync_ptsz => cuMemAllocAsync_ptsz_at(dptr: *mut CUdeviceptr, size: usize, s: CUstream);
+    cuMemAllocFromPoolAsync => cuMemAllocFromPoolAsync_at(dptr: *mut CUdeviceptr, size: usize, pool: CUpool, s: CUstream);
+    cuMemAllocFromPoolAsync_ptsz => cuMemAllocFromPoolAsync_ptsz_at(dptr: *mut CUdeviceptr, size: usize, pool: CUpool, s: CUstream);
+    cuArrayCreate_v2 => cuArrayCreate_v2_at(array: *mut CUarray, desc: *const ArrayDescriptor);
+    cuArray3DCreate_v2 => cuArray3DCreate_v2_at(array: *mut CUarray, desc: *const Array3dDescriptor);
+    cuMipmappedArrayCreate => cuMipmappedArrayCreate_at(array: *mut CUarray, desc: *const Array3dDescriptor, levels: c_uint);
+    cuMemHostAlloc => cuMemHostAlloc_at(pp: *mut *mut c_void, size: usize, flags: c_uint);
+    cuMemAllocHost_v2 => cuMemAllocHost_v2_at(pp: *mut *mut c_void, size: usize);
+    cuMemHostRegister_v2 => cuMemHostRegister_v2_at(p: *mut c_void, size: usize, flags: c_uint);
+}
+
 // ---- plain, pitched, managed ------------------------------------------
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+unsafe extern "C" fn cuMemAlloc_v2_at(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    caller: usize,
+) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAlloc_v2: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult, dptr, bytesize);
     // SAFETY: the driver wrote *dptr on success.
     unsafe {
@@ -278,14 +306,15 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(
+unsafe extern "C" fn cuMemAllocPitch_v2_at(
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
     width: usize,
     height: usize,
     elem: c_uint,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocPitch_v2: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult,
         dptr, pitch, width, height, elem);
     let row = if rc == CUDA_SUCCESS && !pitch.is_null() {
@@ -311,12 +340,13 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(
+unsafe extern "C" fn cuMemAllocManaged_at(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     flags: c_uint,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocManaged: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult, dptr, bytesize, flags);
     // SAFETY: as in cuMemAlloc_v2.
     unsafe {
@@ -346,13 +376,14 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemCreate(
+unsafe extern "C" fn cuMemCreate_at(
     handle: *mut CUhandle,
     size: usize,
     prop: *const c_void,
     flags: u64,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemCreate: unsafe extern "C" fn(*mut CUhandle, usize, *const c_void, u64) -> CUresult, handle, size, prop, flags);
     // SAFETY: `prop` is the caller's CUmemAllocationProp; *handle written
     // on success.
@@ -384,8 +415,12 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUhandle) -> CUresult {
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUpool, props: *const c_void) -> CUresult {
+unsafe extern "C" fn cuMemPoolCreate_at(
+    pool: *mut CUpool,
+    props: *const c_void,
+    caller: usize,
+) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemPoolCreate: unsafe extern "C" fn(*mut CUpool, *const c_void) -> CUresult, pool, props);
     if rc == CUDA_SUCCESS && !pool.is_null() {
         // SAFETY: `props` is the caller's CUmemPoolProps.
@@ -435,12 +470,13 @@ type FreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(
+unsafe extern "C" fn cuMemAllocAsync_at(
     dptr: *mut CUdeviceptr,
     size: usize,
     s: CUstream,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocAsync: AllocAsync, dptr, size, s);
     after_pool_alloc(rc, None, size as u64, H::cuMemAllocAsync);
     rc
@@ -448,12 +484,13 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+unsafe extern "C" fn cuMemAllocAsync_ptsz_at(
     dptr: *mut CUdeviceptr,
     size: usize,
     s: CUstream,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocAsync_ptsz: AllocAsync, dptr, size, s);
     after_pool_alloc(rc, None, size as u64, H::cuMemAllocAsync_ptsz);
     rc
@@ -461,13 +498,14 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+unsafe extern "C" fn cuMemAllocFromPoolAsync_at(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: CUpool,
     s: CUstream,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocFromPoolAsync: AllocFromPool, dptr, size, pool, s);
     after_pool_alloc(rc, Some(pool), size as u64, H::cuMemAllocFromPoolAsync);
     rc
@@ -475,13 +513,14 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz_at(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: CUpool,
     s: CUstream,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocFromPoolAsync_ptsz: AllocFromPool, dptr, size, pool, s);
     after_pool_alloc(rc, Some(pool), size as u64, H::cuMemAllocFromPoolAsync_ptsz);
     rc
@@ -643,11 +682,12 @@ fn array_created(rc: CUresult, out: *const CUarray, bytes: Option<u64>, api: H) 
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(
+unsafe extern "C" fn cuArrayCreate_v2_at(
     array: *mut CUarray,
     desc: *const ArrayDescriptor,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuArrayCreate_v2: unsafe extern "C" fn(*mut CUarray, *const ArrayDescriptor) -> CUresult, array, desc);
     // SAFETY: the caller's descriptor (the driver read it too).
     let bytes = unsafe { desc.as_ref() }
@@ -658,11 +698,12 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(
+unsafe extern "C" fn cuArray3DCreate_v2_at(
     array: *mut CUarray,
     desc: *const Array3dDescriptor,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuArray3DCreate_v2: unsafe extern "C" fn(*mut CUarray, *const Array3dDescriptor) -> CUresult, array, desc);
     // SAFETY: as above.
     let bytes = unsafe { desc.as_ref() }
@@ -673,12 +714,13 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(
+unsafe extern "C" fn cuMipmappedArrayCreate_at(
     array: *mut CUarray,
     desc: *const Array3dDescriptor,
     levels: c_uint,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMipmappedArrayCreate: unsafe extern "C" fn(*mut CUarray, *const Array3dDescriptor, c_uint) -> CUresult, array, desc, levels);
     // SAFETY: as above.
     let bytes = unsafe { desc.as_ref() }.and_then(|d| {
@@ -720,12 +762,13 @@ fn host() -> Option<usize> {
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(
+unsafe extern "C" fn cuMemHostAlloc_at(
     pp: *mut *mut c_void,
     size: usize,
     flags: c_uint,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemHostAlloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult, pp, size, flags);
     // SAFETY: *pp written on success.
     unsafe {
@@ -743,8 +786,12 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+unsafe extern "C" fn cuMemAllocHost_v2_at(
+    pp: *mut *mut c_void,
+    size: usize,
+    caller: usize,
+) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemAllocHost_v2: unsafe extern "C" fn(*mut *mut c_void, usize) -> CUresult, pp, size);
     // SAFETY: as above.
     unsafe {
@@ -773,12 +820,13 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 
 /// # Safety
 /// The driver's contract.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostRegister_v2(
+unsafe extern "C" fn cuMemHostRegister_v2_at(
     p: *mut c_void,
     size: usize,
     flags: c_uint,
+    caller: usize,
 ) -> CUresult {
+    let _caller = crate::origin::Caller::set(caller);
     let rc = call!(cuMemHostRegister_v2: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult, p, size, flags);
     let key = p as u64;
     // SAFETY: reads our local `key`.

@@ -29,6 +29,7 @@ mod pools;
 mod real;
 mod region;
 mod table;
+mod trampoline;
 
 /// A forked child, once the region is set up (its fork handler): empty
 /// maps (its parent's memory is not its own) and a region of its own when

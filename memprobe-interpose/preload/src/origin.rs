@@ -7,7 +7,10 @@
 //! that is not the driver's or the runtime's. Each return address is
 //! classified once, with `dladdr`, and cached in a bounded lock-free map
 //! (return address -> origin slot, or "a CUDA frame"), so a known call site
-//! costs the unwinding of the few frames above it plus a lookup per frame.
+//! costs a lookup per frame walked. Most allocations need no walk: the
+//! exported entry points hand their wrappers their return address
+//! (`trampoline.rs`), and when that caller is not the CUDA runtime it is
+//! the origin, found with one lookup.
 //!
 //! `MEMPROBE_GPU_ORIGINS=off` (or `0`, `false`, `no`) keeps no origins:
 //! every allocation is counted as before, with no walk and no lock.
@@ -45,6 +48,30 @@ extern "C" {
         arg: *mut c_void,
     ) -> c_int;
     fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
+}
+
+thread_local! {
+    /// The return address of the allocation entry point running on this
+    /// thread (its trampoline's), 0 when none is known.
+    static CALLER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Holds the caller of the entry point running on this thread for its
+/// wrapper; forgets it when the wrapper returns, so nothing else takes it
+/// for its own.
+pub(crate) struct Caller(());
+
+impl Caller {
+    pub(crate) fn set(ret: usize) -> Caller {
+        let _ = CALLER.try_with(|c| c.set(ret));
+        Caller(())
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        let _ = CALLER.try_with(|c| c.set(0));
+    }
 }
 
 /// Whether origins are kept (read once from the environment).
@@ -117,6 +144,14 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
 pub(crate) fn here(l: &Layout) -> usize {
     if !enabled() {
         return NO_ORIGIN;
+    }
+    // The entry point's caller, when its trampoline gave it: the origin
+    // unless it is the CUDA runtime (then the walk goes past it).
+    let caller = CALLER.try_with(|c| c.get()).unwrap_or(0);
+    if caller != 0 {
+        if let Some(o) = site(l, caller) {
+            return o;
+        }
     }
     let mut w = Walk {
         layout: l,

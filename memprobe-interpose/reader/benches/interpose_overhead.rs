@@ -9,6 +9,12 @@
 //! so machine noise hits them alike; each figure is the median over rounds
 //! of the mean time per pair in a round (per thread: wall time / pairs each
 //! thread made).
+//!
+//! The preloaded child runs twice, interleaved with nothing else: once with
+//! `MEMPROBE_GPU_ORIGINS=off` (counting only) and once naming each
+//! allocation's origin (the default); the last lines compare the two, and
+//! time apart the first allocation from a call site never seen before (the
+//! stack walk, `dladdr` and the table insert of a new site).
 
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
@@ -114,6 +120,55 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// One alloc+free pair from a call site of its own: each instance of the
+/// macro is a separate function, so its return address is new to the
+/// interposer the first time it runs. Returns the time of the pair in ns.
+macro_rules! sites {
+    ($($name:ident $k:literal),*) => {
+        $(
+            // Each asks for a size of its own, so no two bodies are alike
+            // (identical functions may be merged into one address).
+            #[inline(never)]
+            fn $name(pair: Pair) -> f64 {
+                let mut p = 0;
+                let start = Instant::now();
+                // SAFETY: allocate, then free what was allocated.
+                unsafe {
+                    assert_eq!((pair.alloc)(&mut p, 4096 + $k), 0);
+                    assert_eq!((pair.free)(p), 0);
+                }
+                start.elapsed().as_nanos() as f64
+            }
+        )*
+        const SITES: &[fn(Pair) -> f64] = &[$($name),*];
+    };
+}
+sites!(
+    s0 0, s1 1, s2 2, s3 3, s4 4, s5 5, s6 6, s7 7, s8 8, s9 9, s10 10, s11 11, s12 12, s13 13, s14 14,
+    s15 15
+);
+
+/// The first pair from each new site, then the second from the same one.
+fn new_sites(f: &Fake) {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the fake's context calls.
+    unsafe {
+        assert_eq!((f.retain)(&mut ctx, 0), 0);
+        assert_eq!((f.set)(ctx), 0);
+    }
+    let (mut first, mut again) = (Vec::new(), Vec::new());
+    for site in SITES {
+        let site = std::hint::black_box(site);
+        first.push(site(f.wrapped));
+        again.push(site(f.wrapped));
+    }
+    println!(
+        "RESULT new-site first={:.1} again={:.1}",
+        median(&mut first),
+        median(&mut again)
+    );
+}
+
 fn child() {
     let f = load();
     assert!(
@@ -129,6 +184,7 @@ fn child() {
             wrapped.push(measure(&f, f.wrapped, threads));
         }
         let (d, w) = (median(&mut direct), median(&mut wrapped));
+        println!("RESULT threads={threads} direct={d:.1} wrapped={w:.1}");
         println!(
             "{threads} thread(s): fake driver directly {d:8.1} ns/pair | through the interposer {w:8.1} ns/pair | added {:6.1} ns/pair | ratio {:.2}",
             w - d,
@@ -147,6 +203,7 @@ fn child() {
             );
         }
     }
+    new_sites(&f);
 }
 
 fn cc(out: &Path, src: &Path) {
@@ -203,17 +260,58 @@ fn main() {
         "interposer overhead on the fake driver ({} CPUs, {ROUNDS} rounds of {PAIRS} pairs per thread)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let st = Command::new(std::env::current_exe().unwrap())
-        .env(CHILD, "1")
-        .env(
-            "LD_PRELOAD",
-            target.join("release/libmemprobe_interpose.so"),
-        )
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("MEMPROBE_GPU_EXACT_DIR", &regions)
-        .env_remove("MEMPROBE_GPU_EXACT")
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let mut results = Vec::new();
+    for (label, origins) in [("without origins", "off"), ("with origins", "on")] {
+        println!("-- {label} (MEMPROBE_GPU_ORIGINS={origins})");
+        let out = Command::new(std::env::current_exe().unwrap())
+            .env(CHILD, "1")
+            .env(
+                "LD_PRELOAD",
+                target.join("release/libmemprobe_interpose.so"),
+            )
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("MEMPROBE_GPU_EXACT_DIR", &regions)
+            .env("MEMPROBE_GPU_ORIGINS", origins)
+            .env_remove("MEMPROBE_GPU_EXACT")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        for line in text.lines() {
+            match line.strip_prefix("RESULT ") {
+                Some(r) => results.push((label, r.to_owned())),
+                None => println!("{line}"),
+            }
+        }
+    }
+    let value = |label: &str, key: &str, field: &str| -> f64 {
+        results
+            .iter()
+            .filter(|(l, r)| *l == label && r.starts_with(key))
+            .flat_map(|(_, r)| r.split(' '))
+            .find_map(|kv| kv.strip_prefix(field)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    println!("-- origins, same run");
+    for threads in ["threads=1", "threads=8"] {
+        let (off, on) = (
+            value("without origins", threads, "wrapped"),
+            value("with origins", threads, "wrapped"),
+        );
+        println!(
+            "{threads}: alloc+free through the interposer without origins {off:8.1} ns/pair | with origins {on:8.1} ns/pair | ratio {:.2} (goal <= 1.5)",
+            on / off
+        );
+    }
+    println!(
+        "first alloc+free from a new call site: {:.0} ns with origins ({:.0} ns its second call), {:.0} ns without",
+        value("with origins", "new-site", "first"),
+        value("with origins", "new-site", "again"),
+        value("without origins", "new-site", "first"),
+    );
     let _ = memprobe_interpose_reader::reclaim_dead(&regions);
 }
