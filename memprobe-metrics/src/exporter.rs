@@ -50,7 +50,7 @@ struct Inner {
     hostname: String,
     shared: Arc<Shared>,
     /// The web configuration's last refusal, when one is served.
-    web_error: Option<Arc<std::sync::Mutex<Option<Error>>>>,
+    web_error: Option<Arc<Lock<Option<Error>>>>,
 }
 
 impl Inner {

@@ -36,13 +36,14 @@ use crate::conn::{Conn, Stage, Step};
 pub(crate) use crate::route::Render;
 use crate::route::{self, Answer};
 use crate::web_reload::{Watched, Web};
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, Result};
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -76,7 +77,7 @@ pub(crate) struct WebShared {
     /// Whether new connections are served over TLS now.
     pub(crate) tls: Arc<AtomicBool>,
     /// The last refused re-read, until a good one.
-    pub(crate) error: Arc<Mutex<Option<Error>>>,
+    pub(crate) error: Arc<Lock<Option<Error>>>,
 }
 
 /// The running server.

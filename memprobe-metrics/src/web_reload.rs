@@ -12,11 +12,12 @@
 
 use crate::basic_auth::BasicAuth;
 use crate::web_config::WebConfig;
+use memprobe_core::internal::lock::Lock;
 use memprobe_core::{Error, Result};
 use rustls::ServerConfig;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often the files are looked at.
@@ -101,7 +102,7 @@ pub(crate) struct Watched {
     hook: Option<WebConfigHook>,
     /// The last refusal, until a good file is read: what
     /// `Exporter::web_config_error` returns.
-    pub(crate) error: Arc<Mutex<Option<Error>>>,
+    pub(crate) error: Arc<Lock<Option<Error>>>,
     generation: u64,
 }
 
@@ -122,7 +123,7 @@ pub(crate) fn load(path: &Path, hook: Option<WebConfigHook>) -> Result<(Web, Wat
         stamps,
         next_check: Instant::now() + CHECK_EVERY,
         hook,
-        error: Arc::new(Mutex::new(None)),
+        error: Arc::new(Lock::new(None)),
         generation: 0,
     };
     Ok((web, watched))
