@@ -95,7 +95,13 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                         ),
                         1 => call(
                             "tracker_resume",
-                            tracker::memprobe_tracker_resume(h, kind, cptr(&name), kind, cptr(&name)),
+                            tracker::memprobe_tracker_resume(
+                                h,
+                                kind,
+                                cptr(&name),
+                                kind,
+                                cptr(&name),
+                            ),
                         ),
                         2 => call(
                             "tracker_mark_tail",
