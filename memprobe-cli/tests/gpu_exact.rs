@@ -308,11 +308,42 @@ fn context_memory_is_nvmls_figure_minus_the_counted_bytes() {
         text.contains("context GPU 0 512 MiB (NVML minus counted, sampled)"),
         "{text}"
     );
-    // Without NVML the figures are null, not 0.
+    // What held the peak: the program's own allocation, and beside it what
+    // NVML adds.
+    let at = &p["origins_at_peak"][0];
+    assert_eq!(at["peak_bytes"], 256 * MIB, "{p:#}");
+    assert_eq!(at["by_origin"].as_array().unwrap().len(), 1, "{p:#}");
+    assert_eq!(at["by_origin"][0]["name"], "the program", "{p:#}");
+    assert_eq!(at["by_origin"][0]["bytes"], 256 * MIB, "{p:#}");
+    assert!(
+        at["by_origin"][0]["library"]
+            .as_str()
+            .unwrap()
+            .ends_with("/tree"),
+        "{p:#}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains("at GPU 0's peak"))
+        .unwrap_or_else(|| panic!("no breakdown line in {text}"));
+    assert!(
+        line.contains(
+            ": the program 256 MiB; CUDA context and unseen 512 MiB (NVML minus counted, sampled)"
+        ),
+        "{line}"
+    );
+    // Without NVML the figures are null, not 0, and the context line says
+    // it is unknown.
     let (o, v) = run("context-none", &["hold", "8", "50"], &[]);
     let p = process(&v, pid_of(&o, "pid"));
     assert_eq!(p["context_bytes"][0], Value::Null, "{p:#}");
     assert_eq!(p["nvml_used_bytes"][0], Value::Null, "{p:#}");
+    assert_eq!(p["origins_at_peak"][0]["peak_bytes"], 8 * MIB, "{p:#}");
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        text.contains("CUDA context and unseen unknown (no NVML per-process figure)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -260,6 +260,10 @@ pub(crate) struct ExactProcess {
     /// at that tick: the context and the driver's own reservations, which
     /// no call reveals.
     pub(crate) context: Vec<Option<u64>>,
+    /// The process's executable (for naming "the program" among origins).
+    pub(crate) exe: Option<String>,
+    /// Per device ordinal: the bytes by origin at its peak there.
+    pub(crate) origins_at_peak: Vec<Option<crate::commands::run::gpu_origins::OriginsAtPeak>>,
 }
 
 impl ExactProcess {
@@ -359,6 +363,9 @@ impl Watcher {
                         path: e.path,
                         figures: ExactProcess {
                             pid: e.pid,
+                            exe: std::fs::read_link(format!("/proc/{}/exe", e.pid))
+                                .ok()
+                                .map(|p| p.display().to_string()),
                             ..ExactProcess::default()
                         },
                     },
@@ -422,9 +429,14 @@ impl Watcher {
 
 fn read_figures(region: &Region, f: &mut ExactProcess) {
     let n = devices_of(region);
-    f.peak = (0..n as u32)
+    let peak: Vec<u64> = (0..n as u32)
         .map(|d| region.read(Counter::Device(d)).lifetime_peak)
         .collect();
+    // The breakdown is read again only when a peak rose.
+    if peak != f.peak || f.origins_at_peak.len() != n {
+        f.origins_at_peak = crate::commands::run::gpu_origins::read(region, n, f.exe.as_deref());
+    }
+    f.peak = peak;
     f.end = (0..n as u32)
         .map(|d| region.read(Counter::Device(d)).current)
         .collect();
@@ -489,6 +501,9 @@ pub(crate) struct ExactProcessReport {
     /// Per device ordinal: NVML's figure minus the counted bytes, at the
     /// same tick: context memory (null without an NVML figure).
     pub(crate) context_bytes: Vec<Option<u64>>,
+    /// Per device ordinal: the bytes by origin at the process's exact peak
+    /// there (null: none kept, e.g. MEMPROBE_GPU_ORIGINS=off).
+    pub(crate) origins_at_peak: Vec<Option<crate::commands::run::gpu_origins::OriginsAtPeak>>,
 }
 
 impl GpuExactReport {
@@ -553,6 +568,11 @@ impl GpuExactReport {
                     not_counted_bytes: p.not_counted_bytes,
                     nvml_used_bytes: pad_opt(&p.nvml_used),
                     context_bytes: pad_opt(&p.context),
+                    origins_at_peak: {
+                        let mut v = p.origins_at_peak.clone();
+                        v.resize(n, None);
+                        v
+                    },
                 })
                 .collect(),
         }

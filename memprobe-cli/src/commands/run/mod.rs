@@ -21,6 +21,7 @@
 mod child;
 pub(crate) mod cpu_cap;
 mod gpu_exact;
+mod gpu_origins;
 mod kernel_log;
 mod live;
 mod oom_kill;

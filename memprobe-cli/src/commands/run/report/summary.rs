@@ -216,7 +216,7 @@ fn gpu_exact_devices(out: &mut Rows, x: &GpuExactReport) {
 }
 
 /// The processes' own exact peaks (eight at most), with the context NVML
-/// adds.
+/// adds, and what held each peak by origin.
 fn gpu_exact_processes(out: &mut Rows, x: &GpuExactReport) {
     for p in x
         .processes
@@ -253,6 +253,15 @@ fn gpu_exact_processes(out: &mut Rows, x: &GpuExactReport) {
                 }
             ),
         );
+        for (d, o) in p.origins_at_peak.iter().enumerate() {
+            if let Some(o) = o.as_ref().filter(|o| o.peak_bytes > 0) {
+                let context = p.context_bytes.get(d).copied().flatten();
+                out.row(
+                    &format!("    at GPU {d}'s peak"),
+                    crate::commands::run::gpu_origins::summary(o, context),
+                );
+            }
+        }
     }
 }
 
