@@ -111,7 +111,7 @@ test-go: test-prefix
 	cd bindings/go && test -z "$$(gofmt -l .)" || { echo "make test: gofmt would change: $$(gofmt -l .)" >&2; exit 1; }
 	cd bindings/go && CGO_ENABLED=1 PKG_CONFIG_PATH="$(TEST_PREFIX)/lib/pkgconfig" GOTOOLCHAIN=local $(GO) vet ./...
 
-# The docs: every fenced block of README.md and docs/*.md run as written
+# The docs: every fenced block of README.md, CONTRIBUTING.md and docs/*.md run as written
 # (shell, Python, C/C++ through the installed memprobe.pc, Go, Rust), output
 # blocks compared, the rest counted as data or marked not runnable with a
 # reason (tests/docs/docs_test.py says how). After test-python, whose

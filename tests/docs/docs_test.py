@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Runs every fenced code block of README.md and docs/*.md (``make test-docs``).
+"""Runs every fenced code block of README.md, CONTRIBUTING.md and docs/*.md
+(``make test-docs``).
 
 Every block is one of four things, and the harness counts each per file:
 
@@ -538,7 +539,9 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="list the blocks and what each is, run nothing")
     ap.add_argument("files", nargs="*", type=Path)
     a = ap.parse_args()
-    pages = [p.resolve() for p in a.files] or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [p.resolve() for p in a.files] or [
+        ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))
+    ]
     if a.list:
         for page in pages:
             for b in parse(page):
