@@ -9,6 +9,7 @@
 #include "cuda_api.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,38 @@ static void *thread_main(void *arg) {
         }
     }
     return kept;
+}
+
+/*
+ * Code no library holds, as a JIT makes it: an anonymous executable page
+ * that calls cuMemAlloc_v2(dptr, bytes) and returns its result. dladdr
+ * cannot place it and the unwinder finds no tables for it; the origin must
+ * still be counted, by its address. x86_64 only (NULL elsewhere).
+ */
+typedef CUresult (*jit_alloc_t)(CUdeviceptr *, size_t);
+static jit_alloc_t make_jit(void *target) {
+#if defined(__x86_64__)
+    unsigned char code[] = {
+        0x48, 0x83, 0xec, 0x08,                         /* sub rsp, 8 */
+        0x48, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0,             /* mov rax, target */
+        0xff, 0xd0,                                     /* call rax */
+        0x48, 0x83, 0xc4, 0x08,                         /* add rsp, 8 */
+        0xc3,                                           /* ret */
+    };
+    void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) {
+        return NULL;
+    }
+    memcpy(code + 6, &target, sizeof target);
+    memcpy(page, code, sizeof code);
+    if (mprotect(page, 4096, PROT_READ | PROT_EXEC) != 0) {
+        return NULL;
+    }
+    return (jit_alloc_t)page;
+#else
+    (void)target;
+    return NULL;
+#endif
 }
 
 int main(void) {
@@ -112,6 +145,19 @@ int main(void) {
             CHECK(cublas_free(PLAIN, kept[i][j]));
         }
         free(kept[i]);
+    }
+
+    {
+        /* From code no library holds (where the platform allows making it). */
+        jit_alloc_t jit = make_jit((void *)a.cuMemAlloc_v2);
+        CUdeviceptr j = 0;
+        if (jit) {
+            CHECK(jit(&j, 3 * MIB));
+        }
+        checkpoint(&a, jit ? "jit" : "no-jit");
+        if (jit) {
+            CHECK(a.cuMemFree_v2(j));
+        }
     }
 
     fflush(stdout);
