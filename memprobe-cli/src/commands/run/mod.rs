@@ -29,6 +29,7 @@ mod orphans;
 mod phase_channel;
 mod phase_log;
 mod phase_report;
+mod pid_map;
 mod plot;
 mod process_events;
 mod process_lines;

@@ -5,7 +5,7 @@
 //! at most [`MAX_POINTS`] points, neighbours merged keeping their maximum.
 
 use serde::Serialize;
-use std::collections::HashMap;
+use super::pid_map::PidMap;
 
 /// Processes followed at once.
 pub(crate) const MAX_LINES: usize = 64;
@@ -70,7 +70,7 @@ impl Line {
 pub(crate) struct ProcessLines {
     lines: Vec<Line>,
     /// Live pid -> its line.
-    live: HashMap<u32, usize>,
+    live: PidMap<usize>,
     /// No followed line's peak is below this (peaks only grow), so a
     /// newcomer at or below it is turned away without a scan.
     floor: u64,

@@ -7,7 +7,8 @@ use crate::gpu_readings::GpuReading;
 use memprobe_core::internal::process::ProcessStatus;
 use memprobe_core::Sample;
 use memprobe_core::{CgroupLocation, CgroupVersion};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use super::pid_map::PidMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Where a process's peak figure comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,7 +234,7 @@ pub(crate) struct Recording {
     /// [`MAX_PROCESS_RECORDS`]); filled by [`finish`](Recording::finish).
     pub(crate) processes: Vec<ProcessRecord>,
     /// While recording: the processes alive at the last sample.
-    live: HashMap<u32, ProcessRecord>,
+    live: PidMap<ProcessRecord>,
     /// Processes seen in all, including records dropped to stay bounded.
     pub(crate) processes_seen: u64,
     pub(crate) cgroup: Option<CgroupRecord>,

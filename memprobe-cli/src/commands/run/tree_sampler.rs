@@ -11,20 +11,25 @@
 //! - `/proc/<pid>/status` (8× a `statm` read: name, parent, `VmHWM`) is read
 //!   when a figure asks for it: at a process's first sight, when a sample
 //!   sees it above its known peak (a new peak), when it execs or renames,
-//!   and at least every [`STATUS_REFRESH`] (at every tick when the interval
-//!   is longer), staggered over processes, so that the kernel's high-water
-//!   mark still catches a spike that rose and fell between two samples.
+//!   and at least every [`STATUS_REFRESH`] while its `statm` moves (every
+//!   [`STATUS_REFRESH_IDLE`] while it reads the same: an idle worker), at
+//!   every tick when the interval is longer, staggered over processes, so
+//!   that the kernel's high-water mark still catches a spike that rose and
+//!   fell between two samples.
 
+use super::pid_map::PidMap;
 use memprobe_core::internal::process::{ProcessStatus, StatusFile};
 use memprobe_core::internal::process_tree::TreeWalker;
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The longest a known process goes without a `status` read.
+/// The longest a known process goes without a `status` read while its
+/// `statm` changes.
 pub(crate) const STATUS_REFRESH: Duration = Duration::from_millis(250);
+/// The same, while its `statm` reads the same as at the last `status` read.
+pub(crate) const STATUS_REFRESH_IDLE: Duration = Duration::from_secs(1);
 /// How often the tree is walked when every birth comes as an event.
 pub(crate) const RESCAN_WITH_EVENTS: Duration = Duration::from_secs(1);
 /// How often the tree is walked when no events can be had.
@@ -102,6 +107,8 @@ impl Reading {
 
 struct Member {
     statm: File,
+    /// Its `statm` figures at the last `status` read.
+    statm_at_status: Statm,
     /// The largest of `VmHWM` and the resident sets read: a sample above it
     /// is a new peak, worth a `status` read.
     peak: u64,
@@ -115,12 +122,13 @@ struct Member {
 pub(crate) struct TreeSampler {
     root: u32,
     walker: TreeWalker,
-    members: HashMap<u32, Member>,
+    members: PidMap<Member>,
     feed: Option<Feed>,
     /// memprobe itself: its other children are not the command's.
     me: u32,
-    /// Ticks between `status` refreshes, and between walks.
+    /// Ticks between `status` refreshes (moving, idle), and between walks.
     refresh_every: u64,
+    idle_refresh_every: u64,
     rescan_every: u64,
     tick: u64,
     page: u64,
@@ -150,10 +158,11 @@ impl TreeSampler {
         TreeSampler {
             root,
             walker: TreeWalker::new(root),
-            members: HashMap::new(),
+            members: PidMap::default(),
             feed,
             me: std::process::id(),
             refresh_every: ticks(STATUS_REFRESH, interval),
+            idle_refresh_every: ticks(STATUS_REFRESH_IDLE, interval),
             rescan_every: ticks(rescan, interval),
             tick: 0,
             page: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
@@ -170,6 +179,7 @@ impl TreeSampler {
             RESCAN_WITHOUT_EVENTS
         };
         self.refresh_every = ticks(STATUS_REFRESH, interval);
+        self.idle_refresh_every = ticks(STATUS_REFRESH_IDLE, interval);
         self.rescan_every = ticks(rescan, interval);
     }
 
@@ -180,23 +190,33 @@ impl TreeSampler {
 
     /// Reads every known process, then the newcomers.
     pub(crate) fn read(&mut self) -> Reading {
-        let mut reading = Reading::default();
+        let mut reading = Reading {
+            processes: Vec::with_capacity(self.members.len() + 1),
+            exited: Vec::new(),
+        };
         let fed = self.feed.as_ref().map(Feed::take).unwrap_or_default();
         for pid in fed.renamed {
             if let Some(m) = self.members.get_mut(&pid) {
                 m.stale_name = true;
             }
         }
-        let (tick, refresh, page) = (self.tick, self.refresh_every, self.page);
+        let (tick, page) = (self.tick, self.page);
+        let (refresh, idle_refresh) = (self.refresh_every, self.idle_refresh_every);
         let buf = &mut self.buf;
         let reads = &mut self.status_reads;
         self.members.retain(|&pid, m| {
-            let Some(rss) = statm_rss(&m.statm, page) else {
+            let Some(now) = read_statm(&m.statm) else {
                 reading.exited.push(pid);
                 return false;
             };
+            let rss = now.resident * page;
             // Staggered: a tick's refreshes are a 1/refresh share of all.
-            let due = (tick + u64::from(pid)) % refresh == 0;
+            let every = if now == m.statm_at_status {
+                idle_refresh
+            } else {
+                refresh
+            };
+            let due = (tick + u64::from(pid)) % every == 0;
             let status = if rss > m.peak || m.stale_name || (due && m.status_tick != tick) {
                 *reads += 1;
                 m.status_tick = tick;
@@ -205,6 +225,7 @@ impl TreeSampler {
                 None
             };
             if let Some(s) = &status {
+                m.statm_at_status = now;
                 m.peak = m.peak.max(s.hwm);
                 m.threads = s.threads;
                 m.stale_name = false;
@@ -246,10 +267,12 @@ impl TreeSampler {
     /// it has exited already or is a zombie.
     fn open(&mut self, pid: u32) -> Option<(Member, Seen)> {
         let statm = File::open(format!("/proc/{pid}/statm")).ok()?;
+        let statm_at_status = read_statm(&statm)?;
         self.status_reads += 1;
         let s = StatusFile::open(pid).read(&mut self.buf)?;
         let m = Member {
             statm,
+            statm_at_status,
             peak: s.hwm.max(s.rss),
             threads: s.threads,
             status_tick: self.tick,
@@ -265,16 +288,31 @@ impl TreeSampler {
     }
 }
 
-/// The resident set from a kept-open `statm`, bytes; `None` once the
-/// process has exited (a zombie's reads all zeros: a live process always
-/// has a size).
-fn statm_rss(f: &File, page: u64) -> Option<u64> {
+/// What a `statm` read says, in pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Statm {
+    size: u64,
+    resident: u64,
+    shared: u64,
+    data: u64,
+}
+
+/// A kept-open `statm`; `None` once the process has exited (a zombie's
+/// reads all zeros: a live process always has a size).
+fn read_statm(f: &File) -> Option<Statm> {
     let mut buf = [0u8; 128];
     let len = f.read_at(&mut buf, 0).ok()?;
-    let mut fields = buf[..len].split(|&c| c == b' ');
-    let size = parse(fields.next()?)?;
-    let resident = parse(fields.next()?)?;
-    (size > 0).then_some(resident * page)
+    // size resident shared text lib data dt
+    let mut fields = buf[..len].trim_ascii_end().split(|&c| c == b' ');
+    let mut next = || parse(fields.next()?);
+    let (size, resident, shared, _text, _lib, data) =
+        (next()?, next()?, next()?, next()?, next()?, next()?);
+    (size > 0).then_some(Statm {
+        size,
+        resident,
+        shared,
+        data,
+    })
 }
 
 fn parse(s: &[u8]) -> Option<u64> {
@@ -296,14 +334,17 @@ mod tests {
     fn statm_reads_the_resident_set_and_sees_an_end() {
         let mut child = Command::new("sleep").arg("5").spawn().unwrap();
         let f = File::open(format!("/proc/{}/statm", child.id())).unwrap();
-        let rss = statm_rss(&f, 4096).expect("alive");
-        assert!(rss > 0);
+        let s = read_statm(&f).expect("alive");
+        assert!(
+            s.resident > 0 && s.size >= s.resident && s.data > 0,
+            "{s:?}"
+        );
         child.kill().unwrap();
         // A zombie until reaped: no memory.
         std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(statm_rss(&f, 4096), None);
+        assert_eq!(read_statm(&f), None);
         child.wait().unwrap();
-        assert_eq!(statm_rss(&f, 4096), None);
+        assert_eq!(read_statm(&f), None);
     }
 
     #[test]
@@ -318,6 +359,7 @@ mod tests {
     fn cadences_in_ticks() {
         assert_eq!(ticks(STATUS_REFRESH, Duration::from_millis(10)), 25);
         assert_eq!(ticks(STATUS_REFRESH, Duration::from_secs(1)), 1);
+        assert_eq!(ticks(STATUS_REFRESH_IDLE, Duration::from_secs(1)), 1);
         assert_eq!(ticks(RESCAN_WITHOUT_EVENTS, Duration::from_millis(30)), 2);
     }
 
@@ -346,14 +388,21 @@ mod tests {
             t.read();
         }
         assert_eq!(t.members.len(), 3);
-        // Steady: no status reads but the staggered refreshes.
+        // Steady and idle: no status reads but the staggered refreshes.
+        let before = t.status_reads;
+        for _ in 0..100 {
+            t.read();
+        }
+        assert_eq!(t.status_reads - before, 3, "one refresh each per 100 ticks");
+        // One that moves is refreshed every 25 ticks.
+        let pid = root.id();
+        t.members.get_mut(&pid).unwrap().statm_at_status.resident += 1;
         let before = t.status_reads;
         for _ in 0..25 {
             t.read();
         }
-        assert_eq!(t.status_reads - before, 3, "one refresh each per 25 ticks");
+        assert_eq!(t.status_reads - before, 1, "its refresh, due within 25");
         // A stale peak: the next read sees a new one and reads status.
-        let pid = root.id();
         t.members.get_mut(&pid).unwrap().peak = 0;
         let r = t.read();
         let (_, seen) = r.processes.iter().find(|(p, _)| *p == pid).unwrap();
