@@ -104,6 +104,8 @@ int main(void) {
     CHECK(nccl_alloc(PLAIN, 10 * MIB, &big));
     checkpoint(&a, "peak2");
     CHECK(nccl_free(PLAIN, big));
+    /* cuBLAS-like asks for more than the device has: what was live then. */
+    EXPECT_RC(2, cublas_alloc(PLAIN, 1ULL << 50, &big));
     checkpoint(&a, "after-peak2");
 
     use_device(&a, 1);

@@ -185,6 +185,11 @@ fn failed(l: &Layout, rc: CUresult, counter: Option<usize>, bytes: u64, api: H) 
     let at = memprobe_core::monotonic_ns();
     if let Some(c) = counter {
         let code = std::str::from_utf8(&name[..name.len() - 1]).map_or(0, layout::oom_api_code);
+        // What held the device when it ran out, before the failure is
+        // counted (a reader that sees the failure finds its breakdown).
+        if crate::origin::enabled() {
+            l.record_oom_origins(c);
+        }
         l.record_oom(c, bytes, code, at);
     }
     let failures = l

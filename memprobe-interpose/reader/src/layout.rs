@@ -446,6 +446,14 @@ pub struct Origins {
     pub slots: [OriginSlot; MAX_ORIGINS],
     /// The breakdown at each counter's latest lifetime peak.
     pub peaks: [PeakBreakdown; COUNTERS],
+    /// The live bytes by origin on the counter of the last allocation that
+    /// failed with out-of-memory, when it failed (`total`: what that
+    /// counter held then).
+    pub last_oom: PeakBreakdown,
+    /// That counter's index, plus one (0: no failure recorded).
+    pub last_oom_counter: AtomicU32,
+    /// Padding.
+    pub reserved: u32,
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! symbol, not per allocation or call site); past that, everything new goes
 //! to the last slot, named [`OVERFLOW_LIBRARY`]. Updates of one counter are
 //! serialized by a lock of that counter, so a breakdown always sums to the
-//! peak it belongs to, to the byte.
+//! peak it belongs to, to the byte. The live set by origin is also copied
+//! when an allocation fails with out-of-memory: what held the device then.
 
 use crate::layout::{Layout, COUNTERS};
 pub use crate::layout::{
@@ -151,6 +152,21 @@ impl Layout {
         unlock(&p.lock);
     }
 
+    /// Copies the live bytes by origin on counter `index` as those of the
+    /// last out-of-memory failure (called when an allocation there fails).
+    pub fn record_oom_origins(&self, index: usize) {
+        let Some(p) = self.origins.peaks.get(index) else {
+            return;
+        };
+        lock(&p.lock);
+        let held = self.counters[index].current.load(Relaxed);
+        self.copy_breakdown(&self.origins.last_oom, index, held);
+        self.origins
+            .last_oom_counter
+            .store(index as u32 + 1, Release);
+        unlock(&p.lock);
+    }
+
     fn copy_breakdown(&self, p: &PeakBreakdown, index: usize, total: u64) {
         let n = (self.origins.count.load(Acquire) as usize).min(MAX_ORIGINS);
         p.seq.fetch_add(1, AcqRel);
@@ -179,12 +195,13 @@ impl Layout {
                 l.store(0, Relaxed);
             }
         }
-        for p in &o.peaks {
+        for p in o.peaks.iter().chain([&o.last_oom]) {
             p.total.store(0, Relaxed);
             for b in &p.bytes {
                 b.store(0, Relaxed);
             }
         }
+        o.last_oom_counter.store(0, Release);
         o.count.store(0, Release);
     }
 }
@@ -278,7 +295,36 @@ impl Layout {
     /// The breakdown at counter `index`'s lifetime peak; `None` before any
     /// origin-counted allocation raised it.
     pub fn peak_origins(&self, index: usize) -> Option<PeakOrigins> {
-        let p = self.origins.peaks.get(index)?;
+        self.read_breakdown(self.origins.peaks.get(index)?)
+    }
+
+    /// The live bytes by origin on the counter of the last allocation that
+    /// failed with out-of-memory, when it failed (`peak`: what that counter
+    /// held then), with that counter's index; `None` before any failure.
+    pub fn oom_origins(&self) -> Option<(usize, PeakOrigins)> {
+        let c = self.origins.last_oom_counter.load(Acquire) as usize;
+        let index = c.checked_sub(1)?;
+        let o = &self.origins.last_oom;
+        // A failure with nothing held still has its (empty) breakdown.
+        for _ in 0..1000 {
+            let seq = o.seq.load(Acquire);
+            if seq % 2 == 0 && seq > 0 {
+                let mut b = self.read_breakdown(o).unwrap_or(PeakOrigins {
+                    peak: 0,
+                    at_ns: o.at_ns.load(Relaxed),
+                    by_origin: Vec::new(),
+                });
+                if o.seq.load(Acquire) == seq {
+                    b.at_ns = o.at_ns.load(Relaxed);
+                    return Some((index, b));
+                }
+            }
+            std::thread::yield_now();
+        }
+        None
+    }
+
+    fn read_breakdown(&self, p: &PeakBreakdown) -> Option<PeakOrigins> {
         for _ in 0..1000 {
             let seq = p.seq.load(Acquire);
             if seq % 2 == 1 {
@@ -367,6 +413,31 @@ mod tests {
         let later = l.peak_origins(0).unwrap();
         assert_eq!(later.peak, 170);
         assert_eq!(later.by_origin[0].bytes, 120);
+    }
+
+    #[test]
+    fn an_out_of_memory_failure_keeps_what_was_live_then() {
+        let l = zeroed();
+        l.init(1, 1, FLAG_COUNTING);
+        assert_eq!(l.oom_origins(), None);
+        // A failure on a device holding nothing: recorded, empty.
+        l.record_oom_origins(2);
+        let (c, b) = l.oom_origins().unwrap();
+        assert_eq!((c, b.peak, b.by_origin.len()), (2, 0, 0));
+        let a = l.claim_origin(b"/lib/liba.so", b"", 0, 0);
+        let b2 = l.claim_origin(b"/lib/libb.so", b"", 0, 0);
+        l.add_from(a, 0, 100);
+        l.add_from(b2, 0, 30);
+        l.add_from(a, 1, 5);
+        l.record_oom_origins(0);
+        l.sub_from(a, 0, 100);
+        let (c, b) = l.oom_origins().unwrap();
+        assert_eq!((c, b.peak), (0, 130));
+        let by: Vec<(usize, u64)> = b.by_origin.iter().map(|o| (o.origin.id, o.bytes)).collect();
+        assert_eq!(by, vec![(a, 100), (b2, 30)]);
+        assert!(b.at_ns > 0);
+        l.clear_origins();
+        assert_eq!(l.oom_origins(), None);
     }
 
     #[test]

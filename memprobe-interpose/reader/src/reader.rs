@@ -376,6 +376,15 @@ impl Region {
         self.layout().peak_origins(counter.index()?)
     }
 
+    /// What was live by origin on the counter of the last allocation that
+    /// failed with out-of-memory, when it failed (`peak`: what that counter
+    /// held then), and that counter; `None` before any failure (or without
+    /// origins).
+    pub fn oom_origins(&self) -> Option<(Counter, crate::origins::PeakOrigins)> {
+        let (i, b) = self.layout().oom_origins()?;
+        Some((Counter::from_index(i)?, b))
+    }
+
     /// Claims a high-water mark of this reader's own: it starts at the
     /// current bytes of every counter and only this reader resets it.
     pub fn mark(self: &Arc<Self>) -> Result<Mark, Error> {

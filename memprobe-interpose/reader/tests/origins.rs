@@ -177,6 +177,10 @@ fn every_byte_is_named_by_its_origin_now_and_at_each_peak() {
                 assert_eq!(live(&r, d0), map(&[("prog", MIB), ("nccl", 6 * MIB)]));
                 assert_eq!(r.peak_origins(d0).unwrap().peak, 17 * MIB);
                 assert_eq!(r.peak_origins(d1), None);
+                // The failed allocation: what held device 0 when it failed.
+                let (c, oom) = r.oom_origins().expect("the failure's breakdown");
+                assert_eq!((c, oom.peak), (d0, 7 * MIB));
+                assert_eq!(breakdown(&oom), map(&[("prog", MIB), ("nccl", 6 * MIB)]));
             }
             "dev1" => {
                 assert_eq!(live(&r, d1), map(&[("cublas", 3 * MIB)]));
@@ -302,6 +306,7 @@ fn origins_switched_off_count_the_same_and_name_nothing() {
                 assert_eq!(r.current(c), a.truth[i], "{}: {c:?}", a.label);
                 assert!(r.live_by_origin(c).is_empty());
                 assert_eq!(r.peak_origins(c), None);
+                assert_eq!(r.oom_origins(), None);
             }
             checked += 1;
         }
