@@ -4,8 +4,8 @@
 //! than the smallest followed one replaces it) and each line is thinned to
 //! at most [`MAX_POINTS`] points, neighbours merged keeping their maximum.
 
-use serde::Serialize;
 use super::pid_map::PidMap;
+use serde::Serialize;
 
 /// Processes followed at once.
 pub(crate) const MAX_LINES: usize = 64;

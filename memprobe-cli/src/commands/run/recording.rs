@@ -2,12 +2,12 @@
 //! and each GPU, every process's exact peak, the container's and the GPUs'
 //! peaks.
 
+use super::pid_map::PidMap;
 use super::timeline::{Point, Timeline};
 use crate::gpu_readings::GpuReading;
 use memprobe_core::internal::process::ProcessStatus;
 use memprobe_core::Sample;
 use memprobe_core::{CgroupLocation, CgroupVersion};
-use super::pid_map::PidMap;
 use std::collections::{BTreeMap, HashSet};
 
 /// Where a process's peak figure comes from.
