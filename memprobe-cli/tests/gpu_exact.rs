@@ -494,6 +494,15 @@ fn a_gpu_out_of_memory_is_reported() {
         "{err}"
     );
     assert!(err.contains("64.0 MiB on GPU 0"), "{err}");
+    // What held the device when it failed: the program's 2 MiB.
+    let held = &p["last_oom"]["held_by_origin"];
+    assert_eq!(held["peak_bytes"], 2 * MIB, "{p:#}");
+    assert_eq!(held["by_origin"][0]["name"], "the program", "{p:#}");
+    assert_eq!(held["by_origin"][0]["bytes"], 2 * MIB, "{p:#}");
+    assert!(
+        err.contains("held then 2.00 MiB: the program 2.00 MiB"),
+        "{err}"
+    );
     // None counted: no line.
     let (o, v) = run("no-oom", &["spike", "4"], &[]);
     assert_eq!(v["gpu_exact"]["oom_failures"], 0);

@@ -259,6 +259,7 @@ mod tests {
                 symbol: (id == 1).then(|| "f".to_owned()),
                 address: 0x1000 + id as u64,
                 offset: id as u64,
+                program: false,
             },
             bytes,
         };

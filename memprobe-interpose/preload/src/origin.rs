@@ -19,7 +19,9 @@ use crate::table::Table;
 use shm::layout::Layout;
 use shm::origins::{MAX_ORIGINS, UNKNOWN_LIBRARY};
 use std::ffi::{c_int, c_void, CStr};
+use std::os::unix::ffi::OsStringExt;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
 
 /// The origin of an allocation counted without one (origins switched
 /// off); beyond every slot, so the region counts it plainly.
@@ -174,7 +176,7 @@ pub(crate) fn here(l: &Layout) -> usize {
         }
     }
     l.origins.unwalkable.fetch_add(1, Relaxed);
-    l.claim_origin(UNKNOWN_LIBRARY.as_bytes(), b"", 0, 0)
+    l.claim_origin(UNKNOWN_LIBRARY.as_bytes(), b"", 0, 0, false)
 }
 
 /// The origin slot of return address `ip`; `None` for a frame of the
@@ -204,7 +206,7 @@ fn describe(l: &Layout, ip: usize, any: bool) -> Option<usize> {
     // SAFETY: dladdr only reads the loader's tables and writes `info`.
     let known = unsafe { libc::dladdr(call as *const c_void, &mut info) } != 0;
     if !known || info.dli_fname.is_null() {
-        return Some(l.claim_origin(UNKNOWN_LIBRARY.as_bytes(), b"", ip as u64, 0));
+        return Some(l.claim_origin(UNKNOWN_LIBRARY.as_bytes(), b"", ip as u64, 0, false));
     }
     // SAFETY: dladdr's strings live as long as the library stays loaded.
     let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
@@ -219,27 +221,64 @@ fn describe(l: &Layout, ip: usize, any: bool) -> Option<usize> {
         // SAFETY: as above.
         unsafe { CStr::from_ptr(info.dli_sname) }.to_bytes()
     };
-    let mut exe = [0u8; 512];
+    let exe = program_path();
+    // The loader names the program "" (or by the path it was started as):
+    // the program is its own executable, named by its real path.
+    let program = path.is_empty() || path == exe || info.dli_fbase as usize == main_base();
     let path = if path.is_empty() {
-        // The program itself, as some loaders name it.
-        // SAFETY: readlink writes at most `exe.len()` bytes.
-        let n = unsafe {
-            libc::readlink(
-                c"/proc/self/exe".as_ptr(),
-                exe.as_mut_ptr().cast(),
-                exe.len(),
-            )
-        };
-        if n > 0 {
-            &exe[..n as usize]
-        } else {
+        if exe.is_empty() {
             &b"(program)"[..]
+        } else {
+            exe
         }
     } else {
         path
     };
     let offset = call.wrapping_sub(info.dli_fbase as usize) as u64;
-    Some(l.claim_origin(path, symbol, ip as u64, offset))
+    Some(l.claim_origin(path, symbol, ip as u64, offset, program))
+}
+
+/// The program's own path (`/proc/self/exe`), read once; empty when it
+/// cannot be read.
+fn program_path() -> &'static [u8] {
+    static EXE: OnceLock<Vec<u8>> = OnceLock::new();
+    EXE.get_or_init(|| {
+        std::fs::read_link("/proc/self/exe")
+            .map(|p| p.into_os_string().into_vec())
+            .unwrap_or_default()
+    })
+}
+
+/// The main program's load address, as `dladdr` reports a library's
+/// (`dli_fbase`): that of the first object the loader lists.
+fn main_base() -> usize {
+    static BASE: OnceLock<usize> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        extern "C" fn first(info: *mut libc::dl_phdr_info, _: usize, out: *mut c_void) -> c_int {
+            // SAFETY: the loader's record of the first object, and our usize.
+            unsafe {
+                let info = &*info;
+                // dli_fbase is where the object's first segment is mapped:
+                // the load bias plus the first PT_LOAD's vaddr rounded down
+                // to its page.
+                let page = (libc::sysconf(libc::_SC_PAGESIZE) as usize).max(1);
+                let mut base = info.dlpi_addr as usize;
+                for i in 0..info.dlpi_phnum as usize {
+                    let ph = &*info.dlpi_phdr.add(i);
+                    if ph.p_type == libc::PT_LOAD {
+                        base += (ph.p_vaddr as usize) & !(page - 1);
+                        break;
+                    }
+                }
+                *out.cast::<usize>() = base;
+            }
+            1
+        }
+        let mut base = 0usize;
+        // SAFETY: the callback writes one usize and stops at the first object.
+        unsafe { libc::dl_iterate_phdr(Some(first), (&mut base as *mut usize).cast()) };
+        base
+    })
 }
 
 /// Forgets every call site (a forked child: its region, and so its origin

@@ -382,6 +382,9 @@ impl Layout {
 
 // ---- origins: who holds the counted bytes (the methods: `origins.rs`) ----
 
+/// [`OriginSlot::flags`]: the origin is the process's own executable.
+pub const ORIGIN_PROGRAM: u32 = 1;
+
 /// Origins a region names; the last slot collects what comes after the
 /// others are taken.
 pub const MAX_ORIGINS: usize = 64;
@@ -404,8 +407,8 @@ pub struct OriginSlot {
     pub offset: AtomicU64,
     /// Bytes used of `symbol` (0: no symbol known).
     pub symbol_len: AtomicU32,
-    /// Padding.
-    pub reserved: u32,
+    /// [`ORIGIN_PROGRAM`] when the origin is the process's own executable.
+    pub flags: AtomicU32,
     /// The library's path as the loader knows it (the program's own path
     /// for the program).
     pub library: [AtomicU8; LIBRARY_BYTES],

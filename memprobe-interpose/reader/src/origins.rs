@@ -14,7 +14,7 @@
 
 use crate::layout::{Layout, COUNTERS};
 pub use crate::layout::{
-    OriginSlot, Origins, PeakBreakdown, LIBRARY_BYTES, MAX_ORIGINS, SYMBOL_BYTES,
+    OriginSlot, Origins, PeakBreakdown, LIBRARY_BYTES, MAX_ORIGINS, ORIGIN_PROGRAM, SYMBOL_BYTES,
 };
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::*};
 
@@ -73,8 +73,16 @@ fn same(stored: &[AtomicU8], len: usize, want: &[u8]) -> bool {
 impl Layout {
     /// The slot of the origin `(library, symbol)`, naming it when new (the
     /// last slot when the table is full). `address` is the call site,
-    /// `offset` the same relative to its library.
-    pub fn claim_origin(&self, library: &[u8], symbol: &[u8], address: u64, offset: u64) -> usize {
+    /// `offset` the same relative to its library; `program`: the library is
+    /// the process's own executable.
+    pub fn claim_origin(
+        &self,
+        library: &[u8],
+        symbol: &[u8],
+        address: u64,
+        offset: u64,
+        program: bool,
+    ) -> usize {
         let o = &self.origins;
         lock(&o.claim_lock);
         let n = (o.count.load(Acquire) as usize).min(MAX_ORIGINS);
@@ -85,13 +93,13 @@ impl Layout {
         let slot = match found {
             Some(i) => i,
             None if n < MAX_ORIGINS - 1 => {
-                self.name_slot(n, library, symbol, address, offset);
+                self.name_slot(n, library, symbol, address, offset, program);
                 n
             }
             None => {
                 let last = MAX_ORIGINS - 1;
                 if o.slots[last].state.load(Acquire) == FREE {
-                    self.name_slot(last, OVERFLOW_LIBRARY.as_bytes(), b"", 0, 0);
+                    self.name_slot(last, OVERFLOW_LIBRARY.as_bytes(), b"", 0, 0, false);
                 }
                 last
             }
@@ -100,8 +108,18 @@ impl Layout {
         slot
     }
 
-    fn name_slot(&self, i: usize, library: &[u8], symbol: &[u8], address: u64, offset: u64) {
+    fn name_slot(
+        &self,
+        i: usize,
+        library: &[u8],
+        symbol: &[u8],
+        address: u64,
+        offset: u64,
+        program: bool,
+    ) {
         let s = &self.origins.slots[i];
+        s.flags
+            .store(if program { ORIGIN_PROGRAM } else { 0 }, Relaxed);
         let ll = write_bytes(&s.library, library);
         let sl = write_bytes(&s.symbol, symbol);
         s.library_len.store(ll as u32, Relaxed);
@@ -191,6 +209,7 @@ impl Layout {
             s.state.store(FREE, Relaxed);
             s.library_len.store(0, Relaxed);
             s.symbol_len.store(0, Relaxed);
+            s.flags.store(0, Relaxed);
             for l in &s.live {
                 l.store(0, Relaxed);
             }
@@ -221,6 +240,8 @@ pub struct Origin {
     pub address: u64,
     /// The same, relative to the library's load address.
     pub offset: u64,
+    /// Whether the library is the process's own executable.
+    pub program: bool,
 }
 
 impl Origin {
@@ -270,6 +291,7 @@ impl Layout {
             symbol: (symbol_len > 0).then(|| read_bytes(&s.symbol, symbol_len)),
             address: s.address.load(Relaxed),
             offset: s.offset.load(Relaxed),
+            program: s.flags.load(Relaxed) & ORIGIN_PROGRAM != 0,
         })
     }
 
@@ -376,11 +398,11 @@ mod tests {
     fn origins_are_named_once_and_keep_their_bytes() {
         let l = zeroed();
         l.init(1, 1, FLAG_COUNTING);
-        let a = l.claim_origin(b"/usr/lib/libnccl.so.2", b"ncclInit", 0x1000, 0x10);
-        let b = l.claim_origin(b"/usr/lib/libcublasLt.so.12", b"", 0x2000, 0x20);
+        let a = l.claim_origin(b"/usr/lib/libnccl.so.2", b"ncclInit", 0x1000, 0x10, false);
+        let b = l.claim_origin(b"/usr/lib/libcublasLt.so.12", b"", 0x2000, 0x20, false);
         assert_eq!(
             a,
-            l.claim_origin(b"/usr/lib/libnccl.so.2", b"ncclInit", 0x3000, 0)
+            l.claim_origin(b"/usr/lib/libnccl.so.2", b"ncclInit", 0x3000, 0, false)
         );
         assert_ne!(a, b);
         l.add_from(a, 0, 100);
@@ -424,8 +446,8 @@ mod tests {
         l.record_oom_origins(2);
         let (c, b) = l.oom_origins().unwrap();
         assert_eq!((c, b.peak, b.by_origin.len()), (2, 0, 0));
-        let a = l.claim_origin(b"/lib/liba.so", b"", 0, 0);
-        let b2 = l.claim_origin(b"/lib/libb.so", b"", 0, 0);
+        let a = l.claim_origin(b"/lib/liba.so", b"", 0, 0, false);
+        let b2 = l.claim_origin(b"/lib/libb.so", b"", 0, 0, false);
         l.add_from(a, 0, 100);
         l.add_from(b2, 0, 30);
         l.add_from(a, 1, 5);
@@ -446,18 +468,18 @@ mod tests {
         l.init(1, 1, FLAG_COUNTING);
         for i in 0..super::MAX_ORIGINS + 10 {
             let name = format!("/lib/lib{i}.so");
-            let slot = l.claim_origin(name.as_bytes(), b"", 0, 0);
+            let slot = l.claim_origin(name.as_bytes(), b"", 0, 0, false);
             assert_eq!(slot, i.min(super::MAX_ORIGINS - 1));
         }
         let last = &l.origins()[super::MAX_ORIGINS - 1];
         assert_eq!(last.library, super::OVERFLOW_LIBRARY);
         l.clear_origins();
         let long = format!("/{}/libtail.so", "d".repeat(400));
-        let i = l.claim_origin(long.as_bytes(), b"f", 0, 0);
+        let i = l.claim_origin(long.as_bytes(), b"f", 0, 0, false);
         let o = &l.origins()[i];
         assert!(o.library.ends_with("/libtail.so"));
         assert_eq!(o.library.len(), super::LIBRARY_BYTES);
-        assert_eq!(l.claim_origin(long.as_bytes(), b"f", 0, 0), i);
+        assert_eq!(l.claim_origin(long.as_bytes(), b"f", 0, 0, false), i);
     }
 
     #[test]
@@ -465,7 +487,7 @@ mod tests {
         let l: std::sync::Arc<Layout> = std::sync::Arc::from(zeroed());
         l.init(1, 1, FLAG_COUNTING);
         let ids: Vec<usize> = (0..4)
-            .map(|i| l.claim_origin(format!("lib{i}").as_bytes(), b"", 0, 0))
+            .map(|i| l.claim_origin(format!("lib{i}").as_bytes(), b"", 0, 0, false))
             .collect();
         let hs: Vec<_> = ids
             .iter()

@@ -151,7 +151,11 @@ fn every_byte_is_named_by_its_origin_now_and_at_each_peak() {
             assert_eq!(r.current(c), a.truth[i], "{}: {c:?}", a.label);
         }
         match a.label.as_str() {
-            "prog-plain" => assert_eq!(live(&r, d0), map(&[("prog", MIB)])),
+            "prog-plain" => {
+                assert_eq!(live(&r, d0), map(&[("prog", MIB)]));
+                // The interposer knows its own program.
+                assert!(r.origins().iter().all(|o| o.program));
+            }
             "nccl" => assert_eq!(live(&r, d0), map(&[("prog", MIB), ("nccl", 6 * MIB)])),
             "peak1" => {
                 let p = r.peak_origins(d0).unwrap();
@@ -169,6 +173,7 @@ fn every_byte_is_named_by_its_origin_now_and_at_each_peak() {
                 assert_eq!(p.peak, 17 * MIB);
                 assert_eq!(breakdown(&p), map(&[("prog", MIB), ("nccl", 16 * MIB)]));
                 assert!(p.at_ns > peak1.as_ref().unwrap().at_ns);
+                assert!(!p.by_origin[0].origin.program);
                 // Each symbol dladdr knows is kept with its origin.
                 assert_eq!(p.by_origin[0].origin.symbol.as_deref(), Some("nccl_alloc"));
             }

@@ -227,6 +227,9 @@ pub(crate) struct LastOom {
     pub(crate) size_bytes: u64,
     /// The entry point that failed (`cuMemAlloc_v2`, ...), where recorded.
     pub(crate) api: Option<&'static str>,
+    /// What that device (or pinned memory) held by origin when it failed
+    /// (null without origins).
+    pub(crate) held_by_origin: Option<crate::commands::run::gpu_origins::OriginsAtPeak>,
 }
 
 /// One process's exact figures.
@@ -443,6 +446,7 @@ fn read_figures(region: &Region, f: &mut ExactProcess) {
     f.host_pinned_peak = region.read(Counter::HostPinned).lifetime_peak;
     let oom = region.last_oom();
     f.oom_failures = oom.as_ref().map_or(0, |o| o.events);
+    let held = region.oom_origins();
     f.last_oom = oom.map(|o| LastOom {
         device: match o.counter {
             Counter::Device(d) => Some(d),
@@ -450,6 +454,9 @@ fn read_figures(region: &Region, f: &mut ExactProcess) {
         },
         size_bytes: o.size,
         api: o.api,
+        held_by_origin: held
+            .filter(|(c, _)| *c == o.counter)
+            .map(|(_, b)| crate::commands::run::gpu_origins::named(b, f.exe.as_deref())),
     });
     f.last_oom_mono_ns = oom.and_then(|o| o.at_ns);
     let nc = region.not_counted();

@@ -4,7 +4,7 @@
 //! docs/attribution.md), with the memory no driver call shows beside it.
 
 use crate::units;
-use memprobe_interpose_reader::origins::{OVERFLOW_LIBRARY, UNKNOWN_LIBRARY};
+use memprobe_interpose_reader::origins::{PeakOrigins, OVERFLOW_LIBRARY, UNKNOWN_LIBRARY};
 use memprobe_interpose_reader::{Counter, Region};
 use serde::Serialize;
 
@@ -60,6 +60,29 @@ pub(crate) fn name_of(library: &str, program: Option<&str>) -> String {
     }
 }
 
+/// A breakdown read from a region, with the summary's names.
+pub(crate) fn named(p: PeakOrigins, program: Option<&str>) -> OriginsAtPeak {
+    OriginsAtPeak {
+        peak_bytes: p.peak,
+        by_origin: p
+            .by_origin
+            .into_iter()
+            .map(|o| OriginLine {
+                // The interposer knows its program; the executable's path
+                // read from outside is the fallback.
+                name: if o.origin.program {
+                    "the program".into()
+                } else {
+                    name_of(&o.origin.library, program)
+                },
+                library: o.origin.library,
+                symbol: o.origin.symbol,
+                bytes: o.bytes,
+            })
+            .collect(),
+    }
+}
+
 /// The breakdown at the peak of each of the first `devices` devices
 /// (`None` where the interposer kept none).
 pub(crate) fn read(
@@ -68,30 +91,13 @@ pub(crate) fn read(
     program: Option<&str>,
 ) -> Vec<Option<OriginsAtPeak>> {
     (0..devices as u32)
-        .map(|d| {
-            let p = region.peak_origins(Counter::Device(d))?;
-            Some(OriginsAtPeak {
-                peak_bytes: p.peak,
-                by_origin: p
-                    .by_origin
-                    .into_iter()
-                    .map(|o| OriginLine {
-                        name: name_of(&o.origin.library, program),
-                        library: o.origin.library,
-                        symbol: o.origin.symbol,
-                        bytes: o.bytes,
-                    })
-                    .collect(),
-            })
-        })
+        .map(|d| Some(named(region.peak_origins(Counter::Device(d))?, program)))
         .collect()
 }
 
-/// The summary's line for one process's peak on one device: its origins
-/// (same names summed, largest first), then the memory NVML shows beyond
-/// what the interposer counted (`context`, sampled), or "unknown" without
-/// NVML's per-process figure.
-pub(crate) fn summary(p: &OriginsAtPeak, context: Option<u64>) -> String {
+/// `TOTAL: name BYTES, ...`: the origins of a breakdown, same names summed,
+/// largest first.
+pub(crate) fn held(p: &OriginsAtPeak) -> String {
     let mut named: Vec<(String, u64)> = Vec::new();
     for o in &p.by_origin {
         match named.iter_mut().find(|(n, _)| *n == o.name) {
@@ -105,9 +111,24 @@ pub(crate) fn summary(p: &OriginsAtPeak, context: Option<u64>) -> String {
         .map(|(n, b)| format!("{n} {}", units::bytes(*b)))
         .collect();
     format!(
-        "{}: {}; CUDA context and unseen {}",
+        "{}: {}",
         units::bytes(p.peak_bytes),
-        parts.join(", "),
+        if parts.is_empty() {
+            "nothing counted".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    )
+}
+
+/// The summary's line for one process's peak on one device: its origins
+/// (same names summed, largest first), then the memory NVML shows beyond
+/// what the interposer counted (`context`, sampled), or "unknown" without
+/// NVML's per-process figure.
+pub(crate) fn summary(p: &OriginsAtPeak, context: Option<u64>) -> String {
+    format!(
+        "{}; CUDA context and unseen {}",
+        held(p),
         context.map_or_else(
             || "unknown (no NVML per-process figure)".to_owned(),
             |c| format!("{} (NVML minus counted, sampled)", units::bytes(c))
@@ -169,5 +190,10 @@ mod tests {
             "{s}"
         );
         assert!(summary(&p, None).ends_with("unknown (no NVML per-process figure)"));
+        let empty = OriginsAtPeak {
+            peak_bytes: 0,
+            by_origin: vec![],
+        };
+        assert_eq!(held(&empty), "0 B: nothing counted");
     }
 }

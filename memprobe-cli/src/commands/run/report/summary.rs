@@ -284,7 +284,9 @@ fn gpu_out_of_memory(out: &mut Rows, x: &GpuExactReport) {
                         o.device
                             .map_or_else(|| "host pinned memory".into(), |d| format!("GPU {d}")),
                         o.api.map(|a| format!(" ({a})")).unwrap_or_default()
-                    )
+                    ) + &o.held_by_origin.as_ref().map_or_else(String::new, |h| {
+                        format!(", held then {}", crate::commands::run::gpu_origins::held(h))
+                    })
                 });
                 format!("pid {} {}x{what}", p.pid, p.oom_failures)
             })
