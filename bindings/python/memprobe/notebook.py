@@ -34,6 +34,10 @@ the run's summary, JSON and chart. The hook costs under a tenth of a millisecond
 after a cell that freed tens of MiB, about a millisecond, the kernel
 finishing that free (docs/bindings-benchmarks.md).
 
+``current().set_oom_report("oom.json")``: when a CUDA allocation fails in
+a cell, an out-of-memory report names that cell, its peaks so far and the
+cells before it (:func:`memprobe.integrations.torch.report_oom`).
+
 ``%%memprobe`` at the top of a cell measures that cell alone and prints a
 table, one row per source (RSS, and each allocator source:
 ``torch_alloc:N``, ``torch_reserved:N``), whether the per-cell line is on
@@ -136,8 +140,9 @@ class _Measured:
     ``cell`` of it (so ``memprobe run`` and the tracker's other observers
     see every cell)."""
 
-    def __init__(self, torch_sources: bool):
+    def __init__(self, torch_sources: bool, oom_report: Any = None):
         self.torch_sources = torch_sources
+        self.oom_report = oom_report
         self.rss: Optional[Source] = Source.process()
         self.gpu: Optional[List[Source]] = None  # an AllocatorSources
         self.tracker: Optional[Tracker] = None
@@ -188,6 +193,18 @@ class _Measured:
         sources = self.sources()
         self.tracker = Tracker(sources)
         self._names = [s.name for s in sources]
+        if self.oom_report is not None:
+            self.report_oom(self.oom_report)
+
+    def report_oom(self, oom_report: Any) -> None:
+        """Configures the tracker's out-of-memory report (and that of every
+        tracker made later, when the GPU sources come)."""
+        from .integrations.torch import report_oom
+
+        self.oom_report = oom_report
+        assert self.tracker is not None
+        kwargs = dict(oom_report) if isinstance(oom_report, dict) else {"path": oom_report}
+        report_oom(self.tracker, **kwargs)
 
     def begin(self) -> None:
         """The cell begins."""
@@ -263,10 +280,15 @@ class NotebookMemory:
     (default). ``file``: where lines and tables go (default: ``sys.stdout``
     at the time, which a Jupyter kernel sends to the cell's output)."""
 
-    def __init__(self, shell: Any, *, torch_sources: bool = True, file: Optional[TextIO] = None):
+    def __init__(
+        self, shell: Any, *, torch_sources: bool = True, file: Optional[TextIO] = None, oom_report: Any = None
+    ):
         self.shell = shell
         self.torch_sources = torch_sources
         self.file = file
+        #: :func:`memprobe.integrations.torch.report_oom`'s ``path`` (or a
+        #: dict of its keyword arguments): see :meth:`set_oom_report`.
+        self.oom_report = oom_report
         self.history: List[CellRecord] = []
         #: Nanoseconds the hook itself took for the last cell measured
         #: (``pre_run_cell`` plus ``post_run_cell``, printing included).
@@ -288,7 +310,7 @@ class NotebookMemory:
         """Starts printing a line after every cell (from the next cell on)."""
         if self._measured is not None:
             return
-        self._measured = _Measured(self.torch_sources)
+        self._measured = _Measured(self.torch_sources, self.oom_report)
         self._armed = False
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
@@ -305,6 +327,22 @@ class NotebookMemory:
         self._measured.close()
         self._measured = None
         self._armed = False
+
+    def set_oom_report(self, oom_report: Any) -> None:
+        """When a CUDA allocation fails in a cell, writes an out-of-memory
+        report (``oom_report``: its path, or a dict of
+        :func:`memprobe.integrations.torch.report_oom`'s keyword arguments)
+        naming the cell that was running, its peaks so far and the cells
+        before it."""
+        self.oom_report = oom_report
+        if self._measured is not None:
+            self._measured.report_oom(oom_report)
+
+    @property
+    def tracker(self) -> Any:
+        """The :class:`memprobe.Tracker` whose custom phase ``cell`` each
+        measured cell is (None while the per-cell line is off)."""
+        return self._measured.tracker if self._measured is not None else None
 
     def pre_run_cell(self, info: Any = None) -> None:
         start = time.perf_counter_ns()
