@@ -90,6 +90,12 @@ pub(crate) struct RunArgs {
     /// .svg: no other format is drawn).
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
+    /// Write the report as one self-contained HTML page to FILE: the
+    /// timeline zoomable down to single samples, the phases with their
+    /// exact peaks on hover, processes to toggle, the container and each
+    /// GPU in panels of their own. Nothing is fetched: it opens offline.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) html: Option<PathBuf>,
     /// Do not draw the live status line (drawn only when stderr is a
     /// terminal, on its last row).
     #[arg(long)]

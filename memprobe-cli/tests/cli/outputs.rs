@@ -229,3 +229,58 @@ fn stdout_and_a_fifo_are_written_to() {
     assert_eq!(listing(&dir), vec!["rows"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--html` writes one page holding the run's whole document (the same as
+/// `--json`'s), with nothing to fetch. (The page is driven in a browser by
+/// the unit tests of `run/html`.)
+#[test]
+fn html_page_embeds_the_run_and_fetches_nothing() {
+    let dir = scratch("html");
+    let (page, json) = (dir.join("run.html"), dir.join("run.json"));
+    let (argv, env) = crate::helper::argv(&["workers", "2", "16", "300"]);
+    let out = memprobe()
+        .arg("run")
+        .arg("--html")
+        .arg(&page)
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .args(&argv)
+        .env(env.0, env.1)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("wrote"), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&page).unwrap();
+    for bad in ["src=", "href=", "http://", "https://"] {
+        assert!(!html.contains(bad), "{bad} in the page");
+    }
+    let key = "id=\"memprobe-data\">";
+    let start = html.find(key).unwrap() + key.len();
+    let end = start + html[start..].find("</script>").unwrap();
+    let embedded: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(embedded == doc, "the page's document is not --json's");
+    assert_eq!(u(&embedded["processes_seen"]), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--html` and `--json` naming one file is a usage error before anything runs.
+#[test]
+fn html_and_json_on_one_file_is_a_usage_error() {
+    let dir = scratch("html-same");
+    let f = dir.join("x");
+    let out = memprobe()
+        .arg("run")
+        .arg("--html")
+        .arg(&f)
+        .arg("--json")
+        .arg(&f)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--html"), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -22,6 +22,7 @@ mod child;
 pub(crate) mod cpu_cap;
 mod gpu_exact;
 mod gpu_origins;
+mod html;
 mod kernel_log;
 mod live;
 mod oom_kill;
@@ -69,6 +70,7 @@ struct Outputs {
     json: Option<AtomicFile>,
     csv: Option<AtomicFile>,
     plot: Option<AtomicFile>,
+    html: Option<AtomicFile>,
 }
 
 impl Outputs {
@@ -77,6 +79,7 @@ impl Outputs {
             ("--json", &args.json),
             ("--csv", &args.csv),
             ("--plot", &args.plot),
+            ("--html", &args.html),
         ];
         for (i, (a, pa)) in named.iter().enumerate() {
             for (b, pb) in &named[i + 1..] {
@@ -105,6 +108,7 @@ impl Outputs {
             json: reserve("--json", &args.json)?,
             csv: reserve("--csv", &args.csv)?,
             plot: reserve("--plot", &args.plot)?,
+            html: reserve("--html", &args.html)?,
         })
     }
 }
@@ -458,6 +462,7 @@ impl Outputs {
         });
         write(self.csv, &|| Ok(timeline_csv::render(rep).into_bytes()));
         write(self.plot, &|| plot::render(rep).map(String::into_bytes));
+        write(self.html, &|| html::render(rep).map(String::into_bytes));
         written
     }
 }
