@@ -912,6 +912,11 @@ typedef struct {
    * NUL-terminated ("" when none is known).
    */
   char symbol[104];
+  /**
+   * Nonzero when the library is this process's own executable (the
+   * program, for a Python program the interpreter).
+   */
+  uint32_t is_program;
 } memprobe_gpu_origin;
 
 /**

@@ -22,6 +22,8 @@ type GPUOrigin struct {
 	Bytes   uint64
 	Address uint64
 	Offset  uint64
+	// Program is whether the library is this process's own executable.
+	Program bool
 }
 
 // GPUPeakOrigins is the bytes by origin at a device's highest use so far.
@@ -38,6 +40,7 @@ func originFromC(c *C.memprobe_gpu_origin) GPUOrigin {
 		Bytes:   uint64(c.bytes),
 		Address: uint64(c.address),
 		Offset:  uint64(c.offset),
+		Program: c.is_program != 0,
 	}
 	if c.has_symbol != 0 {
 		o.Symbol = C.GoString(&c.symbol[0])

@@ -36,6 +36,9 @@ pub struct memprobe_gpu_origin {
     /// The nearest dynamic symbol at or before that call site,
     /// NUL-terminated ("" when none is known).
     pub symbol: [c_char; 104],
+    /// Nonzero when the library is this process's own executable (the
+    /// program, for a Python program the interpreter).
+    pub is_program: u32,
 }
 
 fn counter(device: i32) -> FfiResult<Counter> {
@@ -81,6 +84,7 @@ fn to_c(o: &OriginBytes) -> memprobe_gpu_origin {
         offset: o.origin.offset,
         library: [0; 200],
         symbol: [0; 104],
+        is_program: u32::from(o.origin.program),
     };
     copy_to_fixed(&mut c.library, &o.origin.library);
     copy_to_fixed(&mut c.symbol, o.origin.symbol.as_deref().unwrap_or(""));
@@ -259,7 +263,7 @@ mod tests {
                 symbol: (id == 1).then(|| "f".to_owned()),
                 address: 0x1000 + id as u64,
                 offset: id as u64,
-                program: false,
+                program: id == 0,
             },
             bytes,
         };
@@ -271,6 +275,7 @@ mod tests {
         assert_eq!(n, 3);
         assert_eq!((buf[0].id, buf[0].bytes, buf[0].has_symbol), (1, 30, 1));
         assert_eq!((buf[1].id, buf[1].bytes, buf[1].has_symbol), (0, 20, 0));
+        assert_eq!((buf[0].is_program, buf[1].is_program), (0, 1));
         // SAFETY: NUL-terminated by copy_to_fixed.
         let lib = unsafe { std::ffi::CStr::from_ptr(buf[1].library.as_ptr()) };
         assert_eq!(lib.to_str().unwrap(), "/lib/lib0.so");

@@ -12,11 +12,12 @@ struct CGpuOrigin  # layout: memprobe_gpu_origin
     offset::UInt64
     library::NTuple{200,UInt8}
     symbol::NTuple{104,UInt8}
+    is_program::UInt32
 end
 
 origin_tuple(o::CGpuOrigin) = (id=Int(o.id), library=cstr(o.library),
     symbol=o.has_symbol != 0 ? cstr(o.symbol) : nothing, bytes=o.bytes,
-    address=o.address, offset=o.offset)
+    address=o.address, offset=o.offset, program=o.is_program != 0)
 
 function read_origins(f)
     while true
@@ -38,7 +39,7 @@ end
 
 The bytes this process holds now on CUDA device `device` (or
 `GPU_ORIGINS_HOST_PINNED`), by origin, largest first: named tuples
-`(id, library, symbol, bytes, address, offset)`. Throws a `MemprobeError`
+`(id, library, symbol, bytes, address, offset, program)`. Throws a `MemprobeError`
 (unavailable) without the interposer in the process (`memprobe run
 --gpu-exact -- CMD`), (invalid id) for a device beyond 0..63.
 """

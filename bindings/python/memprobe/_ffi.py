@@ -153,6 +153,7 @@ class memprobe_gpu_origin(Structure):
         ("offset", c_uint64),
         ("library", c_char * 200),
         ("symbol", c_char * 104),
+        ("is_program", c_uint32),
     ]
 
 

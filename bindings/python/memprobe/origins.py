@@ -38,6 +38,8 @@ class Origin:
     bytes: int
     address: int
     offset: int
+    #: Whether the library is this process's own executable.
+    program: bool = False
 
     @property
     def file_name(self) -> str:
@@ -62,6 +64,7 @@ def _origin(c: Any) -> Origin:
         bytes=int(c.bytes),
         address=int(c.address),
         offset=int(c.offset),
+        program=bool(c.is_program),
     )
 
 

@@ -63,6 +63,7 @@ live = origins.live(0)
 peak = origins.at_peak(0)
 print(json.dumps({
     "live": [(o.library, o.bytes) for o in live],
+    "program": [o.program for o in live],
     "peak": peak.peak,
     "at_peak": [(o.library, o.bytes) for o in peak.by_origin],
     "pinned": len(origins.live(origins.HOST_PINNED)),
@@ -98,3 +99,5 @@ def test_under_the_interposer_the_caller_holds_its_bytes(tmp_path):
     assert out["peak"] == 8 << 20
     assert out["at_peak"] == [[library, 8 << 20]]
     assert out["pinned"] == 0
+    # ctypes' library is not the program (the interpreter).
+    assert out["program"] == [False]
