@@ -78,7 +78,8 @@ impl Drop for Caller {
 
 /// Whether origins are kept (read once from the environment).
 pub(crate) fn enabled() -> bool {
-    match MODE.load(Relaxed) {
+    // Acquire: OWN_BASE, stored before MODE, is seen with it.
+    match MODE.load(Acquire) {
         ON => true,
         OFF => false,
         _ => {
@@ -97,7 +98,7 @@ pub(crate) fn enabled() -> bool {
             if unsafe { libc::dladdr(enabled as *const c_void, &mut info) } != 0 {
                 OWN_BASE.store(info.dli_fbase as usize, Relaxed);
             }
-            MODE.store(if off { OFF } else { ON }, Relaxed);
+            MODE.store(if off { OFF } else { ON }, Release);
             !off
         }
     }
