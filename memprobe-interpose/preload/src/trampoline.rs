@@ -3,9 +3,10 @@
 //! register of one more argument and jump to the wrapper, which therefore
 //! learns its caller without walking the stack and returns straight to it.
 //! Frame pointers are not needed: on entry the return address is at the
-//! top of the stack (x86_64) or in the link register (aarch64). Elsewhere
-//! the wrapper is called with no caller (0) and the origin comes from the
-//! stack walk.
+//! top of the stack (x86_64) or in the link register (aarch64). Elsewhere,
+//! and with a compiler older than Rust 1.88 (naked functions; build.rs sets
+//! `memprobe_naked`), the wrapper is called with no caller (0) and the
+//! origin comes from the stack walk.
 
 /// Defines each `name(args) -> CUresult` as a trampoline into
 /// `wrapper(args, caller)`.
@@ -32,7 +33,7 @@ macro_rules! trampoline {
     };
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(memprobe_naked, target_arch = "x86_64"))]
 macro_rules! jump {
     ($name:ident, $imp:ident, ($($a:ident: $t:ty),*), $x86:literal, $arm:literal) => {
         /// The driver's entry point of this name (a trampoline into its
@@ -52,7 +53,7 @@ macro_rules! jump {
     };
 }
 
-#[cfg(target_arch = "aarch64")]
+#[cfg(all(memprobe_naked, target_arch = "aarch64"))]
 macro_rules! jump {
     ($name:ident, $imp:ident, ($($a:ident: $t:ty),*), $x86:literal, $arm:literal) => {
         /// The driver's entry point of this name (a trampoline into its
@@ -72,7 +73,7 @@ macro_rules! jump {
     };
 }
 
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(not(all(memprobe_naked, any(target_arch = "x86_64", target_arch = "aarch64"))))]
 macro_rules! jump {
     ($name:ident, $imp:ident, ($($a:ident: $t:ty),*), $x86:literal, $arm:literal) => {
         /// The driver's entry point of this name.
