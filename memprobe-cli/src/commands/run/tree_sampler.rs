@@ -2,10 +2,15 @@
 //! process costs one `pread` of its `statm` (kept open), and nothing else.
 //!
 //! - Births come from the kernel's process events ([`Feed`], filled by
-//!   [`crate::commands::run::process_events`]) as they happen; the tree is
-//!   also walked (memprobe-core's [`TreeWalker`]) slowly, as a safety net
+//!   [`crate::commands::run::process_events`]) as they happen; each known
+//!   process's `children` is also read slowly, as a safety net
 //!   ([`RESCAN_WITH_EVENTS`]), and often where the events cannot be had
-//!   ([`RESCAN_WITHOUT_EVENTS`]).
+//!   ([`RESCAN_WITHOUT_EVENTS`]), staggered: a tick reads a share of them.
+//!   (A kernel without `children` files, or events lost, gets memprobe-core's
+//!   [`TreeWalker`] over the whole tree.)
+//! - A tick spends at most half an interval on newcomers: in a storm of
+//!   births (256 workers at once) the rest wait for the next tick rather
+//!   than the tick being missed for every process.
 //! - Deaths: the kept-open `statm` of a process that has exited reads no
 //!   memory (a zombie's is all zeros, a reaped one's read fails).
 //! - `/proc/<pid>/status` (8× a `statm` read: name, parent, `VmHWM`) is read
@@ -23,7 +28,7 @@ use memprobe_core::internal::process_tree::TreeWalker;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest a known process goes without a `status` read while its
 /// `statm` changes.
@@ -113,6 +118,8 @@ struct Member {
     /// is a new peak, worth a `status` read.
     peak: u64,
     threads: u32,
+    /// Its main thread's `children`, kept open once read.
+    children: Option<File>,
     /// The tick of its last `status` read.
     status_tick: u64,
     stale_name: bool,
@@ -126,6 +133,11 @@ pub(crate) struct TreeSampler {
     feed: Option<Feed>,
     /// memprobe itself: its other children are not the command's.
     me: u32,
+    interval: Duration,
+    /// Newcomers not read yet (a tick's budget for them was spent).
+    pending: Vec<u32>,
+    /// The kernel lists children in `/proc/<pid>/task/<tid>/children`.
+    children_files: bool,
     /// Ticks between `status` refreshes (moving, idle), and between walks.
     refresh_every: u64,
     idle_refresh_every: u64,
@@ -161,6 +173,12 @@ impl TreeSampler {
             members: PidMap::default(),
             feed,
             me: std::process::id(),
+            interval,
+            pending: vec![root],
+            children_files: std::path::Path::new("/proc/self/task")
+                .join(std::process::id().to_string())
+                .join("children")
+                .exists(),
             refresh_every: ticks(STATUS_REFRESH, interval),
             idle_refresh_every: ticks(STATUS_REFRESH_IDLE, interval),
             rescan_every: ticks(rescan, interval),
@@ -178,6 +196,7 @@ impl TreeSampler {
         } else {
             RESCAN_WITHOUT_EVENTS
         };
+        self.interval = interval;
         self.refresh_every = ticks(STATUS_REFRESH, interval);
         self.idle_refresh_every = ticks(STATUS_REFRESH_IDLE, interval);
         self.rescan_every = ticks(rescan, interval);
@@ -190,6 +209,7 @@ impl TreeSampler {
 
     /// Reads every known process, then the newcomers.
     pub(crate) fn read(&mut self) -> Reading {
+        let started = Instant::now();
         let mut reading = Reading {
             processes: Vec::with_capacity(self.members.len() + 1),
             exited: Vec::new(),
@@ -237,20 +257,43 @@ impl TreeSampler {
         for &pid in &reading.exited {
             self.walker.forget(pid);
         }
-        let mut newcomers: Vec<u32> = fed
-            .births
-            .into_iter()
-            .filter(|&(pid, ppid)| pid == self.root || ppid != self.me)
-            .map(|(pid, _)| pid)
-            .collect();
-        if self.tick == 0 || fed.lost || self.tick % self.rescan_every == 0 {
-            let members = &self.members;
-            newcomers.extend(
-                self.walker
-                    .walk(|pid| members.get(&pid).map(|m| m.threads), &mut self.buf),
-            );
+        let (me, root) = (self.me, self.root);
+        self.pending.extend(
+            fed.births
+                .into_iter()
+                .filter(|&(pid, ppid)| pid == root || ppid != me)
+                .map(|(pid, _)| pid),
+        );
+        if !self.children_files || fed.lost {
+            if self.tick == 0 || fed.lost || self.tick % self.rescan_every == 0 {
+                let members = &self.members;
+                let tree = self
+                    .walker
+                    .walk(|pid| members.get(&pid).map(|m| m.threads), &mut self.buf);
+                self.pending.extend(tree);
+            }
+        } else {
+            // Staggered: a tick reads a 1/rescan share of the children files.
+            let every = self.rescan_every;
+            for (&pid, m) in self.members.iter_mut() {
+                if (tick + u64::from(pid)) % every == 0 {
+                    read_children(pid, m, &mut self.buf, &mut self.pending);
+                }
+            }
         }
-        for pid in newcomers {
+        self.take_newcomers(started, &mut reading);
+        self.tick += 1;
+        reading
+    }
+
+    /// Reads the pending newcomers, in order, until half the interval has
+    /// gone (at least a few each tick, so that a slow machine still makes
+    /// progress); the rest wait for the next tick.
+    fn take_newcomers(&mut self, started: Instant, reading: &mut Reading) {
+        let budget = self.interval / 2;
+        let pending = std::mem::take(&mut self.pending);
+        let mut left = pending.into_iter().enumerate();
+        for (i, pid) in left.by_ref() {
             if self.members.contains_key(&pid) {
                 continue;
             }
@@ -258,9 +301,11 @@ impl TreeSampler {
                 self.members.insert(pid, m);
                 reading.processes.push((pid, seen));
             }
+            if i >= 8 && started.elapsed() > budget {
+                break;
+            }
         }
-        self.tick += 1;
-        reading
+        self.pending.extend(left.map(|(_, pid)| pid));
     }
 
     /// A newcomer: its `statm` kept open and its status read; `None` when
@@ -275,6 +320,7 @@ impl TreeSampler {
             statm_at_status,
             peak: s.hwm.max(s.rss),
             threads: s.threads,
+            children: None,
             status_tick: self.tick,
             stale_name: false,
         };
@@ -285,6 +331,43 @@ impl TreeSampler {
                 status: Some(s),
             },
         ))
+    }
+}
+
+/// Appends the children of member `pid` to `out`: its main thread's
+/// `children` through a descriptor kept open when it has one thread, every
+/// thread's otherwise (a child belongs to the thread that forked it).
+fn read_children(pid: u32, m: &mut Member, buf: &mut Vec<u8>, out: &mut Vec<u32>) {
+    let pids = |text: &[u8], out: &mut Vec<u32>| {
+        out.extend(
+            text.split(|c| c.is_ascii_whitespace())
+                .filter_map(|w| std::str::from_utf8(w).ok()?.parse::<u32>().ok()),
+        );
+    };
+    if m.threads == 1 {
+        if m.children.is_none() {
+            m.children = File::open(format!("/proc/{pid}/task/{pid}/children")).ok();
+        }
+        if let Some(f) = &m.children {
+            if buf.len() < 4096 {
+                buf.resize(4096, 0);
+            }
+            if let Ok(n) = f.read_at(buf, 0) {
+                // A process with more children than fit gets the listing.
+                if n < buf.len() {
+                    pids(&buf[..n], out);
+                    return;
+                }
+            }
+        }
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for t in tasks.flatten() {
+        if let Ok(text) = std::fs::read(t.path().join("children")) {
+            pids(&text, out);
+        }
     }
 }
 
@@ -361,6 +444,50 @@ mod tests {
         assert_eq!(ticks(STATUS_REFRESH, Duration::from_secs(1)), 1);
         assert_eq!(ticks(STATUS_REFRESH_IDLE, Duration::from_secs(1)), 1);
         assert_eq!(ticks(RESCAN_WITHOUT_EVENTS, Duration::from_millis(30)), 2);
+    }
+
+    /// Without process events, each member's children are read every
+    /// 50 ms, staggered: a worker is found within that.
+    #[test]
+    fn without_events_children_are_found_by_the_staggered_scan() {
+        let mut root = Command::new("sh")
+            .args(["-c", "sleep 5 & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut t = TreeSampler::new(root.id(), Duration::from_millis(10), None);
+        assert_eq!(t.read().processes.len(), 1, "the root, at once");
+        for _ in 0..6 {
+            t.read();
+        }
+        assert_eq!(t.members.len(), 3);
+        root.kill().unwrap();
+        root.wait().unwrap();
+    }
+
+    /// A storm of births is read over several ticks, a budget each, rather
+    /// than one tick overrunning: every newcomer is followed in the end.
+    #[test]
+    fn a_storm_of_births_is_spread_over_ticks() {
+        let mut kids: Vec<_> = (0..30)
+            .map(|_| Command::new("sleep").arg("5").spawn().unwrap())
+            .collect();
+        let feed = Feed::default();
+        // An interval of 2 µs: the budget is spent after the first few.
+        let mut t = TreeSampler::new(kids[0].id(), Duration::from_micros(2), Some(feed.clone()));
+        for k in &kids[1..] {
+            feed.born(k.id(), 1);
+        }
+        let first = t.read().processes.len();
+        assert!((9..30).contains(&first), "{first} newcomers in one tick");
+        for _ in 0..10 {
+            t.read();
+        }
+        assert_eq!(t.members.len(), 30);
+        for k in &mut kids {
+            k.kill().unwrap();
+            k.wait().unwrap();
+        }
     }
 
     /// Births fed as events are read at the next tick without a walk; a
