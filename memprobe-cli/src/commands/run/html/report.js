@@ -328,12 +328,31 @@
     note.textContent = (seen - lines.length) + " more processes ran, too small to be followed as lines; the tree's sum counts them.";
     tg.appendChild(note);
   }
+  // With --gpu-exact and origins: what held each process's GPU memory at
+  // its exact peak on each device (by CUDA ordinal).
+  var held = [];
+  (((doc.gpu_exact || {}).processes) || []).forEach(function (p) {
+    (p.origins_at_peak || []).forEach(function (o, dev) {
+      if (!o || !o.by_origin || !o.by_origin.length) return;
+      held.push("<li>pid " + p.pid + ", device " + dev + ": peak " + bytes(o.peak_bytes) + " = " +
+        o.by_origin.map(function (x) {
+          return esc(x.name) + " " + bytes(x.bytes) + (x.symbol ? " (" + esc(x.symbol) + ")" : "");
+        }).join(", ") + "</li>");
+    });
+  });
+  if (held.length) {
+    var sec = document.createElement("section");
+    sec.id = "origins";
+    sec.innerHTML = "<h2>GPU memory at each process's exact peak, by origin</h2><ul>" + held.join("") + "</ul>";
+    root.appendChild(sec);
+  }
   window.addEventListener("resize", drawAll);
   drawAll();
 
   // For tests and for the console: what is drawn, and the view.
   window.memprobeReport = {
     panels: panels.map(function (p) { return p.id; }),
+    origins: held.length,
     range: function () { return [view.x0, view.x1]; },
     setRange: setRange,
     drawn: function () {

@@ -43,7 +43,11 @@ fn small_run() -> Value {
              "run": {"tree_peak_bytes": 148 * MIB}, "sources": []}
         ],
         "process_lines": {"processes_seen": 3, "lines": [line(7, 90), line(8, 40)]},
-        "oom_kill": {"verdict": "confirmed", "victims": [{"pid": 8, "name": "worker8", "at_s": 9.5}]}
+        "oom_kill": {"verdict": "confirmed", "victims": [{"pid": 8, "name": "worker8", "at_s": 9.5}]},
+        "gpu_exact": {"processes": [{"pid": 7, "last_oom_at_s": null, "origins_at_peak": [
+            {"peak_bytes": 3 * 1024 * MIB, "by_origin": [
+                {"name": "PyTorch caching allocator", "library": "/x/libc10_cuda.so", "symbol": null, "bytes": 2 * 1024 * MIB},
+                {"name": "NCCL", "library": "/x/libnccl.so.2", "symbol": "ncclCommInitRank", "bytes": 1024 * MIB}]}]}]}
     })
 }
 
@@ -183,6 +187,9 @@ const DRIVER: &str = r##"
     r.loadMs = performance.now();
     r.resources = performance.getEntriesByType("resource").length;
     r.panels = m.panels;
+    r.origins = m.origins;
+    var o = document.getElementById("origins");
+    r.originsText = o ? o.textContent : null;
     r.drawn = m.drawn();
     var c = document.querySelector("#panel-tree canvas"), b = c.getBoundingClientRect();
     var whole = m.range();
@@ -243,6 +250,12 @@ fn in_a_browser_every_panel_draws_zooms_shows_peaks_and_toggles() {
     assert!(
         tip.contains("rss 118 MiB (exact)"),
         "the phase's exact peak: {tip}"
+    );
+    assert_eq!(r["origins"], 1, "{r}");
+    let origins = r["originsText"].as_str().unwrap_or_default();
+    assert!(
+        origins.contains("pid 7, device 0: peak 3.00 GiB = PyTorch caching allocator 2.00 GiB, NCCL 1.00 GiB (ncclCommInitRank)"),
+        "{origins}"
     );
     assert_eq!(r["toggleFound"], true);
     let after: Vec<&str> = r["afterToggle"]
