@@ -322,6 +322,44 @@
       draw(panels[0]);
     });
   }
+  // Ranks: a process's own (sent by its tracker) or its nearest
+  // ancestor's (a DataLoader worker is its rank's). One toggle per rank.
+  var procs = {};
+  (doc.processes || []).forEach(function (p) { procs[p.pid] = p; });
+  function rankOf(pid) {
+    for (var hops = 0; pid !== null && pid !== undefined && procs[pid] && hops < 64; hops++) {
+      if (procs[pid].rank !== undefined && procs[pid].rank !== null) return procs[pid].rank;
+      pid = procs[pid].ppid;
+    }
+    return null;
+  }
+  var ranks = {};
+  lines.forEach(function (l) {
+    l.rank = rankOf(l.pid);
+    if (l.rank !== null) (ranks[l.rank] = ranks[l.rank] || []).push(l);
+  });
+  var rankIds = Object.keys(ranks).map(Number).sort(function (a, b) { return a - b; });
+  if (rankIds.length) {
+    var rk = document.createElement("div");
+    rk.id = "ranks";
+    rk.appendChild(document.createTextNode("ranks: "));
+    rankIds.forEach(function (r) {
+      var box = document.createElement("label");
+      var on = ranks[r].some(function (l) { return l.shown; });
+      box.innerHTML = "<input type='checkbox' data-rank='" + r + "'" + (on ? " checked" : "") + ">rank " + r +
+        " (" + ranks[r].length + " line" + (ranks[r].length === 1 ? "" : "s") + ")";
+      box.firstChild.addEventListener("change", function (e) {
+        ranks[r].forEach(function (l) {
+          l.shown = e.target.checked;
+          var x = tg.querySelector("input[data-pid='" + l.pid + "']");
+          if (x) x.checked = e.target.checked;
+        });
+        draw(panels[0]);
+      });
+      rk.appendChild(box);
+    });
+    tg.insertBefore(rk, tg.firstChild);
+  }
   var seen = (doc.process_lines || {}).processes_seen;
   if (seen !== undefined && seen > lines.length) {
     var note = document.createElement("p");
@@ -353,6 +391,7 @@
   window.memprobeReport = {
     panels: panels.map(function (p) { return p.id; }),
     origins: held.length,
+    ranks: rankIds,
     range: function () { return [view.x0, view.x1]; },
     setRange: setRange,
     drawn: function () {

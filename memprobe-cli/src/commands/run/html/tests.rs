@@ -42,7 +42,9 @@ fn small_run() -> Value {
             {"label": "epoch 1", "kind": "epoch", "depth": 0, "start_s": 5.0, "end_s": 9.0, "ended": true,
              "run": {"tree_peak_bytes": 148 * MIB}, "sources": []}
         ],
-        "process_lines": {"processes_seen": 3, "lines": [line(7, 90), line(8, 40)]},
+        "process_lines": {"processes_seen": 3, "lines": [line(7, 90), line(8, 40), line(9, 20)]},
+        // Rank 0 and its worker; rank 1.
+        "processes": [{"pid": 7, "ppid": 1, "rank": 0}, {"pid": 8, "ppid": 7}, {"pid": 9, "ppid": 1, "rank": 1}],
         "oom_kill": {"verdict": "confirmed", "victims": [{"pid": 8, "name": "worker8", "at_s": 9.5}]},
         "gpu_exact": {"processes": [{"pid": 7, "last_oom_at_s": null, "origins_at_peak": [
             {"peak_bytes": 3 * 1024 * MIB, "by_origin": [
@@ -209,6 +211,9 @@ const DRIVER: &str = r##"
     r.toggleFound = !!box;
     if (box) box.click();
     r.afterToggle = m.drawn()[0].lines;
+    r.ranks = m.ranks;
+    var rank = document.querySelector("input[data-rank='0']");
+    if (rank) { rank.click(); r.afterRank = m.drawn()[0].lines; }
   } catch (e) { r.error = String(e) + " " + e.stack; }
   document.body.setAttribute("data-test", JSON.stringify(r));
 })();
@@ -239,8 +244,8 @@ fn in_a_browser_every_panel_draws_zooms_shows_peaks_and_toggles() {
     assert_eq!(u(&tree["bands"]), 2, "{tree}");
     assert_eq!(
         tree["lines"].as_array().unwrap().len(),
-        3,
-        "tree + 2 processes: {tree}"
+        4,
+        "tree + 3 processes: {tree}"
     );
     let (whole, zoomed) = (span(&r["whole"]), span(&r["zoomed"]));
     assert!(zoomed < whole * 0.9, "the wheel did not zoom: {r}");
@@ -266,6 +271,13 @@ fn in_a_browser_every_panel_draws_zooms_shows_peaks_and_toggles() {
         .collect();
     assert!(!after.iter().any(|l| l.starts_with("pid 8 ")), "{after:?}");
     assert!(after.iter().any(|l| l.starts_with("pid 7 ")), "{after:?}");
+    // The worker is its parent's rank: rank 0 off leaves rank 1's line.
+    assert_eq!(r["ranks"], json!([0, 1]), "{r}");
+    assert_eq!(
+        r["afterRank"],
+        json!(["tree RSS", "pid 9 worker9"]),
+        "rank 0 toggled off: {r}"
+    );
 }
 
 #[test]
