@@ -14,11 +14,13 @@
 //! sampler (or the GPU crate), and the bookkeeping is the [`Recording`]'s.
 //!
 //! A process's exact peak is the last `VmHWM` read while it lived (read at
-//! least every [`super::tree_sampler::STATUS_REFRESH`], or every tick when
-//! the interval is longer, and at every sample above its known peak); a
-//! spike that rose and fell after that last read, just before a worker
-//! exits, is the one thing this can miss (the direct child is covered by
-//! `wait4`'s `ru_maxrss`, see [`crate::commands::run::child::reap`]).
+//! every tick where its `statm` moved since the tick before, at every
+//! sample above its known peak, and every
+//! [`super::tree_sampler::STATUS_REFRESH_IDLE`] while it is idle); what this
+//! can miss is a spike in a worker's last interval before it exits, or one
+//! that rose and fell between two ticks leaving every `statm` figure as it
+//! was, in the last second before it exits (the direct child is covered
+//! by `wait4`'s `ru_maxrss`, see [`crate::commands::run::child::reap`]).
 
 use super::cpu_cap::CpuCap;
 use super::gpu_exact::Watcher;

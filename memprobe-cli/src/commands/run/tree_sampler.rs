@@ -16,11 +16,12 @@
 //! - `/proc/<pid>/status` (8× a `statm` read: name, parent, `VmHWM`) is read
 //!   when a figure asks for it: at a process's first sight, when a sample
 //!   sees it above its known peak (a new peak), when it execs or renames,
-//!   and at least every [`STATUS_REFRESH`] while its `statm` moves (every
-//!   [`STATUS_REFRESH_IDLE`] while it reads the same: an idle worker), at
-//!   every tick when the interval is longer, staggered over processes, so
-//!   that the kernel's high-water mark still catches a spike that rose and
-//!   fell between two samples.
+//!   at every tick where its `statm` moved since the tick before (so that
+//!   the kernel's high-water mark catches a spike that rose and fell
+//!   between two samples, as when every tick read it), and every
+//!   [`STATUS_REFRESH_IDLE`] while it reads the same (an idle worker),
+//!   staggered over processes. Sleeping workers, most of a node's tree,
+//!   then cost one `statm` read a tick.
 
 use super::pid_map::PidMap;
 use memprobe_core::internal::process::{ProcessStatus, StatusFile};
@@ -31,9 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The longest a known process goes without a `status` read while its
-/// `statm` changes.
-pub(crate) const STATUS_REFRESH: Duration = Duration::from_millis(250);
-/// The same, while its `statm` reads the same as at the last `status` read.
+/// `statm` reads the same from tick to tick.
 pub(crate) const STATUS_REFRESH_IDLE: Duration = Duration::from_secs(1);
 /// How often the tree is walked when every birth comes as an event.
 pub(crate) const RESCAN_WITH_EVENTS: Duration = Duration::from_secs(1);
@@ -112,8 +111,8 @@ impl Reading {
 
 struct Member {
     statm: File,
-    /// Its `statm` figures at the last `status` read.
-    statm_at_status: Statm,
+    /// Its `statm` figures at the tick before.
+    statm_last: Statm,
     /// The largest of `VmHWM` and the resident sets read: a sample above it
     /// is a new peak, worth a `status` read.
     peak: u64,
@@ -138,8 +137,7 @@ pub(crate) struct TreeSampler {
     pending: Vec<u32>,
     /// The kernel lists children in `/proc/<pid>/task/<tid>/children`.
     children_files: bool,
-    /// Ticks between `status` refreshes (moving, idle), and between walks.
-    refresh_every: u64,
+    /// Ticks between `status` refreshes of an idle process, and between walks.
     idle_refresh_every: u64,
     rescan_every: u64,
     tick: u64,
@@ -179,7 +177,6 @@ impl TreeSampler {
                 .join(std::process::id().to_string())
                 .join("children")
                 .exists(),
-            refresh_every: ticks(STATUS_REFRESH, interval),
             idle_refresh_every: ticks(STATUS_REFRESH_IDLE, interval),
             rescan_every: ticks(rescan, interval),
             tick: 0,
@@ -197,7 +194,6 @@ impl TreeSampler {
             RESCAN_WITHOUT_EVENTS
         };
         self.interval = interval;
-        self.refresh_every = ticks(STATUS_REFRESH, interval);
         self.idle_refresh_every = ticks(STATUS_REFRESH_IDLE, interval);
         self.rescan_every = ticks(rescan, interval);
     }
@@ -221,7 +217,7 @@ impl TreeSampler {
             }
         }
         let (tick, page) = (self.tick, self.page);
-        let (refresh, idle_refresh) = (self.refresh_every, self.idle_refresh_every);
+        let idle_refresh = self.idle_refresh_every;
         let buf = &mut self.buf;
         let reads = &mut self.status_reads;
         self.members.retain(|&pid, m| {
@@ -230,14 +226,13 @@ impl TreeSampler {
                 return false;
             };
             let rss = now.resident * page;
-            // Staggered: a tick's refreshes are a 1/refresh share of all.
-            let every = if now == m.statm_at_status {
-                idle_refresh
-            } else {
-                refresh
-            };
-            let due = (tick + u64::from(pid)) % every == 0;
-            let status = if rss > m.peak || m.stale_name || (due && m.status_tick != tick) {
+            // Moved since the tick before: its high-water mark may have too.
+            // Idle: staggered, a tick's refreshes are a 1/idle_refresh share.
+            let moved = now != m.statm_last;
+            m.statm_last = now;
+            let due = (tick + u64::from(pid)) % idle_refresh == 0;
+            let status = if rss > m.peak || m.stale_name || moved || (due && m.status_tick != tick)
+            {
                 *reads += 1;
                 m.status_tick = tick;
                 StatusFile::open(pid).read(buf)
@@ -245,7 +240,6 @@ impl TreeSampler {
                 None
             };
             if let Some(s) = &status {
-                m.statm_at_status = now;
                 m.peak = m.peak.max(s.hwm);
                 m.threads = s.threads;
                 m.stale_name = false;
@@ -312,12 +306,12 @@ impl TreeSampler {
     /// it has exited already or is a zombie.
     fn open(&mut self, pid: u32) -> Option<(Member, Seen)> {
         let statm = File::open(format!("/proc/{pid}/statm")).ok()?;
-        let statm_at_status = read_statm(&statm)?;
+        let statm_last = read_statm(&statm)?;
         self.status_reads += 1;
         let s = StatusFile::open(pid).read(&mut self.buf)?;
         let m = Member {
             statm,
-            statm_at_status,
+            statm_last,
             peak: s.hwm.max(s.rss),
             threads: s.threads,
             children: None,
@@ -440,8 +434,7 @@ mod tests {
 
     #[test]
     fn cadences_in_ticks() {
-        assert_eq!(ticks(STATUS_REFRESH, Duration::from_millis(10)), 25);
-        assert_eq!(ticks(STATUS_REFRESH, Duration::from_secs(1)), 1);
+        assert_eq!(ticks(STATUS_REFRESH_IDLE, Duration::from_millis(10)), 100);
         assert_eq!(ticks(STATUS_REFRESH_IDLE, Duration::from_secs(1)), 1);
         assert_eq!(ticks(RESCAN_WITHOUT_EVENTS, Duration::from_millis(30)), 2);
     }
@@ -521,18 +514,12 @@ mod tests {
             t.read();
         }
         assert_eq!(t.status_reads - before, 3, "one refresh each per 100 ticks");
-        // One that moves is refreshed within 25 ticks (an idle one's slot
-        // comes every 100: it may or may not fall in these 25).
+        // One whose statm moved since the tick before is read at once.
         let pid = root.id();
-        t.members.get_mut(&pid).unwrap().statm_at_status.resident += 1;
-        let last = t.members[&pid].status_tick;
-        for _ in 0..25 {
-            t.read();
-        }
-        assert!(
-            t.members[&pid].status_tick > last,
-            "its refresh, due within 25"
-        );
+        t.members.get_mut(&pid).unwrap().statm_last.resident += 1;
+        let r = t.read();
+        let (_, seen) = r.processes.iter().find(|(p, _)| *p == pid).unwrap();
+        assert!(seen.status.is_some(), "moved: status read at this tick");
         // A stale peak: the next read sees a new one and reads status.
         t.members.get_mut(&pid).unwrap().peak = 0;
         let r = t.read();
