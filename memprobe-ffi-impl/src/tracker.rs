@@ -271,6 +271,33 @@ fn end_with(
     Ok(())
 }
 
+/// A tracker end that names the phase whose tail the window becomes.
+type ChainedEnd = fn(
+    &mut Tracker,
+    PhaseKind,
+    Option<&str>,
+    PhaseKind,
+    Option<&str>,
+) -> memprobe_core::Result<Record>;
+
+/// [`end_with`] for the ends that name the phase whose tail the window
+/// becomes (`next`: its kind and name).
+fn end_chained_with(
+    tracker: *mut memprobe_tracker,
+    kind: u32,
+    name: *const c_char,
+    next: (u32, *const c_char),
+    out: Outputs,
+    op: ChainedEnd,
+) -> FfiResult {
+    let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
+    let (nk, nn) = (self::kind(next.0)?, opt_text(next.1, "next_name")?);
+    let t = get(tracker)?;
+    let r = op(&mut *t.lock()?, k, n, nk, nn)?;
+    write_record(&r, out.record, out.deltas, out.n_deltas);
+    Ok(())
+}
+
 /// Ends the innermost phase and begins the next of the same kind at the
 /// same instant (the cheapest step boundary); outputs as memprobe_tracker_end.
 /// All or nothing: when a source fails the phase stays open, its peaks
@@ -314,13 +341,14 @@ pub extern "C" fn memprobe_tracker_end_into(
     deltas: *mut memprobe_delta,
     n_deltas: usize,
 ) -> memprobe_status {
+    let out = Outputs {
+        record,
+        deltas,
+        n_deltas,
+    };
+    let next = (next_kind, next_name);
     entry_point("memprobe_tracker_end_into", || {
-        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
-        let (nk, nn) = (self::kind(next_kind)?, opt_text(next_name, "next_name")?);
-        let t = get(tracker)?;
-        let r = t.lock()?.end_into(k, n, nk, nn)?;
-        write_record(&r, record, deltas, n_deltas);
-        Ok(())
+        end_chained_with(tracker, kind, name, next, out, Tracker::end_into)
     })
 }
 
@@ -341,13 +369,14 @@ pub extern "C" fn memprobe_tracker_end_tail(
     deltas: *mut memprobe_delta,
     n_deltas: usize,
 ) -> memprobe_status {
+    let out = Outputs {
+        record,
+        deltas,
+        n_deltas,
+    };
+    let next = (next_kind, next_name);
     entry_point("memprobe_tracker_end_tail", || {
-        let (k, n) = (self::kind(kind)?, opt_text(name, "name")?);
-        let (nk, nn) = (self::kind(next_kind)?, opt_text(next_name, "next_name")?);
-        let t = get(tracker)?;
-        let r = t.lock()?.end_tail(k, n, nk, nn)?;
-        write_record(&r, record, deltas, n_deltas);
-        Ok(())
+        end_chained_with(tracker, kind, name, next, out, Tracker::end_tail)
     })
 }
 
