@@ -251,16 +251,7 @@ impl Tracker {
         let name = Self::phase_name(kind, name)?;
         self.check_nesting(kind)?;
         // A phase begun afresh drops its tail: its window is the one reused.
-        let window = match self.take_tail(kind, &name) {
-            Some(mut w) => match w.reset() {
-                Ok(_) => w,
-                Err(e) => {
-                    self.tails.push((kind, name, w));
-                    return Err(e);
-                }
-            },
-            None => self.fresh_window()?,
-        };
+        let window = self.tail_restarted_or_fresh(kind, &name)?;
         self.push(kind, name, window);
         Ok(())
     }

@@ -104,16 +104,7 @@ impl Tracker {
     /// an earlier tail of it is dropped). On error the earlier tail stays.
     pub fn mark_tail(&mut self, kind: PhaseKind, name: Option<&str>) -> Result<()> {
         let name = Self::phase_name(kind, name)?;
-        let window = match self.take_tail(kind, &name) {
-            Some(mut w) => match w.reset() {
-                Ok(_) => w,
-                Err(e) => {
-                    self.tails.push((kind, name, w));
-                    return Err(e);
-                }
-            },
-            None => self.fresh_window()?,
-        };
+        let window = self.tail_restarted_or_fresh(kind, &name)?;
         self.set_tail(kind, name, window);
         Ok(())
     }
@@ -137,6 +128,25 @@ impl Tracker {
             self.park(oldest);
         }
         self.tails.push((kind, name, window));
+    }
+
+    /// The tail of `kind` / `name` restarted now, else a fresh window; when
+    /// the restart fails the tail stays as it was.
+    pub(super) fn tail_restarted_or_fresh(
+        &mut self,
+        kind: PhaseKind,
+        name: &str,
+    ) -> Result<Window> {
+        match self.take_tail(kind, name) {
+            Some(mut w) => match w.reset() {
+                Ok(_) => Ok(w),
+                Err(e) => {
+                    self.tails.push((kind, name.to_owned(), w));
+                    Err(e)
+                }
+            },
+            None => self.fresh_window(),
+        }
     }
 
     pub(super) fn take_tail(&mut self, kind: PhaseKind, name: &str) -> Option<Window> {
