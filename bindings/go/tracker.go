@@ -205,18 +205,19 @@ func (t *Tracker) Next(kind PhaseKind, name string) (PhaseRecord, error) {
 	return t.ending(true, kind, name)
 }
 
-// EndInto ends the innermost phase, which must be kind (and name), as End
-// does, and keeps its window running, restarted at this end, as the tail of
-// the phase nextKind (and nextName): the next Resume of that phase begins
-// at this end (one boundary per step when the end of a step cannot tell
-// whether another follows).
-func (t *Tracker) EndInto(kind PhaseKind, name string, nextKind PhaseKind, nextName string) (PhaseRecord, error) {
+// chained is ending for EndInto and EndTail (tail: began on its own tail),
+// which name the phase whose tail the window becomes.
+func (t *Tracker) chained(tail bool, kind PhaseKind, name string, nextKind PhaseKind, nextName string) (PhaseRecord, error) {
 	cname, cnext := cString(name, true), cString(nextName, true)
 	defer freeCString(cname)
 	defer freeCString(cnext)
 	var rec C.memprobe_phase_record
 	ds := make([]C.memprobe_delta, len(t.sources))
 	err := t.do(func(h *C.memprobe_tracker) C.memprobe_status {
+		if tail {
+			return C.memprobe_tracker_end_tail(h, C.uint32_t(kind), cname, C.uint32_t(nextKind), cnext,
+				&rec, &ds[0], C.size_t(len(ds)))
+		}
 		return C.memprobe_tracker_end_into(h, C.uint32_t(kind), cname, C.uint32_t(nextKind), cnext,
 			&rec, &ds[0], C.size_t(len(ds)))
 	})
@@ -226,23 +227,20 @@ func (t *Tracker) EndInto(kind PhaseKind, name string, nextKind PhaseKind, nextN
 	return recordFromC(&rec, &ds[0], len(ds)), nil
 }
 
+// EndInto ends the innermost phase, which must be kind (and name), as End
+// does, and keeps its window running, restarted at this end, as the tail of
+// the phase nextKind (and nextName): the next Resume of that phase begins
+// at this end (one boundary per step when the end of a step cannot tell
+// whether another follows).
+func (t *Tracker) EndInto(kind PhaseKind, name string, nextKind PhaseKind, nextName string) (PhaseRecord, error) {
+	return t.chained(false, kind, name, nextKind, nextName)
+}
+
 // EndTail ends the phase of kind (and name) that began on its own tail and
 // ends now: Resume then EndInto in one call (one boundary per step for a
 // loop whose hooks see only the end of each step).
 func (t *Tracker) EndTail(kind PhaseKind, name string, nextKind PhaseKind, nextName string) (PhaseRecord, error) {
-	cname, cnext := cString(name, true), cString(nextName, true)
-	defer freeCString(cname)
-	defer freeCString(cnext)
-	var rec C.memprobe_phase_record
-	ds := make([]C.memprobe_delta, len(t.sources))
-	err := t.do(func(h *C.memprobe_tracker) C.memprobe_status {
-		return C.memprobe_tracker_end_tail(h, C.uint32_t(kind), cname, C.uint32_t(nextKind), cnext,
-			&rec, &ds[0], C.size_t(len(ds)))
-	})
-	if err != nil {
-		return PhaseRecord{}, err
-	}
-	return recordFromC(&rec, &ds[0], len(ds)), nil
+	return t.chained(true, kind, name, nextKind, nextName)
 }
 
 // Resume begins a phase of kind (and name) on the tail of fromKind (and

@@ -96,6 +96,20 @@ end
 end_phase(t::Tracker, kind::Symbol, name=nothing) = _ending(:memprobe_tracker_end, t, kind, name)
 next_phase(t::Tracker, kind::Symbol, name=nothing) = _ending(:memprobe_tracker_next, t, kind, name)
 
+# end_into and end_tail: the C function `fn` ends the phase and names the
+# phase whose tail the window becomes.
+function end_chained(t::Tracker, fn::Symbol, kind::Symbol, name, next_kind::Symbol, next_name)
+    k, n = phase_args(kind, name)
+    nk, nn = phase_args(next_kind, next_name)
+    rec = Ref{CPhaseRecord}()
+    ds = Vector{CDelta}(undef, length(t.sources))
+    check(ccall(sym(fn), UInt32,
+                (Ptr{Cvoid}, UInt32, Cstring, UInt32, Cstring, Ref{CPhaseRecord}, Ptr{CDelta}, Csize_t),
+                t.handle, k, n === nothing ? C_NULL : n, nk, nn === nothing ? C_NULL : nn,
+                rec, ds, length(ds)))
+    PhaseRecord(rec[], ds)
+end
+
 """
     end_into(t, kind, name=nothing; next_kind=kind, next_name=name)
 
@@ -104,15 +118,7 @@ restarted at this end, as the tail of the phase `next_kind` (and
 `next_name`): the next `resume_phase` of it begins at this end.
 """
 function end_into(t::Tracker, kind::Symbol, name=nothing; next_kind::Symbol=kind, next_name=name)
-    k, n = phase_args(kind, name)
-    nk, nn = phase_args(next_kind, next_name)
-    rec = Ref{CPhaseRecord}()
-    ds = Vector{CDelta}(undef, length(t.sources))
-    check(ccall(sym(:memprobe_tracker_end_into), UInt32,
-                (Ptr{Cvoid}, UInt32, Cstring, UInt32, Cstring, Ref{CPhaseRecord}, Ptr{CDelta}, Csize_t),
-                t.handle, k, n === nothing ? C_NULL : n, nk, nn === nothing ? C_NULL : nn,
-                rec, ds, length(ds)))
-    PhaseRecord(rec[], ds)
+    end_chained(t, :memprobe_tracker_end_into, kind, name, next_kind, next_name)
 end
 
 """
@@ -136,15 +142,7 @@ Ends the phase that began on its own tail and ends now: `resume_phase`
 then `end_into` in one call.
 """
 function end_tail(t::Tracker, kind::Symbol, name=nothing; next_kind::Symbol=kind, next_name=name)
-    k, n = phase_args(kind, name)
-    nk, nn = phase_args(next_kind, next_name)
-    rec = Ref{CPhaseRecord}()
-    ds = Vector{CDelta}(undef, length(t.sources))
-    check(ccall(sym(:memprobe_tracker_end_tail), UInt32,
-                (Ptr{Cvoid}, UInt32, Cstring, UInt32, Cstring, Ref{CPhaseRecord}, Ptr{CDelta}, Csize_t),
-                t.handle, k, n === nothing ? C_NULL : n, nk, nn === nothing ? C_NULL : nn,
-                rec, ds, length(ds)))
-    PhaseRecord(rec[], ds)
+    end_chained(t, :memprobe_tracker_end_tail, kind, name, next_kind, next_name)
 end
 
 "Starts the tail of `kind` (and `name`) now: the next `resume_phase` of it begins here."
