@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"unsafe"
 )
 
 // Exporter serves GET /metrics in the Prometheus text format from this
@@ -63,28 +62,11 @@ func StartExporterWithWebConfig(addr, webConfig string) (*Exporter, error) {
 // refused (the last good one is still served); nil when the last read was
 // good or there is no web configuration.
 func (e *Exporter) WebConfigError() error {
-	size := C.size_t(256)
-	for {
-		buf := (*C.char)(C.malloc(size))
-		var st C.memprobe_status
-		var needed C.size_t
-		err := e.do(func(h *C.memprobe_exporter) C.memprobe_status {
-			return C.memprobe_exporter_get_web_config_error(h, &st, buf, size, &needed)
+	return storedError(func(st *C.memprobe_status, buf *C.char, size C.size_t, needed *C.size_t) error {
+		return e.do(func(h *C.memprobe_exporter) C.memprobe_status {
+			return C.memprobe_exporter_get_web_config_error(h, st, buf, size, needed)
 		})
-		msg := C.GoString(buf)
-		C.free(unsafe.Pointer(buf))
-		if isStatus(err, StatusBufferTooSmall) && needed > size {
-			size = needed
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if Status(st) == StatusOK {
-			return nil
-		}
-		return &Error{Status: Status(st), Message: msg}
-	}
+	})
 }
 
 func (e *Exporter) do(f func(*C.memprobe_exporter) C.memprobe_status) error {

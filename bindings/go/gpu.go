@@ -183,6 +183,31 @@ func isStatus(err error, s Status) bool {
 	return ok && e.Status == s
 }
 
+// storedError reads an error the library keeps (a status and its message)
+// through get, growing the buffer as the library asks; nil for OK.
+func storedError(get func(st *C.memprobe_status, buf *C.char, size C.size_t, needed *C.size_t) error) error {
+	size := C.size_t(256)
+	for {
+		buf := (*C.char)(C.malloc(size))
+		var st C.memprobe_status
+		var needed C.size_t
+		err := get(&st, buf, size, &needed)
+		msg := C.GoString(buf)
+		C.free(unsafe.Pointer(buf))
+		if isStatus(err, StatusBufferTooSmall) && needed > size {
+			size = needed
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if Status(st) == StatusOK {
+			return nil
+		}
+		return &Error{Status: Status(st), Message: msg}
+	}
+}
+
 func bytesReading(f func(*C.uint64_t) C.memprobe_status) (uint64, error) {
 	var v C.uint64_t
 	err := call(func() C.memprobe_status { return f(&v) })
@@ -350,25 +375,8 @@ func NewGPUProcess(id int) (*Source, error) {
 // boundary or the monitor thread (e.g. ErrGPULost for a GPU lost while
 // polled); nil when the last read succeeded.
 func (s *Source) LastError() error {
-	size := C.size_t(256)
-	for {
-		buf := (*C.char)(C.malloc(size))
-		var st C.memprobe_status
-		var needed C.size_t
-		err := call(func() C.memprobe_status { return C.memprobe_source_get_last_error(s.h, &st, buf, size, &needed) })
-		msg := C.GoString(buf)
-		C.free(unsafe.Pointer(buf))
-		runtime.KeepAlive(s)
-		if isStatus(err, StatusBufferTooSmall) && needed > size {
-			size = needed
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if Status(st) == StatusOK {
-			return nil
-		}
-		return &Error{Status: Status(st), Message: msg}
-	}
+	defer runtime.KeepAlive(s)
+	return storedError(func(st *C.memprobe_status, buf *C.char, size C.size_t, needed *C.size_t) error {
+		return call(func() C.memprobe_status { return C.memprobe_source_get_last_error(s.h, st, buf, size, needed) })
+	})
 }

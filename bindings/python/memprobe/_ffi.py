@@ -30,7 +30,7 @@ from ctypes import (
     c_void_p,
 )
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _loader
 from .errors import MemprobeError, Status, error_for
@@ -477,6 +477,24 @@ def check(status: int) -> None:
     is thread-local and cleared by the next call)."""
     if status != Status.OK:
         raise error_for(status, last_error())
+
+
+def stored_error(get: Callable[[Any, Any, int, Any], int]) -> Optional[MemprobeError]:
+    """An error the library keeps (a status and its message), read through
+    ``get(status_out, buf, size, needed_out)`` with the buffer grown as the
+    library asks: the exception instance, not raised; ``None`` for OK."""
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        err, needed = ctypes.c_uint32(), ctypes.c_size_t()
+        status = get(ctypes.byref(err), buf, size, ctypes.byref(needed))
+        if status == Status.BUFFER_TOO_SMALL and needed.value > size:
+            size = int(needed.value)
+            continue
+        check(status)
+        if err.value == Status.OK:
+            return None
+        return error_for(err.value, buf.value.decode("utf-8", "replace"))
 
 
 def status_name(status: int) -> str:

@@ -25,12 +25,12 @@ exporter's own threads; the training thread never waits on them.
 from __future__ import annotations
 
 import os
-from ctypes import byref, c_size_t, c_uint16, c_uint32, create_string_buffer
+from ctypes import byref, c_uint16
 from typing import Optional, Union
 
 from . import _ffi
 from ._ffi import C, check
-from .errors import MemprobeError, Status, error_for
+from .errors import MemprobeError
 from ._owned import Owned
 from .sources import Source
 from .tracker import Tracker
@@ -81,18 +81,7 @@ class Exporter(Owned):
         exception instance, not raised: the last good configuration is still
         served); None when the last read was good, or without a web
         configuration."""
-        size = 256
-        while True:
-            buf = create_string_buffer(size)
-            err, needed = c_uint32(), c_size_t()
-            status = C.memprobe_exporter_get_web_config_error(self._handle, byref(err), buf, size, byref(needed))
-            if status == Status.BUFFER_TOO_SMALL and needed.value > size:
-                size = int(needed.value)
-                continue
-            check(status)
-            if err.value == Status.OK:
-                return None
-            return error_for(err.value, buf.value.decode("utf-8", "replace"))
+        return _ffi.stored_error(lambda err, buf, size, needed: int(C.memprobe_exporter_get_web_config_error(self._handle, err, buf, size, needed)))
 
     def add_source(self, source: Source) -> None:
         """Exports the source's readings, read at each scrape (the exporter

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import atexit
 import enum
-from ctypes import byref, c_size_t, c_uint32, c_uint64, create_string_buffer
+from ctypes import byref, c_uint64
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, List, Optional, Union
 
 from . import _ffi
 from ._ffi import C, check
 from ._owned import Owned
-from .errors import MemprobeError, Status, error_for
+from .errors import MemprobeError, Status
 from .units import b2mb
 
 
@@ -248,18 +248,7 @@ class Source(Owned):
         """Why the source's last read failed — by :meth:`read`, a window
         boundary or the monitor thread (e.g. :class:`~memprobe.GpuLostError`
         for a GPU lost while polled) — or ``None`` when it succeeded."""
-        size = 256
-        while True:
-            buf = create_string_buffer(size)
-            err, needed = c_uint32(), c_size_t()
-            status = C.memprobe_source_get_last_error(self._handle, byref(err), buf, size, byref(needed))
-            if status == Status.BUFFER_TOO_SMALL and needed.value > size:
-                size = int(needed.value)
-                continue
-            check(status)
-            if err.value == Status.OK:
-                return None
-            return error_for(err.value, buf.value.decode("utf-8", "replace"))
+        return _ffi.stored_error(lambda err, buf, size, needed: int(C.memprobe_source_get_last_error(self._handle, err, buf, size, needed)))
 
     def read(self) -> Sample:
         """Takes one reading now (a pushed source returns its last value)."""
