@@ -13,42 +13,17 @@ mod required_tool;
 #[path = "../../memprobe-metrics/tests/common/pki.rs"]
 mod pki;
 
+#[path = "../../memprobe-metrics/tests/common/local.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod local;
+
+use local::{free_port, http_get, Kill};
 use pki::{replace_file, Pki};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(port: u16, path_and_query: &str) -> Option<String> {
-    let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path_and_query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    Some(text)
-}
 
 /// `memprobe serve` with `args`; its stderr lines arrive on the receiver.
 fn serve(args: &[&str]) -> (Kill, Receiver<String>) {

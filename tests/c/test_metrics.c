@@ -1,42 +1,13 @@
 /* The Prometheus exporter from C: a scrape over a real socket, NULLs,
  * invalid handles, wrong order, a malformed address, a port in use. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "http_get.h"
 
 #define MIB (1024ull * 1024ull)
-
-/* GET `path` from 127.0.0.1:port; the whole answer into buf. */
-static int http_get(uint16_t port, const char *path, char *buf, size_t len) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
-    if (write(fd, req, (size_t)n) != n) {
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    ssize_t r;
-    while (got + 1 < len && (r = read(fd, buf + got, len - 1 - got)) > 0) got += (size_t)r;
-    buf[got] = 0;
-    close(fd);
-    return (int)got;
-}
 
 static char page[1 << 16];
 
@@ -100,18 +71,18 @@ int main(void) {
     FREE_OK(memprobe_tracker_free(t));
     FREE_OK(memprobe_source_free(act));
 
-    CHECK(http_get(port, "/metrics", page, sizeof page) > 0);
+    CHECK(http_get(port, "/metrics", "", page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 200 OK") == page);
     CHECK(strstr(page, "memprobe_phase_peak_bytes{phase=\"step\",source=\"act\",kind=\"custom\"") != NULL);
     CHECK(strstr(page, "rank=\"3\",local_rank=\"1\",world_size=\"8\"} 314572800\n") != NULL);
     CHECK(strstr(page, "memprobe_source_used_bytes{source=\"act\"") != NULL);
-    CHECK(http_get(port, "/nope", page, sizeof page) > 0);
+    CHECK(http_get(port, "/nope", "", page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 404") == page);
 
     /* Wrong order: stop twice; the handle stays valid until freed. */
     OK(memprobe_exporter_stop(e));
     EXPECT(memprobe_exporter_stop(e), MEMPROBE_STATUS_WRONG_ORDER);
-    CHECK(http_get(port, "/metrics", page, sizeof page) < 0);
+    CHECK(http_get(port, "/metrics", "", page, sizeof page) < 0);
     OK(memprobe_exporter_port(e, &port));
     FREE_OK(memprobe_exporter_free(e));
     /* Freed: stale. */
@@ -122,7 +93,7 @@ int main(void) {
     OK(memprobe_exporter_start("127.0.0.1:0", &e));
     OK(memprobe_exporter_port(e, &port));
     FREE_OK(memprobe_exporter_free(e));
-    CHECK(http_get(port, "/metrics", page, sizeof page) < 0);
+    CHECK(http_get(port, "/metrics", "", page, sizeof page) < 0);
 
     return check_summary();
 }

@@ -4,46 +4,18 @@
  * errors at start (missing file, unknown key), NULLs, invalid handles,
  * short buffers, wrong order. TLS is tested from Rust (it needs
  * certificates and a TLS client). */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "http_get.h"
 
 /* bcrypt (cost 4) of "s3cret"; "dXNlcjpzM2NyZXQ=" is base64 of "user:s3cret". */
 #define HASH "$2b$04$DLse4tY1yMwulgkiUjPoOuY7.3QEz2D0lKkl1cubv8IH8v4FRjdf2"
 #define GOOD "Authorization: Basic dXNlcjpzM2NyZXQ=\r\n"
-
-static int http_get(uint16_t port, const char *headers, char *buf, size_t len) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    char req[512];
-    int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: x\r\n%s\r\n", headers);
-    if (write(fd, req, (size_t)n) != n) {
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    ssize_t r;
-    while (got + 1 < len && (r = read(fd, buf + got, len - 1 - got)) > 0) got += (size_t)r;
-    buf[got] = 0;
-    close(fd);
-    return (int)got;
-}
 
 /* Replaces `path` whole (write a temporary file, rename it over). */
 static void write_file(const char *path, const char *text) {
@@ -113,12 +85,12 @@ int main(void) {
     CHECK(err == MEMPROBE_STATUS_OK && msg[0] == 0 && needed == 1);
 
     /* The password is asked, and the right one served. */
-    CHECK(http_get(port, "", page, sizeof page) > 0);
+    CHECK(http_get(port, "/metrics", "", page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 401 ") == page);
     CHECK(strstr(page, "WWW-Authenticate: Basic") != NULL);
-    CHECK(http_get(port, "Authorization: Basic dXNlcjp3cm9uZw==\r\n", page, sizeof page) > 0);
+    CHECK(http_get(port, "/metrics", "Authorization: Basic dXNlcjp3cm9uZw==\r\n", page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 401 ") == page);
-    CHECK(http_get(port, GOOD, page, sizeof page) > 0);
+    CHECK(http_get(port, "/metrics", GOOD, page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 200 OK") == page);
 
     /* A broken file while serving: refused, said through the getter, the
@@ -140,7 +112,7 @@ int main(void) {
         /* The size alone. */
         OK(memprobe_exporter_get_web_config_error(e, &err, NULL, 0, &needed));
     }
-    CHECK(http_get(port, GOOD, page, sizeof page) > 0);
+    CHECK(http_get(port, "/metrics", GOOD, page, sizeof page) > 0);
     CHECK(strstr(page, "HTTP/1.1 200 OK") == page);
 
     /* Fixed, with no users: taken, the error clears, no password asked. */
@@ -152,7 +124,7 @@ int main(void) {
     }
     CHECK(err == MEMPROBE_STATUS_OK && msg[0] == 0);
     for (int i = 0; i < 200; i++) {
-        CHECK(http_get(port, "", page, sizeof page) > 0);
+        CHECK(http_get(port, "/metrics", "", page, sizeof page) > 0);
         if (strstr(page, "HTTP/1.1 200 OK") == page) break;
         sleep_ms(50);
     }

@@ -4,6 +4,8 @@
 #[path = "../../../tests/src/required_tool.rs"]
 pub mod required_tool;
 
+pub mod local;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
