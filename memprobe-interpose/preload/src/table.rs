@@ -125,8 +125,9 @@ impl Table {
         false
     }
 
-    /// The value of `key`, left in place.
-    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+    /// The slot holding `key`, found along its probe sequence.
+    #[inline]
+    fn slot_of(&self, key: u64) -> Option<&Slot> {
         if key == EMPTY || key == TOMB {
             return None;
         }
@@ -137,7 +138,7 @@ impl Table {
             let s = &slots[i];
             match s.key.load(Acquire) {
                 EMPTY => return None,
-                k if k == key => return Some(s.value.load(Acquire)),
+                k if k == key => return Some(s),
                 _ => {}
             }
             i = (i + 1) & mask;
@@ -145,28 +146,17 @@ impl Table {
         None
     }
 
+    /// The value of `key`, left in place.
+    pub(crate) fn get(&self, key: u64) -> Option<u64> {
+        self.slot_of(key).map(|s| s.value.load(Acquire))
+    }
+
     /// Removes `key`, returning its value.
     pub(crate) fn remove(&self, key: u64) -> Option<u64> {
-        if key == EMPTY || key == TOMB {
-            return None;
-        }
-        let slots = self.slots()?;
-        let mask = self.len() - 1;
-        let mut i = self.start(key);
-        for _ in 0..MAX_PROBES.min(self.len()) {
-            let s = &slots[i];
-            let k = s.key.load(Acquire);
-            if k == EMPTY {
-                return None;
-            }
-            if k == key {
-                let v = s.value.load(Acquire);
-                if s.key.compare_exchange(key, TOMB, AcqRel, Acquire).is_ok() {
-                    return Some(v);
-                }
-                return None;
-            }
-            i = (i + 1) & mask;
+        let s = self.slot_of(key)?;
+        let v = s.value.load(Acquire);
+        if s.key.compare_exchange(key, TOMB, AcqRel, Acquire).is_ok() {
+            return Some(v);
         }
         None
     }
