@@ -225,26 +225,7 @@ fn complete(buf: &[u8], from: usize) -> Option<HeadRead> {
 /// Reads what has arrived of the request head into `buf` (at most `max`
 /// bytes in all), without blocking.
 fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>, max: usize) -> HeadRead {
-    loop {
-        let len = buf.len();
-        if len >= max {
-            return HeadRead::Refuse(route::plain(431, ""));
-        }
-        buf.resize(len + READ_CHUNK.min(max - len), 0);
-        let got = stream.read(&mut buf[len..]);
-        buf.truncate(len + *got.as_ref().unwrap_or(&0));
-        match got {
-            Ok(0) => return HeadRead::Gone,
-            Ok(_) => {
-                if let Some(h) = complete(buf, len) {
-                    return h;
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return HeadRead::More,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return HeadRead::Gone,
-        }
-    }
+    read_available(stream, buf, max).unwrap_or(HeadRead::More)
 }
 
 /// The same through TLS: records in from the socket, plaintext out of
@@ -256,24 +237,8 @@ fn read_head_tls(
     max: usize,
 ) -> HeadRead {
     loop {
-        loop {
-            let len = buf.len();
-            if len >= max {
-                return HeadRead::Refuse(route::plain(431, ""));
-            }
-            buf.resize(len + READ_CHUNK.min(max - len), 0);
-            let got = tls.reader().read(&mut buf[len..]);
-            buf.truncate(len + *got.as_ref().unwrap_or(&0));
-            match got {
-                Ok(0) => return HeadRead::Gone,
-                Ok(_) => {
-                    if let Some(h) = complete(buf, len) {
-                        return h;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(_) => return HeadRead::Gone,
-            }
+        if let Some(h) = read_available(&mut tls.reader(), buf, max) {
+            return h;
         }
         match tls.read_tls(stream) {
             Ok(0) => return HeadRead::Gone,
@@ -287,6 +252,31 @@ fn read_head_tls(
             Err(e) if e.kind() == ErrorKind::WouldBlock => return HeadRead::More,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(_) => return HeadRead::Gone,
+        }
+    }
+}
+
+/// Reads from `from` into `buf` (at most `max` bytes in all) until a head
+/// is complete, refused or gone; `None` when `from` has nothing more now.
+fn read_available(from: &mut impl Read, buf: &mut Vec<u8>, max: usize) -> Option<HeadRead> {
+    loop {
+        let len = buf.len();
+        if len >= max {
+            return Some(HeadRead::Refuse(route::plain(431, "")));
+        }
+        buf.resize(len + READ_CHUNK.min(max - len), 0);
+        let got = from.read(&mut buf[len..]);
+        buf.truncate(len + *got.as_ref().unwrap_or(&0));
+        match got {
+            Ok(0) => return Some(HeadRead::Gone),
+            Ok(_) => {
+                if let Some(h) = complete(buf, len) {
+                    return Some(h);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return Some(HeadRead::Gone),
         }
     }
 }
