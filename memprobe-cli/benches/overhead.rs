@@ -10,6 +10,10 @@
 //! `MEMPROBE_BENCH_PAIRS` (default 10) and `MEMPROBE_BENCH_INTERVAL`
 //! (default `10ms`) change the run. The child is this very binary,
 //! re-executed with `MEMPROBE_BENCH_CHILD=<iterations>`.
+#[path = "support/median.rs"]
+mod median;
+
+use median::median;
 
 use std::hint::black_box;
 use std::process::{Command, Stdio};
@@ -37,16 +41,6 @@ fn calibrate(target: Duration) -> u64 {
     spin(probe);
     let per_iter = t.elapsed().as_secs_f64() / probe as f64;
     (target.as_secs_f64() / per_iter) as u64
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// One run: wall time and the child's CPU time (user + system).

@@ -17,6 +17,10 @@
 //! are this very binary, re-executed with `MEMPROBE_BENCH_SLEEPERS=N:S`.
 //! `MEMPROBE_BENCH_BASELINE=PATH` also measures another `memprobe` binary
 //! (an older build) in the same run, for a before/after under one load.
+#[path = "support/median.rs"]
+mod median;
+
+use median::median;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -46,16 +50,6 @@ fn sleepers(n: usize, secs: f64) {
         let mut status = 0;
         // SAFETY: our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
@@ -244,7 +238,7 @@ fn main() {
                 base.push(probed(b, me, n, secs, interval_ms, json));
             }
         }
-        let m = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
+        let m = |v: &[Run], f: fn(&Run) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
         rows.push((
             n,
             m(&run, |r| r.cpu_per_wall),
