@@ -28,6 +28,7 @@
 pub mod layout;
 pub mod liveness;
 pub mod oom_report_hook;
+pub mod origin_names;
 pub mod origins;
 mod reader;
 mod reclaim;
