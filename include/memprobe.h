@@ -186,6 +186,12 @@
 #define MEMPROBE_GPU_ORIGINS_HOST_PINNED -1
 
 /**
+ * What memprobe_gpu_origins_at_oom writes in `*device` when no
+ * allocation has failed with out-of-memory in this process yet.
+ */
+#define MEMPROBE_GPU_ORIGINS_NO_OOM -2
+
+/**
  * `memprobe_sample.valid`: `total` holds a value.
  */
 #define MEMPROBE_SAMPLE_TOTAL 1
@@ -1627,6 +1633,19 @@ memprobe_status memprobe_gpu_origins_live(int32_t device, memprobe_gpu_origin *o
  * MEMPROBE_STATUS_OK. Buffer and errors as memprobe_gpu_origins_live.
  */
 memprobe_status memprobe_gpu_origins_at_peak(int32_t device, memprobe_gpu_origin *out, size_t capacity, size_t *count, uint64_t *peak, uint64_t *at_ns);
+
+/**
+ * What this process held by origin on the device of the last allocation
+ * that failed with out-of-memory, copied by the interposer inside that
+ * allocation, before its error returned: `*device` receives that device
+ * (MEMPROBE_GPU_ORIGINS_HOST_PINNED for pinned host memory), `*held` what
+ * the process held there then (the sum of the entries), `*at_ns` when it
+ * failed (CLOCK_MONOTONIC nanoseconds); all three optional. Only the last
+ * failure is kept. Before any failure: `*count` = 0, `*device` =
+ * MEMPROBE_GPU_ORIGINS_NO_OOM, `*held` = `*at_ns` = 0 and
+ * MEMPROBE_STATUS_OK. Buffer and errors as memprobe_gpu_origins_live.
+ */
+memprobe_status memprobe_gpu_origins_at_oom(memprobe_gpu_origin *out, size_t capacity, size_t *count, int32_t *device, uint64_t *held, uint64_t *at_ns);
 
 /**
  * This process's RSS (`/proc/self/statm`, one pread). By default its peak is

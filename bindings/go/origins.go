@@ -98,3 +98,34 @@ func GPUOriginsAtPeak(device int32) (GPUPeakOrigins, error) {
 	}
 	return GPUPeakOrigins{Peak: uint64(peak), AtNs: uint64(at), ByOrigin: by}, nil
 }
+
+// OriginsNoOOM is GPUOOMOrigins' Device before any allocation failed with
+// out-of-memory in this process.
+const OriginsNoOOM = int32(C.MEMPROBE_GPU_ORIGINS_NO_OOM)
+
+// GPUOOMOrigins is what this process held by origin on the device of the
+// last allocation that failed with out-of-memory, copied by the interposer
+// inside that allocation.
+type GPUOOMOrigins struct {
+	// Device is the failing device (OriginsHostPinned for pinned host
+	// memory; OriginsNoOOM before any failure).
+	Device int32
+	// Held is what the process held there then (the sum of ByOrigin).
+	Held     uint64
+	AtNs     uint64
+	ByOrigin []GPUOrigin
+}
+
+// GPUOriginsAtOOM reads the breakdown of the last out-of-memory failure
+// (Device OriginsNoOOM before any). ErrUnavailable without the interposer.
+func GPUOriginsAtOOM() (GPUOOMOrigins, error) {
+	var device C.int32_t
+	var held, at C.uint64_t
+	by, err := readOrigins(func(out *C.memprobe_gpu_origin, capacity C.size_t, n *C.size_t) C.memprobe_status {
+		return C.memprobe_gpu_origins_at_oom(out, capacity, n, &device, &held, &at)
+	})
+	if err != nil {
+		return GPUOOMOrigins{Device: OriginsNoOOM}, err
+	}
+	return GPUOOMOrigins{Device: int32(device), Held: uint64(held), AtNs: uint64(at), ByOrigin: by}, nil
+}

@@ -28,4 +28,8 @@ func TestGPUOriginsWithoutTheInterposerAreUnavailable(t *testing.T) {
 	if _, err := GPUOriginsAtPeak(OriginsHostPinned); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("GPUOriginsAtPeak(OriginsHostPinned): %v, want ErrUnavailable", err)
 	}
+	oom, err := GPUOriginsAtOOM()
+	if !errors.Is(err, ErrUnavailable) || oom.Device != OriginsNoOOM || oom.ByOrigin != nil {
+		t.Errorf("GPUOriginsAtOOM() = %+v, %v; want ErrUnavailable and no failure", oom, err)
+	}
 }

@@ -13,6 +13,10 @@ use std::ffi::c_char;
 /// `cuMemHostRegister`) instead of a device.
 pub const MEMPROBE_GPU_ORIGINS_HOST_PINNED: i32 = -1;
 
+/// What memprobe_gpu_origins_at_oom writes in `*device` when no
+/// allocation has failed with out-of-memory in this process yet.
+pub const MEMPROBE_GPU_ORIGINS_NO_OOM: i32 = -2;
+
 /// The bytes one origin holds.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -187,6 +191,58 @@ pub extern "C" fn memprobe_gpu_origins_at_peak(
     })
 }
 
+/// What this process held by origin on the device of the last allocation
+/// that failed with out-of-memory, copied by the interposer inside that
+/// allocation, before its error returned: `*device` receives that device
+/// (MEMPROBE_GPU_ORIGINS_HOST_PINNED for pinned host memory), `*held` what
+/// the process held there then (the sum of the entries), `*at_ns` when it
+/// failed (CLOCK_MONOTONIC nanoseconds); all three optional. Only the last
+/// failure is kept. Before any failure: `*count` = 0, `*device` =
+/// MEMPROBE_GPU_ORIGINS_NO_OOM, `*held` = `*at_ns` = 0 and
+/// MEMPROBE_STATUS_OK. Buffer and errors as memprobe_gpu_origins_live.
+#[no_mangle]
+pub extern "C" fn memprobe_gpu_origins_at_oom(
+    out: *mut memprobe_gpu_origin,
+    capacity: usize,
+    count: *mut usize,
+    device: *mut i32,
+    held: *mut u64,
+    at_ns: *mut u64,
+) -> memprobe_status {
+    entry_point("memprobe_gpu_origins_at_oom", || {
+        let count = self::out(count, "count")?;
+        *count = 0;
+        if let Some(d) = crate::boundary::opt_out(device) {
+            *d = MEMPROBE_GPU_ORIGINS_NO_OOM;
+        }
+        for p in [held, at_ns] {
+            if let Some(p) = crate::boundary::opt_out(p) {
+                *p = 0;
+            }
+        }
+        if out.is_null() && capacity > 0 {
+            return Err(null("out"));
+        }
+        let r = region()?;
+        let Some((c, p)) = r.oom_origins() else {
+            return Ok(());
+        };
+        if let Some(d) = crate::boundary::opt_out(device) {
+            *d = match c {
+                Counter::Device(d) => d as i32,
+                Counter::HostPinned => MEMPROBE_GPU_ORIGINS_HOST_PINNED,
+            };
+        }
+        if let Some(v) = crate::boundary::opt_out(held) {
+            *v = p.peak;
+        }
+        if let Some(v) = crate::boundary::opt_out(at_ns) {
+            *v = p.at_ns;
+        }
+        fill(&p.by_origin, out, capacity, count)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +305,26 @@ mod tests {
         assert_eq!((n, peak, at), (0, 0, 0));
         assert_eq!(
             memprobe_gpu_origins_live(63, std::ptr::null_mut(), 0, &mut n),
+            memprobe_status::Unavailable
+        );
+    }
+
+    #[test]
+    fn the_oom_view_checks_its_pointers_and_says_nothing_failed() {
+        let (mut n, mut dev, mut held, mut at) = (7usize, 5i32, 5u64, 5u64);
+        let nul = std::ptr::null_mut();
+        assert_eq!(
+            memprobe_gpu_origins_at_oom(nul, 0, nul.cast(), &mut dev, &mut held, &mut at),
+            memprobe_status::NullPointer
+        );
+        assert_eq!(
+            memprobe_gpu_origins_at_oom(nul, 3, &mut n, &mut dev, &mut held, &mut at),
+            memprobe_status::NullPointer
+        );
+        assert_eq!((n, dev, held, at), (0, MEMPROBE_GPU_ORIGINS_NO_OOM, 0, 0));
+        // Optional outputs may be NULL; without the interposer: UNAVAILABLE.
+        assert_eq!(
+            memprobe_gpu_origins_at_oom(nul, 0, &mut n, nul.cast(), nul.cast(), nul.cast()),
             memprobe_status::Unavailable
         );
     }

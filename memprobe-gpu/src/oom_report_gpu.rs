@@ -12,9 +12,11 @@ use crate::own_pid::OwnPids;
 use crate::process::GpuProcessKind;
 use crate::GpuBackend;
 use memprobe_core::oom_report::{
-    OomDriverCount, OomDriverCounts, OomGpuDevice, OomGpuMemory, OomGpuProcess, OomGpuProvider,
-    OomProcessList,
+    FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice, OomGpuMemory, OomGpuProcess,
+    OomGpuProvider, OomHeldBasis, OomHeldByOrigin, OomLocation, OomOriginBytes, OomProcessList,
+    OomTrigger,
 };
+use memprobe_interpose_reader::origins::PeakOrigins;
 use memprobe_interpose_reader::{Counter, Region};
 
 /// The GPU part of out-of-memory reports, over a set of GPUs (the
@@ -141,6 +143,74 @@ impl OomGpuProvider for GpuOomForensics {
             not_counted_calls: nc.calls,
             not_counted_bytes: nc.bytes,
         })
+    }
+
+    fn held_by_origin(&self, failed: &FailedAllocation) -> Result<OomHeldByOrigin, String> {
+        let region =
+            Region::in_process().map_err(|e| crate::exact::unavailable(&e).message().to_owned())?;
+        if !region.keeps_origins() {
+            return Err("the interposer keeps no origins here (MEMPROBE_GPU_ORIGINS=off)".into());
+        }
+        held_by_origin(&region, failed)
+    }
+}
+
+fn counter_of(location: OomLocation) -> Option<Counter> {
+    match location {
+        OomLocation::Device(d) => Some(Counter::Device(d)),
+        OomLocation::HostPinned => Some(Counter::HostPinned),
+        OomLocation::Unknown => None,
+    }
+}
+
+fn location_of(c: Counter) -> OomLocation {
+    match c {
+        Counter::Device(d) => OomLocation::Device(d),
+        Counter::HostPinned => OomLocation::HostPinned,
+    }
+}
+
+/// The driver's own failure: the breakdown the interposer copied inside it.
+/// A caller's trigger (a framework's error, raised after the driver's
+/// failure was handled, or with no driver failure at all): what is live on
+/// its device now, said to be so.
+fn held_by_origin(region: &Region, failed: &FailedAllocation) -> Result<OomHeldByOrigin, String> {
+    if failed.trigger == OomTrigger::Driver {
+        if let Some((c, b)) = region.oom_origins() {
+            let same = counter_of(failed.location).map_or(true, |want| want == c);
+            if same {
+                return Ok(held(location_of(c), OomHeldBasis::AtFailure, b));
+            }
+        }
+    }
+    let c = counter_of(failed.location)
+        .ok_or("the failing device is not known, so neither is what it held")?;
+    let by_origin = region.live_by_origin(c);
+    let live = PeakOrigins {
+        peak: by_origin.iter().map(|o| o.bytes).sum(),
+        at_ns: memprobe_core::monotonic_ns(),
+        by_origin,
+    };
+    Ok(held(failed.location, OomHeldBasis::AtReport, live))
+}
+
+fn held(location: OomLocation, basis: OomHeldBasis, p: PeakOrigins) -> OomHeldByOrigin {
+    OomHeldByOrigin {
+        location,
+        basis,
+        at_ns: p.at_ns,
+        held_bytes: p.peak,
+        by_origin: p
+            .by_origin
+            .into_iter()
+            .map(|o| OomOriginBytes {
+                name: o.origin.familiar_name(),
+                library: o.origin.library,
+                symbol: o.origin.symbol,
+                program: o.origin.program,
+                bytes: o.bytes,
+            })
+            .collect(),
     }
 }
 

@@ -107,6 +107,39 @@ static int32_t greedy_release(void *user_data) {
     return cu_mem_alloc(&p, (size_t)(64 * GIB)) == 2 ? 0 : 1;
 }
 
+/* memprobe_gpu_origins_at_oom before any failure: OK, nothing failed; bad
+ * pointers refused first. */
+static void no_oom_yet(void) {
+    memprobe_gpu_origin buf[2];
+    size_t n = 9;
+    int32_t device = 7;
+    uint64_t held = 7, at = 7;
+    EXPECT(memprobe_gpu_origins_at_oom(buf, 2, NULL, &device, &held, &at), MEMPROBE_STATUS_NULL_POINTER);
+    EXPECT(memprobe_gpu_origins_at_oom(NULL, 2, &n, &device, &held, &at), MEMPROBE_STATUS_NULL_POINTER);
+    CHECK(n == 0 && device == MEMPROBE_GPU_ORIGINS_NO_OOM && held == 0 && at == 0);
+    device = 7;
+    OK(memprobe_gpu_origins_at_oom(buf, 2, &n, &device, &held, &at));
+    CHECK(n == 0 && device == MEMPROBE_GPU_ORIGINS_NO_OOM && held == 0 && at == 0);
+    OK(memprobe_gpu_origins_at_oom(NULL, 0, &n, NULL, NULL, NULL));
+}
+
+/* memprobe_gpu_origins_at_oom after a failure on `device` holding `held`
+ * bytes, all of them the program's. */
+static void origins_at_oom(int32_t want_device, uint64_t want_held) {
+    memprobe_gpu_origin buf[4];
+    size_t n = 0;
+    int32_t device = 99;
+    uint64_t held = 0, at = 0;
+    OK(memprobe_gpu_origins_at_oom(NULL, 0, &n, NULL, NULL, NULL));
+    CHECK(n == 1);
+    memset(buf, 0, sizeof buf);
+    OK(memprobe_gpu_origins_at_oom(buf, 4, &n, &device, &held, &at));
+    CHECK(n == 1 && device == want_device && held == want_held && at > 0);
+    CHECK(buf[0].bytes == want_held && buf[0].is_program == 1);
+    CHECK(strstr(buf[0].library, "test_oom_driver") != NULL);
+    CHECK(buf[1].bytes == 0); /* entries past the count are untouched */
+}
+
 static void interposed(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     memprobe_source *exact = NULL, *alloc = NULL;
@@ -142,6 +175,7 @@ static void interposed(void) {
         OK(memprobe_tracker_new(both, 2, &t));
     }
     configure(t, "driver.json");
+    no_oom_yet();
 
     /* The trainer: 1 GiB of weights, then steps with 2 GiB activations. */
     CHECK(cu_mem_alloc(&base, (size_t)GIB) == 0);
@@ -185,6 +219,13 @@ static void interposed(void) {
     CHECK(has(report, "\"this_process\":true"));
     CHECK(has(last_summary, "cuMemAlloc_v2 asked 12.0 GiB on GPU 0 (driver trigger)"));
     CHECK(has(last_summary, "this process holds 6.00 GiB through the driver"));
+    /* What held the device when it failed: the program's 6 GiB, copied
+     * inside the failing call. */
+    CHECK(has(report, "\"held_by_origin\":{\"available\":true,\"reason\":null,\"basis\":\"at_failure\",\"location\":\"device\",\"device\":0,"));
+    CHECK(has(report, "\"held_bytes\":6442450944,\"origins\":[{\"name\":\"the program\","));
+    CHECK(has(report, "\"program\":true,\"bytes\":6442450944}]"));
+    CHECK(has(last_summary, "held on GPU 0 when it failed: 6.00 GiB: the program 6.00 GiB; CUDA context and unseen"));
+    origins_at_oom(0, 6 * GIB);
     CHECK(cu_mem_free(p) == 0);
 
     /* Re-armed: another entry point. */
@@ -218,6 +259,9 @@ static void interposed(void) {
     OK(memprobe_tracker_report_oom(t, 0, GIB, "caller beside the driver"));
     CHECK(callbacks == 4);
     CHECK(has(slurp(in_dir("caller.json")), "\"trigger\":\"caller\""));
+    /* A caller's report reads what is live now, and says so. */
+    CHECK(has(slurp(in_dir("caller.json")), "\"basis\":\"at_report\",\"location\":\"device\",\"device\":0,"));
+    CHECK(has(last_summary, "held on GPU 0 at the report: 1.00 GiB: the program 1.00 GiB"));
 
     /* A second tracker armed on the driver, freed: the next failure writes
      * nothing for it and returns its error unchanged. */
@@ -272,6 +316,13 @@ static void unavailable(const char *why) {
     OK(memprobe_tracker_set_oom_report(t, &o));
     OK(memprobe_tracker_report_oom(t, 0, GIB, NULL));
     CHECK(has(slurp(o.path), "\"driver_counts\":{\"available\":false"));
+    CHECK(has(slurp(o.path), "\"held_by_origin\":{\"available\":false"));
+    {
+        size_t n = 5;
+        int32_t device = 5;
+        EXPECT(memprobe_gpu_origins_at_oom(NULL, 0, &n, &device, NULL, NULL), MEMPROBE_STATUS_UNAVAILABLE);
+        CHECK(n == 0 && device == MEMPROBE_GPU_ORIGINS_NO_OOM);
+    }
     FREE_OK(memprobe_tracker_free(t));
     FREE_OK(memprobe_source_free(s));
 }

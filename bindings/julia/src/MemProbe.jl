@@ -27,7 +27,7 @@ export Source, Sample, SourceInfo, Window, Delta, Trace, Tracker, PhaseRecord,
        gpu_mem_get_used_no_cache, gpu_mem_get_used_fast, gpu_with_max_free_mem,
        preload_pytorch, gpu_source, gpu_exact_source, Exporter, set_oom_report!,
        clear_oom_report!, report_oom!, oom_status, rearm_oom_report!, OomCache,
-       gpu_origins_live, gpu_origins_at_peak, GPU_ORIGINS_HOST_PINNED
+       gpu_origins_live, gpu_origins_at_peak, gpu_origins_at_oom, GPU_ORIGINS_HOST_PINNED, GPU_ORIGINS_NO_OOM
 
 # One file per concept, included in this order (later files use earlier ones).
 # tests/tests/bindings_cover_header.rs reads them in the same order.

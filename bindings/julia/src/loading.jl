@@ -42,7 +42,7 @@ const FUNCTIONS = (
     :memprobe_gpu_set_current_device, :memprobe_gpu_preload, :memprobe_gpu_set_cache_release,
     :memprobe_gpu_device_open, :memprobe_gpu_mem_get_used_fast, :memprobe_gpu_device_mem_get,
     :memprobe_gpu_device_process_used, :memprobe_gpu_device_free,
-    :memprobe_gpu_debug_live_devices, :memprobe_gpu_origins_live, :memprobe_gpu_origins_at_peak,
+    :memprobe_gpu_debug_live_devices, :memprobe_gpu_origins_live, :memprobe_gpu_origins_at_peak, :memprobe_gpu_origins_at_oom,
     :memprobe_exporter_start, :memprobe_exporter_port, :memprobe_exporter_add_source,
     :memprobe_exporter_watch_tracker, :memprobe_exporter_set_rank, :memprobe_exporter_add_gpus,
     :memprobe_exporter_stop, :memprobe_exporter_free,

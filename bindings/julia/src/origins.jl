@@ -62,3 +62,24 @@ function gpu_origins_at_peak(device::Integer)
               device, out, cap, n, peak, at))
     (peak=peak[], at_ns=at[], by_origin=by)
 end
+
+const GPU_ORIGINS_NO_OOM = -2
+
+"""
+    gpu_origins_at_oom()
+
+What this process held by origin on the device of the last allocation that
+failed with out-of-memory, copied by the interposer inside that allocation:
+`(device, held, at_ns, by_origin)`, or `nothing` before any failure
+(`device` is `GPU_ORIGINS_HOST_PINNED` for pinned host memory). Errors as
+`gpu_origins_live`.
+"""
+function gpu_origins_at_oom()
+    device, held, at = Ref{Int32}(0), Ref{UInt64}(0), Ref{UInt64}(0)
+    by = read_origins((out, cap, n) ->
+        ccall(sym(:memprobe_gpu_origins_at_oom), UInt32,
+              (Ptr{CGpuOrigin}, Csize_t, Ref{Csize_t}, Ref{Int32}, Ref{UInt64}, Ref{UInt64}),
+              out, cap, n, device, held, at))
+    device[] == GPU_ORIGINS_NO_OOM && return nothing
+    (device=Int(device[]), held=held[], at_ns=at[], by_origin=by)
+end

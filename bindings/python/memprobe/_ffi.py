@@ -73,6 +73,7 @@ MEMPROBE_OOM_CACHE_RESERVED = 1
 MEMPROBE_OOM_CACHE_ALLOCATED = 2
 MEMPROBE_OOM_CACHE_RELEASABLE = 4
 MEMPROBE_GPU_ORIGINS_HOST_PINNED = -1
+MEMPROBE_GPU_ORIGINS_NO_OOM = -2
 
 # --- types --------------------------------------------------------------------
 
@@ -312,6 +313,10 @@ PROTOTYPES: Dict[str, Tuple[Any, List[Any]]] = {
     "memprobe_gpu_origins_at_peak": (
         status_t,
         [c_int32, P(memprobe_gpu_origin), c_size_t, P(c_size_t), P(c_uint64), P(c_uint64)],
+    ),
+    "memprobe_gpu_origins_at_oom": (
+        status_t,
+        [P(memprobe_gpu_origin), c_size_t, P(c_size_t), P(c_int32), P(c_uint64), P(c_uint64)],
     ),
     "memprobe_gpu_mem_get_free": (status_t, [P(c_uint64)]),
     "memprobe_gpu_mem_get_used": (status_t, [P(c_uint64)]),

@@ -8,6 +8,9 @@ device's peak::
         print(o.file_name, o.bytes)          # libc10_cuda.so 70254592 ...
     peak = origins.at_peak(0)                # the breakdown at the peak
     print(peak.peak, [(o.file_name, o.bytes) for o in peak.by_origin])
+    oom = origins.at_oom()                   # what was live at the last OOM
+    if oom is not None:
+        print(oom.device, oom.held, [(o.file_name, o.bytes) for o in oom.by_origin])
 
 Needs the interposer in this process (``memprobe run --gpu-exact -- CMD``);
 without it every call raises :class:`~memprobe.errors.UnavailableError`.
@@ -16,7 +19,7 @@ without it every call raises :class:`~memprobe.errors.UnavailableError`.
 
 from __future__ import annotations
 
-from ctypes import byref, c_size_t, c_uint64
+from ctypes import byref, c_int32, c_size_t, c_uint64
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
@@ -52,6 +55,20 @@ class PeakOrigins:
     """The bytes by origin at a device's highest use so far."""
 
     peak: int
+    at_ns: int
+    by_origin: List[Origin]
+
+
+@dataclass(frozen=True)
+class OomOrigins:
+    """What this process held by origin when an allocation last failed with
+    out-of-memory."""
+
+    #: The failing device (:data:`HOST_PINNED` for pinned host memory).
+    device: int
+    #: What the process held there then (the sum of ``by_origin``).
+    held: int
+    #: When it failed, ``CLOCK_MONOTONIC`` nanoseconds.
     at_ns: int
     by_origin: List[Origin]
 
@@ -101,3 +118,18 @@ def at_peak(device: int) -> PeakOrigins:
 
     by_origin = _read(call)
     return PeakOrigins(peak=int(peak.value), at_ns=int(at.value), by_origin=by_origin)
+
+
+def at_oom() -> Optional[OomOrigins]:
+    """``memprobe_gpu_origins_at_oom``: the bytes by origin on the device of
+    the last allocation that failed with out-of-memory, as the interposer
+    copied them inside that allocation; ``None`` before any failure."""
+    device, held, at = c_int32(0), c_uint64(0), c_uint64(0)
+
+    def call(out: Any, cap: int, n: Any) -> int:
+        return int(C.memprobe_gpu_origins_at_oom(out, cap, n, byref(device), byref(held), byref(at)))
+
+    by_origin = _read(call)
+    if device.value == _ffi.MEMPROBE_GPU_ORIGINS_NO_OOM:
+        return None
+    return OomOrigins(device=int(device.value), held=int(held.value), at_ns=int(at.value), by_origin=by_origin)

@@ -34,6 +34,8 @@ def test_bad_devices_and_a_missing_interposer_are_errors():
         origins.live(0)
     with pytest.raises(UnavailableError):
         origins.at_peak(origins.HOST_PINNED)
+    with pytest.raises(UnavailableError, match="interposer"):
+        origins.at_oom()
 
 
 def _interposer() -> str | None:
@@ -59,6 +61,11 @@ assert cu.cuMemAlloc_v2(byref(a), 3 << 20) == 0
 assert cu.cuMemAlloc_v2(byref(b), 5 << 20) == 0
 assert cu.cuMemFree_v2(b) == 0
 from memprobe import origins
+before_oom = origins.at_oom()
+c = c_uint64()
+# Past the fake device's memory (FAKE_CUDA_MEMORY): out of memory (2).
+assert cu.cuMemAlloc_v2(byref(c), 1 << 40) == 2
+oom = origins.at_oom()
 live = origins.live(0)
 peak = origins.at_peak(0)
 print(json.dumps({
@@ -67,6 +74,8 @@ print(json.dumps({
     "peak": peak.peak,
     "at_peak": [(o.library, o.bytes) for o in peak.by_origin],
     "pinned": len(origins.live(origins.HOST_PINNED)),
+    "before_oom": before_oom,
+    "oom": [oom.device, oom.held, oom.at_ns > 0, [(o.library, o.bytes) for o in oom.by_origin]],
 }))
 """
 
@@ -101,3 +110,6 @@ def test_under_the_interposer_the_caller_holds_its_bytes(tmp_path):
     assert out["pinned"] == 0
     # ctypes' library is not the program (the interpreter).
     assert out["program"] == [False]
+    # Nothing failed, then one allocation failed on device 0 holding 3 MiB.
+    assert out["before_oom"] is None
+    assert out["oom"] == [0, 3 << 20, True, [[library, 3 << 20]]]

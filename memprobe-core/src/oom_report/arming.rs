@@ -318,6 +318,7 @@ impl OomReporter {
                 ended_total: st.ended_total,
                 gpus: Err(String::new()),
                 driver_counts: Err(String::new()),
+                held_by_origin: Err(String::new()),
                 reports_before: st.reports_written,
                 later_count: 0,
                 later_last: None,
@@ -334,6 +335,10 @@ impl OomReporter {
         report.driver_counts = gpu
             .as_ref()
             .map_or_else(|| Err(NONE.to_owned()), |g| g.driver_counts());
+        report.held_by_origin = gpu.as_ref().map_or_else(
+            || Err(NONE.to_owned()),
+            |g| g.held_by_origin(&report.failed),
+        );
         let done = out.write(&report, true);
         let mut st = self.shared.state.lock()?;
         st.last_error = done.as_ref().err().cloned();

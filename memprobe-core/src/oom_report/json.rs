@@ -88,6 +88,7 @@ fn document(r: &OutOfMemoryReport) -> String {
     key(&mut out, false, "not_counted_bytes");
     opt_u64(&mut out, counts.map(|c| c.not_counted_bytes));
     out.push('}');
+    held_json(&mut out, r);
     key(&mut out, false, "caches");
     json::list(&mut out, &r.caches(), |o, c| {
         let _ = write!(o, "{{\"device\":{}", c.device);
@@ -116,6 +117,45 @@ fn document(r: &OutOfMemoryReport) -> String {
     }
     out.push_str("}}");
     out
+}
+
+/// `held_by_origin`: always the same keys, `null` where unknown.
+fn held_json(out: &mut String, r: &OutOfMemoryReport) {
+    section_head(
+        out,
+        "held_by_origin",
+        r.held_by_origin.as_ref().err().map(String::as_str),
+    );
+    let h = r.held_by_origin.as_ref().ok();
+    key(out, false, "basis");
+    opt_str(out, h.map(|h| h.basis.as_str()));
+    key(out, false, "location");
+    opt_str(out, h.map(|h| h.location.as_str()));
+    key(out, false, "device");
+    opt_u64(out, h.and_then(|h| h.location.device()).map(u64::from));
+    key(out, false, "at_monotonic_ns");
+    opt_u64(out, h.map(|h| h.at_ns));
+    key(out, false, "held_bytes");
+    opt_u64(out, h.map(|h| h.held_bytes));
+    key(out, false, "origins");
+    match h {
+        Some(h) => json::list(out, &h.by_origin, |o, b| {
+            o.push_str("{\"name\":");
+            json::string(o, &b.name);
+            key(o, false, "library");
+            json::string(o, &b.library);
+            key(o, false, "symbol");
+            opt_str(o, b.symbol.as_deref());
+            let _ = write!(o, ",\"program\":{},\"bytes\":{}}}", b.program, b.bytes);
+        }),
+        None => out.push_str("[]"),
+    }
+    let context = r.context_and_unseen();
+    key(out, false, "context_and_unseen_bytes");
+    opt_u64(out, context.as_ref().ok().copied());
+    key(out, false, "context_and_unseen_reason");
+    opt_str(out, context.as_ref().err().map(String::as_str));
+    out.push('}');
 }
 
 fn opt_u64(out: &mut String, v: Option<u64>) {

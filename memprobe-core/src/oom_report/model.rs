@@ -2,6 +2,7 @@
 //! phases, the GPU part asked of an [`OomGpuProvider`] from above, and what
 //! releasing caches would free.
 
+use super::held::OomHeldByOrigin;
 use super::unix_ns;
 use crate::phase::PhaseKind;
 use crate::record::Record;
@@ -309,6 +310,15 @@ pub trait OomGpuProvider: Send + Sync {
     /// What this process holds per device through the driver, or why it is
     /// not known.
     fn driver_counts(&self) -> std::result::Result<OomDriverCounts, String>;
+    /// What this process held by origin where `failed` failed, or why it
+    /// is not known. By default: not known.
+    fn held_by_origin(
+        &self,
+        failed: &FailedAllocation,
+    ) -> std::result::Result<OomHeldByOrigin, String> {
+        let _ = failed;
+        Err("this GPU provider names no origins".to_owned())
+    }
 }
 
 /// What releasing caches would free on one device, as far as is known.
@@ -358,6 +368,9 @@ pub struct OutOfMemoryReport {
     pub gpus: std::result::Result<Vec<OomGpuDevice>, String>,
     /// The interposer's counts, or why they are not known.
     pub driver_counts: std::result::Result<OomDriverCounts, String>,
+    /// What held the failing device's memory, by origin, or why it is not
+    /// known.
+    pub held_by_origin: std::result::Result<OomHeldByOrigin, String>,
     /// Reports written before this one by the same configuration (re-armed).
     pub reports_before: u64,
     /// Triggers after this report, not written: how many.

@@ -1,7 +1,7 @@
 //! The report for people: a few lines; sizes, durations and dates in the
 //! workspace's one text for each ([`crate::units`]).
 
-use super::{OomLocation, OutOfMemoryReport};
+use super::{OomHeldBasis, OomLocation, OutOfMemoryReport};
 use crate::delta::SourceDelta;
 use crate::units::{bytes, secs_ns, utc};
 use std::fmt::Write as _;
@@ -162,6 +162,7 @@ fn text(r: &OutOfMemoryReport) -> String {
     if let Err(why) = &r.driver_counts {
         let _ = writeln!(s, "  driver counts: unavailable ({why})");
     }
+    held_line(&mut s, r);
     for c in r.caches() {
         let releasable = c
             .releasable_bytes
@@ -185,6 +186,76 @@ fn text(r: &OutOfMemoryReport) -> String {
         );
     }
     s
+}
+
+/// Origins named in the summary's line; the rest are summed.
+const TOP_ORIGINS: usize = 5;
+
+/// `  held on GPU 0 when it failed: 1.00 GiB: NCCL 600 MiB, ...; CUDA
+/// context and unseen ...`: the origins, same names summed, largest first.
+fn held_line(s: &mut String, r: &OutOfMemoryReport) {
+    let h = match &r.held_by_origin {
+        Ok(h) => h,
+        Err(why) => {
+            let _ = writeln!(s, "  held by origin: unknown ({why})");
+            return;
+        }
+    };
+    let place = match h.location {
+        OomLocation::Device(d) => format!("GPU {d}"),
+        OomLocation::HostPinned => "pinned host memory".to_owned(),
+        OomLocation::Unknown => "an unknown device".to_owned(),
+    };
+    let when = match h.basis {
+        OomHeldBasis::AtFailure => "when it failed",
+        OomHeldBasis::AtReport => "at the report",
+    };
+    let mut named: Vec<(&str, u64)> = Vec::new();
+    for o in &h.by_origin {
+        match named.iter_mut().find(|(n, _)| *n == o.name) {
+            Some(e) => e.1 += o.bytes,
+            None => named.push((&o.name, o.bytes)),
+        }
+    }
+    named.sort_by_key(|n| std::cmp::Reverse(n.1));
+    let mut parts: Vec<String> = named
+        .iter()
+        .take(TOP_ORIGINS)
+        .map(|(n, b)| format!("{n} {}", bytes(*b)))
+        .collect();
+    if named.len() > TOP_ORIGINS {
+        let rest: u64 = named[TOP_ORIGINS..].iter().map(|n| n.1).sum();
+        parts.push(format!(
+            "{} more {}",
+            named.len() - TOP_ORIGINS,
+            bytes(rest)
+        ));
+    }
+    let _ = write!(
+        s,
+        "  held on {place} {when}: {}: {}",
+        bytes(h.held_bytes),
+        if parts.is_empty() {
+            "nothing counted".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    );
+    if let OomLocation::Device(_) = h.location {
+        match r.context_and_unseen() {
+            Ok(c) => {
+                let _ = write!(
+                    s,
+                    "; CUDA context and unseen {} (NVML minus counted)",
+                    bytes(c)
+                );
+            }
+            Err(why) => {
+                let _ = write!(s, "; CUDA context and unseen unknown ({why})");
+            }
+        }
+    }
+    s.push('\n');
 }
 
 fn delta_note(d: &SourceDelta) -> String {

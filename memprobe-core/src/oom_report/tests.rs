@@ -304,3 +304,185 @@ fn a_report_being_written_never_blocks_the_training_loop() {
     t.lock().unwrap().set_oom_report(None).unwrap();
     assert!(r.is_closed());
 }
+
+/// A provider that names origins: 8 libraries, two of them under one
+/// name; `.0`: NVML gives per-process figures.
+struct FakeOrigins(bool);
+
+impl OomGpuProvider for FakeOrigins {
+    fn devices(&self) -> std::result::Result<Vec<OomGpuDevice>, String> {
+        let mut d = FakeGpu.devices()?;
+        if !self.0 {
+            for p in d[0].processes.as_mut().unwrap() {
+                p.used_bytes = None;
+            }
+        }
+        Ok(d)
+    }
+    fn driver_counts(&self) -> std::result::Result<OomDriverCounts, String> {
+        FakeGpu.driver_counts()
+    }
+    fn held_by_origin(
+        &self,
+        failed: &FailedAllocation,
+    ) -> std::result::Result<OomHeldByOrigin, String> {
+        const MIB: u64 = 1 << 20;
+        let o = |name: &str, library: &str, mib: u64| OomOriginBytes {
+            name: name.into(),
+            library: library.into(),
+            symbol: (mib == 600).then(|| "ncclCommInit\"Rank".to_owned()),
+            program: name == "the program",
+            bytes: mib * MIB,
+        };
+        let by_origin = vec![
+            o("PyTorch caching allocator", "/t/libc10_cuda.so", 9000),
+            o("NCCL", "/n/libnccl.so.2", 600),
+            o("cuBLASLt", "/c/libcublasLt.so.12", 300),
+            o("the program", "/usr/bin/python3", 50),
+            o("libmine.so", "/x/libmine.so", 40),
+            o("cuBLASLt", "/c2/libcublasLt.so.12", 30),
+            o("libb.so", "/x/libb.so", 20),
+            o("libc.so", "/x/libc.so", 10),
+        ];
+        Ok(OomHeldByOrigin {
+            location: failed.location,
+            basis: match failed.trigger {
+                OomTrigger::Driver => OomHeldBasis::AtFailure,
+                OomTrigger::Caller => OomHeldBasis::AtReport,
+            },
+            at_ns: 42,
+            held_bytes: by_origin.iter().map(|o| o.bytes).sum(),
+            by_origin,
+        })
+    }
+}
+
+#[test]
+fn what_held_the_device_is_named_by_origin_with_the_context_beside_it() {
+    const MIB: u64 = 1 << 20;
+    let json = Buf::default();
+    let summary = Buf::default();
+    let mut t = tracker();
+    t.set_oom_report(Some(OomReportOptions {
+        json_writer: Some(Box::new(json.clone())),
+        summary_writer: Some(Box::new(summary.clone())),
+        gpu: Some(Arc::new(FakeOrigins(true))),
+        ..OomReportOptions::default()
+    }))
+    .unwrap();
+    let f = FailedAllocation::new(
+        OomTrigger::Caller,
+        OomLocation::Device(0),
+        Some(MIB),
+        "torch",
+    );
+    t.report_oom(f).unwrap();
+    let doc = json.text();
+    let held = 10_050 * MIB;
+    assert!(
+        doc.contains(&format!(
+            "\"held_by_origin\":{{\"available\":true,\"reason\":null,\"basis\":\"at_report\",\
+             \"location\":\"device\",\"device\":0,\"at_monotonic_ns\":42,\"held_bytes\":{held},\
+             \"origins\":[{{\"name\":\"PyTorch caching allocator\",\"library\":\"/t/libc10_cuda.so\",\
+             \"symbol\":null,\"program\":false,\"bytes\":{}}}",
+            9000 * MIB
+        )),
+        "{doc}"
+    );
+    assert!(doc.contains("\"symbol\":\"ncclCommInit\\\"Rank\""), "{doc}");
+    // FakeGpu's NVML says this process holds 12 GiB.
+    let context = (12 << 30) - held;
+    assert!(
+        doc.contains(&format!(
+            "\"context_and_unseen_bytes\":{context},\"context_and_unseen_reason\":null}}"
+        )),
+        "{doc}"
+    );
+    let text = summary.text();
+    // Same names summed (cuBLASLt 330 MiB), the top five, the rest summed.
+    assert!(
+        text.contains(
+            "  held on GPU 0 at the report: 9.81 GiB: PyTorch caching allocator 8.79 GiB, \
+             NCCL 600 MiB, cuBLASLt 330 MiB, the program 50.0 MiB, libmine.so 40.0 MiB, \
+             2 more 30.0 MiB; CUDA context and unseen 2.19 GiB (NVML minus counted)\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_origins_or_nvml_the_report_says_why() {
+    let json = Buf::default();
+    let summary = Buf::default();
+    let mut t = tracker();
+    t.set_oom_report(Some(OomReportOptions {
+        json_writer: Some(Box::new(json.clone())),
+        summary_writer: Some(Box::new(summary.clone())),
+        gpu: Some(Arc::new(FakeGpu)),
+        ..OomReportOptions::default()
+    }))
+    .unwrap();
+    let f = FailedAllocation::new(OomTrigger::Caller, OomLocation::Device(0), None, "torch");
+    t.report_oom(f).unwrap();
+    let doc = json.text();
+    assert!(
+        doc.contains(
+            "\"held_by_origin\":{\"available\":false,\"reason\":\"this GPU provider names no \
+             origins\",\"basis\":null,\"location\":null,\"device\":null,\"at_monotonic_ns\":null,\
+             \"held_bytes\":null,\"origins\":[],\"context_and_unseen_bytes\":null,\
+             \"context_and_unseen_reason\":\"no breakdown by origin\"}"
+        ),
+        "{doc}"
+    );
+    assert!(summary
+        .text()
+        .contains("  held by origin: unknown (this GPU provider names no origins)\n"));
+    // NVML without a per-process figure, and pinned host memory: the
+    // context is unknown, said why; never a 0 standing in.
+    for (location, why) in [
+        (
+            OomLocation::Device(0),
+            "NVML gives no per-process figure on this driver",
+        ),
+        (
+            OomLocation::HostPinned,
+            "pinned host memory has no device figure",
+        ),
+    ] {
+        let json = Buf::default();
+        let summary = Buf::default();
+        let mut t = tracker();
+        t.set_oom_report(Some(OomReportOptions {
+            json_writer: Some(Box::new(json.clone())),
+            summary_writer: Some(Box::new(summary.clone())),
+            gpu: Some(Arc::new(FakeOrigins(false))),
+            ..OomReportOptions::default()
+        }))
+        .unwrap();
+        t.report_oom(FailedAllocation::new(
+            OomTrigger::Caller,
+            location,
+            None,
+            "x",
+        ))
+        .unwrap();
+        let doc = json.text();
+        assert!(
+            doc.contains(&format!(
+                "\"context_and_unseen_bytes\":null,\"context_and_unseen_reason\":\"{why}\""
+            )),
+            "{doc}"
+        );
+        let text = summary.text();
+        match location {
+            OomLocation::Device(_) => assert!(
+                text.contains(&format!("; CUDA context and unseen unknown ({why})\n")),
+                "{text}"
+            ),
+            _ => assert!(
+                text.contains("held on pinned host memory at the report: 9.81 GiB: "),
+                "{text}"
+            ),
+        }
+    }
+}

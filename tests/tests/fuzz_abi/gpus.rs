@@ -160,6 +160,18 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                                 dev, ptr, cap, &mut n, &mut v, &mut at,
                             ),
                         );
+                        let mut failed_on = 0i32;
+                        let on = if rng.chance(50) {
+                            &mut failed_on as *mut i32
+                        } else {
+                            std::ptr::null_mut()
+                        };
+                        call(
+                            "gpu_origins_at_oom",
+                            origins::memprobe_gpu_origins_at_oom(
+                                ptr, cap, &mut n, on, &mut v, &mut at,
+                            ),
+                        );
                     }
                     _ => {
                         let d = pick(rng, &p.devices, p);
