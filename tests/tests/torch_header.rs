@@ -10,10 +10,11 @@
 //! CUDA_HOME, /usr/local/cuda, or MEMPROBE_CUDA_INCLUDE. A CPU-only torch build is compiled against, not
 //! linked. Skipped when torch or those headers are missing, except under
 //! CI=true, where torch is installed for the framework tests and anything
-//! missing is a failure.
+//! missing is a failure. The attribution replay (memprobe_torch_attribution.hpp)
+//! needs neither torch nor CUDA: it is built as C++17 and run always.
 
-use memprobe_tests::{assert_ok, lib_dir, root, run, scratch};
-use std::path::PathBuf;
+use memprobe_tests::{assert_ok, compile, fresh_scratch, lib_dir, root, run, scratch, Build};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The CI venv's python when there is one (what `make test` uses).
@@ -173,4 +174,81 @@ fn memprobe_torch_hpp_compiles_links_and_runs_without_cuda() {
         stdout.contains("device 0 without CUDA: memprobe_torch: no CUDA device is visible"),
         "{stdout}"
     );
+}
+
+/// Every record a run of test_torch_attribution wrote, checked as a reader
+/// (memprobe run, the Python side) would take it: the schema, at most
+/// 256 KiB, no temporary file left, and for a complete epoch peak the
+/// blocks plus rest equal to peak_bytes to the byte; an incomplete one
+/// names no block and leaves rest.bytes null.
+fn check_records(dir: &Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read the records' directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                name.ends_with(".json") && !name.starts_with('.'),
+                "left behind: {}",
+                path.display()
+            );
+            let text = std::fs::read_to_string(&path).expect("a record is UTF-8");
+            assert!(text.len() <= 256 * 1024, "{name}: {} bytes", text.len());
+            let doc: serde_json::Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{name} is not JSON ({e}): {text}"));
+            assert_eq!(doc["schema"], "memprobe.torch_attribution/1", "{name}");
+            let complete = doc["history"]["complete"]
+                .as_bool()
+                .expect("history.complete");
+            let blocks = doc["blocks"].as_array().expect("blocks");
+            let rest = &doc["rest"]["bytes"];
+            if !complete {
+                assert!(blocks.is_empty() && rest.is_null(), "{name}: {doc}");
+                assert!(doc["history"]["reason"].is_string(), "{name}");
+            } else if let Some(peak) = doc["peak_bytes"].as_u64() {
+                let sum: u64 = blocks.iter().map(|b| b["bytes"].as_u64().unwrap()).sum();
+                assert_eq!(sum + rest.as_u64().expect("rest.bytes"), peak, "{name}");
+            }
+            for b in blocks {
+                for key in ["bytes", "stream", "address"] {
+                    assert!(b[key].is_u64(), "{name}: {key} in {b}");
+                }
+                assert!(
+                    b["frames"].is_array() && b.get("module").is_some(),
+                    "{name}: {b}"
+                );
+            }
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn attribution_replay_runs_as_cxx17_without_torch() {
+    // The replay and the record need neither torch nor CUDA: C++17, strict
+    // warnings, plain and under AddressSanitizer + UBSan.
+    for build in [Build::Plain, Build::Sanitized] {
+        let dir = fresh_scratch("torch_attribution");
+        let exe = dir.join("test_torch_attribution");
+        compile(
+            &[root().join("tests/cpp/test_torch_attribution.cpp")],
+            &exe,
+            build,
+            &[],
+        );
+        let out = dir.join("records");
+        let o = run(&exe, &[out.to_str().unwrap()], &[]);
+        assert_ok(&format!("test_torch_attribution ({build:?})"), &o);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+        // escapes, truncated (2), incomplete; 3 epochs and 2 OOMs under
+        // MEMPROBE_ATTRIBUTION_DIR; 1 in the default directory.
+        assert_eq!(check_records(&out), 10, "{}", out.display());
+    }
 }
