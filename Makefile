@@ -257,7 +257,7 @@ PY_SITE := $(abspath $(BUILD))/py-site
 # CMake package under PREFIX (default /usr/local; DESTDIR stages for packagers):
 #   make install PREFIX=$HOME/.local
 # bin/memprobe, lib/libmemprobe.so.X.Y.Z, its SONAME link, libmemprobe.so,
-# libmemprobe.a, include/memprobe.h (and memprobe.hpp, memprobe_torch.hpp), lib/pkgconfig/memprobe.pc
+# libmemprobe.a, include/memprobe.h (and memprobe.hpp, memprobe_torch*.hpp), lib/pkgconfig/memprobe.pc
 # (its Libs: carry an rpath to LIBDIR, outside the loader's own directories, so
 # a program built through it runs without LD_LIBRARY_PATH),
 # lib/cmake/memprobe/memprobeConfig.cmake + memprobeConfigVersion.cmake.
@@ -302,6 +302,7 @@ install-files:
 	install -m 644 include/memprobe.h "$$inc/memprobe.h"; \
 	if [ -f include/memprobe.hpp ]; then install -m 644 include/memprobe.hpp "$$inc/memprobe.hpp"; fi; \
 	install -m 644 include/memprobe_torch.hpp "$$inc/memprobe_torch.hpp"; \
+	install -m 644 include/memprobe_torch_attribution.hpp "$$inc/memprobe_torch_attribution.hpp"; \
 	share='$(DESTDIR)$(DATADIR)/memprobe'; install -d "$$share/grafana" "$$share/prometheus/tests"; \
 	install -m 644 deploy/grafana/memprobe-dashboard.json "$$share/grafana/memprobe-dashboard.json"; \
 	install -m 644 deploy/prometheus/memprobe-rules.yml "$$share/prometheus/memprobe-rules.yml"; \

@@ -73,6 +73,38 @@ DeviceIndex device_count() noexcept;
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+/* Attribution (which blocks held a step's peak) reads torch's allocator
+ * history: recordHistory and snapshot are declared only in c10/cuda, whose
+ * headers include the CUDA runtime's, with every libtorch. It is built
+ * when those headers are at hand (always below 2.11, where this header
+ * already needs them; from 2.11 when cuda_runtime_api.h is on the include
+ * path). Define MEMPROBE_TORCH_ATTRIBUTION to 0 or 1 to choose. C++ stacks
+ * for the blocks (MEMPROBE_TORCH_CPP_STACKS=1) use libtorch's own
+ * unwinder: link libtorch_cpu too. */
+#ifndef MEMPROBE_TORCH_ATTRIBUTION
+#if !MEMPROBE_TORCH_DEVICE_ALLOCATOR || __has_include(<cuda_runtime_api.h>)
+#define MEMPROBE_TORCH_ATTRIBUTION 1
+#else
+#define MEMPROBE_TORCH_ATTRIBUTION 0
+#endif
+#endif
+#ifndef MEMPROBE_TORCH_CPP_STACKS
+#define MEMPROBE_TORCH_CPP_STACKS 0
+#endif
+#if MEMPROBE_TORCH_ATTRIBUTION
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <chrono>
+#include <memory>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <time.h>
+#include "memprobe_torch_attribution.hpp"
+#if MEMPROBE_TORCH_CPP_STACKS
+#include <torch/csrc/profiler/combined_traceback.h>
+#endif
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -240,6 +272,305 @@ inline SourceList list(const std::vector<AllocatorSources> &devices) {
         for (const Source &s : d.sources()) l.add(s);
     return l;
 }
+
+#if MEMPROBE_TORCH_ATTRIBUTION
+/** Options of an Attribution: where and what to write (device, top N,
+ *  stage, rank, directory; see attribution::Options) and how torch
+ *  records. */
+struct AttributionOptions : attribution::Options {
+    /** torch's ring buffer of history entries: every entry of a step must
+     *  fit, or that step's record says the history was incomplete. */
+    std::size_t max_entries = 100000;
+    /** C++ stacks for each block (torch's unwinder; costs at every
+     *  allocation). Needs MEMPROBE_TORCH_CPP_STACKS=1. */
+    bool cpp_stacks = false;
+    /** Also write a record at each out-of-memory error of the device. */
+    bool on_oom = true;
+};
+
+namespace detail {
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+/* recordHistory's signature grew (clearHistory in 2.6, skip_actions
+ * later): call the widest one this libtorch declares. */
+struct pick0 {};
+struct pick1 : pick0 {};
+struct pick2 : pick1 {};
+template <class A>
+auto record_history(A *a, bool on, cca::CreateContextFn fn, std::size_t n, cca::RecordContext when, pick2)
+    -> decltype(a->recordHistory(on, fn, n, when, false, std::vector<std::string>{}), void()) {
+    a->recordHistory(on, fn, n, when, false, std::vector<std::string>{});
+}
+template <class A>
+auto record_history(A *a, bool on, cca::CreateContextFn fn, std::size_t n, cca::RecordContext when, pick1)
+    -> decltype(a->recordHistory(on, fn, n, when, false), void()) {
+    a->recordHistory(on, fn, n, when, false);
+}
+template <class A>
+void record_history(A *a, bool on, cca::CreateContextFn fn, std::size_t n, cca::RecordContext when, pick0) {
+    a->recordHistory(on, fn, n, when);
+}
+
+#if MEMPROBE_TORCH_CPP_STACKS
+inline std::shared_ptr<c10::GatheredContext> gather_cpp() { return ::torch::CapturedTraceback::gather(false, false, true); }
+#endif
+
+/** Frames of torch's contexts (C++ stacks), symbolized in one batch. */
+class Frames {
+public:
+    void want(const std::shared_ptr<c10::GatheredContext> &c) {
+#if MEMPROBE_TORCH_CPP_STACKS
+        if (auto *t = dynamic_cast<::torch::CapturedTraceback *>(c.get()))
+            if (index_.emplace(t, list_.size()).second) list_.push_back(t);
+#else
+        (void)c;
+#endif
+    }
+    void resolve() {
+#if MEMPROBE_TORCH_CPP_STACKS
+        if (list_.empty()) return;
+        ::torch::SymbolizedTracebacks st = ::torch::symbolize(list_);
+        for (const auto &tb : st.tracebacks) {
+            std::vector<attribution::Frame> f;
+            for (std::uint64_t i : tb) {
+                const auto &fr = st.all_frames.at(static_cast<std::size_t>(i));
+                f.push_back(attribution::Frame{fr.filename, static_cast<std::int64_t>(fr.lineno), fr.funcname});
+            }
+            resolved_.push_back(std::move(f));
+        }
+#endif
+    }
+    std::vector<attribution::Frame> of(const std::shared_ptr<c10::GatheredContext> &c) const {
+#if MEMPROBE_TORCH_CPP_STACKS
+        if (auto *t = dynamic_cast<::torch::CapturedTraceback *>(c.get())) {
+            auto it = index_.find(t);
+            if (it != index_.end() && it->second < resolved_.size()) return resolved_[it->second];
+        }
+#else
+        (void)c;
+#endif
+        return {};
+    }
+
+private:
+#if MEMPROBE_TORCH_CPP_STACKS
+    std::vector<::torch::CapturedTraceback *> list_;
+    std::unordered_map<::torch::CapturedTraceback *, std::size_t> index_;
+    std::vector<std::vector<attribution::Frame>> resolved_;
+#endif
+};
+
+inline std::uint64_t stream_id(cudaStream_t s) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(s)); }
+
+inline attribution::Action action_of(cca::TraceEntry::Action a) {
+    switch (a) {
+    case cca::TraceEntry::ALLOC: return attribution::Action::Alloc;
+    case cca::TraceEntry::FREE_REQUESTED: return attribution::Action::FreeRequested;
+    case cca::TraceEntry::FREE_COMPLETED: return attribution::Action::FreeCompleted;
+    case cca::TraceEntry::SEGMENT_ALLOC: return attribution::Action::SegmentAlloc;
+    case cca::TraceEntry::SEGMENT_FREE: return attribution::Action::SegmentFree;
+    case cca::TraceEntry::SEGMENT_MAP: return attribution::Action::SegmentMap;
+    case cca::TraceEntry::SEGMENT_UNMAP: return attribution::Action::SegmentUnmap;
+    case cca::TraceEntry::OOM: return attribution::Action::Oom;
+    default: return attribution::Action::Snapshot;  // moves no block
+    }
+}
+
+/** torch's snapshot of one device as the replay's History. */
+inline attribution::History history_of(const cca::SnapshotInfo &info, int device, std::size_t max_entries,
+                                       std::int64_t since_us) {
+    Frames frames;
+    const std::vector<cca::TraceEntry> none;
+    const auto d = static_cast<std::size_t>(device);
+    const std::vector<cca::TraceEntry> &trace = d < info.device_traces.size() ? info.device_traces[d] : none;
+    for (const cca::SegmentInfo &seg : info.segments)
+        if (seg.device == device)
+            for (const cca::BlockInfo &b : seg.blocks) frames.want(b.context_when_allocated);
+    for (const cca::TraceEntry &e : trace) frames.want(e.context_);
+    frames.resolve();
+    attribution::History h;
+    h.max_entries = max_entries;
+    h.recording_since_us = since_us;
+    for (const cca::SegmentInfo &seg : info.segments) {
+        if (seg.device != device) continue;
+        attribution::Segment s{seg.address, seg.total_size, stream_id(seg.stream), {}};
+        for (const cca::BlockInfo &b : seg.blocks)
+            s.blocks.push_back(attribution::SnapshotBlock{b.size, b.requested_size, b.allocated, b.active,
+                                                          frames.of(b.context_when_allocated)});
+        h.segments.push_back(std::move(s));
+    }
+    h.events.reserve(trace.size());
+    for (const cca::TraceEntry &e : trace)
+        h.events.push_back(attribution::Event{action_of(e.action_), static_cast<std::uint64_t>(e.addr_),
+                                              static_cast<std::uint64_t>(e.size_), stream_id(e.stream_),
+                                              static_cast<std::int64_t>(e.time_.t_), frames.of(e.context_)});
+    return h;
+}
+
+/** A CLOCK_MONOTONIC instant (memprobe's phase records) as Unix µs. */
+inline std::int64_t monotonic_to_unix_us(std::uint64_t monotonic_ns) {
+    timespec mono{}, real{};
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    clock_gettime(CLOCK_REALTIME, &real);
+    const std::int64_t mono_ns = static_cast<std::int64_t>(mono.tv_sec) * 1000000000 + mono.tv_nsec;
+    const std::int64_t real_ns = static_cast<std::int64_t>(real.tv_sec) * 1000000000 + real.tv_nsec;
+    return (real_ns - (mono_ns - static_cast<std::int64_t>(monotonic_ns))) / 1000;
+}
+}  // namespace detail
+
+/** Which tensors held each epoch's peak step, for a libtorch program:
+ *  turns on torch's allocator history for one device (bounded, no stacks
+ *  unless asked) and, when a step sets a new peak for its epoch, takes
+ *  torch's snapshot, replays it to that step's exact peak and writes the
+ *  record (epoch-<E>-rank-<R>.json, the Python integrations' format) into
+ *  MEMPROBE_ATTRIBUTION_DIR or options.dir. An out-of-memory error of the
+ *  device writes oom-<N>-rank-<R>.json with the failing request and the
+ *  segments.
+ *
+ *     memprobe::torch::AllocatorSources gpu0(0);
+ *     memprobe::torch::Attribution attr;                    // device 0
+ *     memprobe::Tracker tracker(gpu0.list());
+ *     for (epoch ...) for (step ...) {
+ *         tracker.begin(memprobe::PhaseKind::Step);
+ *         ... forward, backward, optimizer ...
+ *         attr.step_ended(epoch, tracker.end(memprobe::PhaseKind::Step));  // torch_alloc:0 is source 0
+ *     }
+ *
+ *  History recording is torch's cost (every allocation); memprobe adds a
+ *  snapshot and a replay on new-peak steps only (snapshots() counts them).
+ *  Throws memprobe::Error UNAVAILABLE without a CUDA device. */
+class Attribution {
+public:
+    explicit Attribution(AttributionOptions o = {}) : state_(std::make_shared<State>()) {
+        const int n = device_count();
+        if (n == 0)
+            throw Error(MEMPROBE_STATUS_UNAVAILABLE, "memprobe_torch: no CUDA device is visible, so there is no "
+                                                     "allocator history to attribute device " + std::to_string(o.device));
+        if (o.device < 0 || o.device >= n)
+            throw Error(MEMPROBE_STATUS_INVALID_ID, "memprobe_torch: CUDA device " + std::to_string(o.device) +
+                                                       " does not exist (" + std::to_string(n) + " visible)");
+        if (o.max_entries == 0)
+            throw Error(MEMPROBE_STATUS_INVALID_ARGUMENT, "memprobe_torch: max_entries must be at least 1");
+#if !MEMPROBE_TORCH_CPP_STACKS
+        if (o.cpp_stacks)
+            throw Error(MEMPROBE_STATUS_INVALID_ARGUMENT,
+                        "memprobe_torch: cpp_stacks needs MEMPROBE_TORCH_CPP_STACKS=1 (and libtorch_cpu linked)");
+#endif
+        auto *alloc = detail::cca::get();
+        if (alloc == nullptr)
+            throw Error(MEMPROBE_STATUS_UNAVAILABLE, "memprobe_torch: libtorch's CUDA caching allocator is not set up");
+        detail::cca::CreateContextFn fn = nullptr;
+        auto when = detail::cca::RecordContext::NEVER;
+#if MEMPROBE_TORCH_CPP_STACKS
+        if (o.cpp_stacks) {
+            fn = &detail::gather_cpp;
+            when = detail::cca::RecordContext::ALLOC;
+        }
+#endif
+        try {
+            detail::record_history(alloc, true, fn, o.max_entries, when, detail::pick2{});
+        } catch (const c10::Error &e) {
+            throw Error(MEMPROBE_STATUS_UNAVAILABLE,
+                        std::string("memprobe_torch: torch refused to record its allocator history: ") +
+                            e.what_without_backtrace());
+        }
+        const std::int64_t since = attribution::now_us();
+        const int device = o.device;
+        const std::size_t entries = o.max_entries;
+        state_->attributor.emplace(o, [device, entries, since] {
+            return detail::history_of(detail::cca::snapshot(), device, entries, since);
+        });
+        if (o.on_oom) {
+            // torch keeps observers for the process's life: this one holds
+            // the state weakly and does nothing once the Attribution is gone.
+            // It runs inside the failing allocation: nothing may escape.
+            std::weak_ptr<State> weak = state_;
+            detail::cca::attachOutOfMemoryObserver([weak, device](std::int64_t dev, std::size_t, std::size_t,
+                                                                  std::size_t) {
+                if (dev != device) return;
+                if (auto st = weak.lock()) {
+                    try {
+                        std::lock_guard<std::mutex> g(st->lock);
+                        if (st->attributor) st->last_oom = st->attributor->out_of_memory(st->epoch, st->step);
+                    } catch (...) {
+                        st->oom_failures++;
+                    }
+                }
+            });
+        }
+    }
+    Attribution(const Attribution &) = delete;
+    Attribution &operator=(const Attribution &) = delete;
+
+    /** Turns torch's history off again. */
+    ~Attribution() {
+        {
+            std::lock_guard<std::mutex> g(state_->lock);
+            state_->attributor.reset();
+        }
+        try {
+            if (auto *alloc = detail::cca::get())
+                detail::record_history(alloc, false, nullptr, 0, detail::cca::RecordContext::NEVER, detail::pick2{});
+        } catch (...) {
+        }
+    }
+
+    /** A step ended (the record tracker.end(Step) returned; the device's
+     *  torch_alloc source is at `alloc_index` in the tracker's list): when
+     *  its exact peak is a new one for `epoch`, writes that epoch's record.
+     *  Returns the path written, or nothing. */
+    std::optional<std::string> step_ended(std::int64_t epoch, const Tracker::Record &step, std::size_t alloc_index = 0) {
+        if (alloc_index >= step.deltas.size())
+            throw Error(MEMPROBE_STATUS_INVALID_ARGUMENT, "memprobe_torch: source " + std::to_string(alloc_index) +
+                                                              " is not in the step's record (" +
+                                                              std::to_string(step.deltas.size()) + " sources)");
+        return step_ended(epoch, static_cast<std::int64_t>(step.phase.index), step.deltas[alloc_index].peak,
+                          detail::monotonic_to_unix_us(step.phase.started_at_ns));
+    }
+    /** As above, from figures: the step's exact peak of torch_alloc and its
+     *  start (Unix µs). */
+    std::optional<std::string> step_ended(std::int64_t epoch, std::int64_t step, std::uint64_t peak_bytes,
+                                          std::int64_t started_us) {
+        std::lock_guard<std::mutex> g(state_->lock);
+        state_->epoch = epoch;
+        state_->step = step;
+        return state_->attributor->step_ended(epoch, step, peak_bytes, started_us);
+    }
+    /** Writes an OOM record now (the observer does it at torch's own
+     *  out-of-memory errors). */
+    std::string out_of_memory() {
+        std::lock_guard<std::mutex> g(state_->lock);
+        return state_->attributor->out_of_memory(state_->epoch, state_->step);
+    }
+    /** Snapshots taken: one per new epoch peak and per OOM. */
+    std::size_t snapshots() const {
+        std::lock_guard<std::mutex> g(state_->lock);
+        return state_->attributor->snapshots();
+    }
+    /** The last table made (for a log line). */
+    std::optional<attribution::Table> last() const {
+        std::lock_guard<std::mutex> g(state_->lock);
+        return state_->attributor->last();
+    }
+    /** The path of the last OOM record the observer wrote, if any. */
+    std::optional<std::string> last_oom() const {
+        std::lock_guard<std::mutex> g(state_->lock);
+        return state_->last_oom;
+    }
+    /** OOM records the observer failed to write (an unwritable directory). */
+    std::size_t oom_failures() const { return state_->oom_failures; }
+
+private:
+    struct State {
+        mutable std::mutex lock;
+        std::optional<attribution::Attributor> attributor;
+        std::optional<std::int64_t> epoch, step;
+        std::optional<std::string> last_oom;
+        std::atomic<std::size_t> oom_failures{0};
+    };
+    std::shared_ptr<State> state_;
+};
+#endif /* MEMPROBE_TORCH_ATTRIBUTION */
 
 }  // namespace memprobe::torch
 

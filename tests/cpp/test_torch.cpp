@@ -4,12 +4,16 @@
 // arithmetic) must give exact peaks per window, tracker step and epoch,
 // across the per-device shared reset.
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "memprobe_torch.hpp"
 
 static int passed = 0, failed = 0;
+// glog's CHECK comes with libtorch's unwinder headers (C++ stacks).
+#undef CHECK
 #define CHECK(c)                                                                       \
     do {                                                                               \
         if (c) {                                                                       \
@@ -128,6 +132,39 @@ int main() {
     devs[0].since_start().reset();
     CHECK(devs[0].peak_allocated_since_start() == 100 * MIB);
     CHECK(d0.stats.allocated_bytes[AGG].peak == 100 * MIB);  // torch's own counter was reset
+
+#if MEMPROBE_TORCH_ATTRIBUTION
+    // Attribution without CUDA: refused clearly, history never touched.
+    bool attr_refused = false;
+    try {
+        mt::Attribution a;
+    } catch (const Error &e) {
+        attr_refused = e.status() == MEMPROBE_STATUS_UNAVAILABLE &&
+                       std::string(e.what()).find("no CUDA device is visible") != std::string::npos;
+        std::printf("attribution without CUDA: %s\n", e.what());
+    }
+    CHECK(attr_refused);
+    // A step's start as memprobe records it (CLOCK_MONOTONIC) in torch's
+    // history clock (Unix µs): now is now, 2 s ago is 2 s ago.
+    timespec mono{};
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    const std::uint64_t mono_ns = static_cast<std::uint64_t>(mono.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(mono.tv_nsec);
+    const std::int64_t now = mt::attribution::now_us();
+    CHECK(std::llabs(mt::detail::monotonic_to_unix_us(mono_ns) - now) < 50000);
+    CHECK(std::llabs(mt::detail::monotonic_to_unix_us(mono_ns - 2000000000ull) - (now - 2000000)) < 50000);
+    // torch's actions map one to one; torch's SNAPSHOT moves no block.
+    CHECK(mt::detail::action_of(c10::cuda::CUDACachingAllocator::TraceEntry::FREE_REQUESTED) ==
+          mt::attribution::Action::FreeRequested);
+    CHECK(mt::detail::action_of(c10::cuda::CUDACachingAllocator::TraceEntry::OOM) == mt::attribution::Action::Oom);
+    // An empty snapshot (what torch gives a device without history) is a
+    // complete, empty table.
+    c10::cuda::CUDACachingAllocator::SnapshotInfo empty;
+    mt::attribution::History h = mt::detail::history_of(empty, 0, 10, 0);
+    mt::attribution::Table tb = mt::attribution::replay_to_peak(h, 1, 0);
+    CHECK(tb.complete && tb.blocks.empty() && tb.rest_bytes() == std::optional<std::uint64_t>(0));
+#else
+    std::printf("attribution: not built (no CUDA runtime headers)\n");
+#endif
 
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

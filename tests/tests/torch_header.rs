@@ -158,6 +158,30 @@ fn memprobe_torch_hpp_compiles_links_and_runs_without_cuda() {
         &format!("compiling test_torch.cpp against torch {version}"),
         &built,
     );
+    // C++17 (what libtorch below 2.10 allows) with C++ stacks for the
+    // attribution (libtorch's unwinder headers), compiled only.
+    if needs_cuda_headers {
+        let mut cc17 = Command::new("c++");
+        cc17.args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-c"])
+            .arg("-DMEMPROBE_TORCH_CPP_STACKS=1")
+            .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+            .arg(format!("-I{}", root().join("include").display()));
+        for inc in includes
+            .split(';')
+            .filter(|s| !s.is_empty())
+            .chain(cuda.iter().copied())
+        {
+            cc17.arg("-isystem").arg(inc);
+        }
+        cc17.arg(root().join("tests/cpp/test_torch.cpp"))
+            .arg("-o")
+            .arg(dir.join("test_torch17.o"));
+        let built17 = cc17.output().expect("run c++");
+        assert_ok(
+            &format!("compiling test_torch.cpp as C++17 with C++ stacks against torch {version}"),
+            &built17,
+        );
+    }
     if !cuda_build {
         eprintln!(
             "torch {version} is a CPU-only build (no libc10_cuda): compiled, not linked or run"
@@ -174,6 +198,13 @@ fn memprobe_torch_hpp_compiles_links_and_runs_without_cuda() {
         stdout.contains("device 0 without CUDA: memprobe_torch: no CUDA device is visible"),
         "{stdout}"
     );
+    // Below 2.11 the CUDA headers are at hand, so attribution is built.
+    if needs_cuda_headers {
+        assert!(
+            stdout.contains("attribution without CUDA: memprobe_torch: no CUDA device is visible"),
+            "{stdout}"
+        );
+    }
 }
 
 /// Every record a run of test_torch_attribution wrote, checked as a reader
