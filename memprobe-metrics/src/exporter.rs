@@ -2,6 +2,7 @@
 
 use crate::http::{Limits, Render, Server};
 use crate::labels::{hostname, Rank};
+use crate::origins::OriginsScope;
 use crate::render::{render, Inputs};
 use crate::snapshot::{MetricsSink, Shared};
 use crate::web_reload::WebConfigHook;
@@ -43,6 +44,7 @@ struct Config {
     gpus: Option<&'static Gpus>,
     gpu_processes: bool,
     oom: Option<CgroupLocation>,
+    origins: OriginsScope,
 }
 
 struct Inner {
@@ -62,6 +64,7 @@ impl Inner {
             gpus: config.gpus,
             gpu_processes: config.gpu_processes,
             oom: config.oom.as_ref(),
+            origins: &config.origins,
             hostname: &self.hostname,
             rank: &config.rank,
             snapshot: &snapshot,
@@ -116,6 +119,9 @@ impl Exporter {
         let inner = Arc::new(Inner {
             config: Lock::new(Config {
                 rank: options.rank.unwrap_or_else(Rank::from_env),
+                // This process's GPU memory by origin, whenever the
+                // interposer is loaded in it.
+                origins: OriginsScope::InProcess,
                 ..Config::default()
             }),
             hostname,
@@ -186,6 +192,15 @@ impl Exporter {
         let mut c = self.inner.config.lock()?;
         c.gpus = gpus;
         c.gpu_processes = processes;
+        Ok(())
+    }
+
+    /// Exports the GPU memory held now by origin
+    /// (`memprobe_gpu_origin_bytes`) of `scope`: this process's by default
+    /// (when memprobe's driver-API interposer is loaded in it), every
+    /// process with a region in a directory (`memprobe serve`), or none.
+    pub fn set_gpu_origins(&self, scope: OriginsScope) -> Result<()> {
+        self.inner.config.lock()?.origins = scope;
         Ok(())
     }
 

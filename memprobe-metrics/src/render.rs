@@ -2,6 +2,7 @@
 //! phase snapshot the tracker left.
 
 use crate::labels::Rank;
+use crate::origins::OriginsScope;
 use crate::snapshot::{Snapshot, KINDS};
 use crate::text::{Exposition, Type};
 use memprobe_core::internal::cgroup::OomEvents;
@@ -21,6 +22,8 @@ pub(crate) struct Inputs<'a> {
     pub(crate) snapshot: &'a Snapshot,
     /// With a web configuration: whether its last read was taken.
     pub(crate) web_config_ok: Option<bool>,
+    /// Whose GPU memory by origin is exported.
+    pub(crate) origins: &'a OriginsScope,
 }
 
 /// One family's samples, collected before the family is written so that
@@ -82,6 +85,7 @@ pub(crate) fn render(i: &Inputs<'_>) -> String {
         dcgm_common.extend(rank.iter().map(|(k, v)| (*k, v.as_str())));
         gpu_families(&mut e, gpus, i.gpu_processes, &dcgm_common);
     }
+    crate::origins::family(&mut e, &crate::origins::read(i.origins), &common);
     e.finish()
 }
 
