@@ -32,13 +32,17 @@ pub(crate) struct GpuReading {
 }
 
 /// One process's use of one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct GpuProcessReading {
     /// Process id, as seen in this PID namespace.
     pub(crate) pid: u32,
     /// Device memory the process uses; `None` where the driver does not say
     /// (e.g. under some virtualization or MIG setups).
     pub(crate) used_bytes: Option<u64>,
+    /// Who holds it, where memprobe's interposer counts the process and the
+    /// command asked ([`crate::gpu_process_origins`]; `gpus`, `watch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) origins: Option<crate::gpu_process_origins::ProcessOrigins>,
 }
 
 /// Reads every GPU visible to this process, ordered by index; `Err` says why
@@ -69,6 +73,7 @@ pub(crate) fn read_gpus() -> Result<Vec<GpuReading>, String> {
                 .map(|p| GpuProcessReading {
                     pid: p.pid,
                     used_bytes: p.used,
+                    origins: None,
                 })
                 .collect();
             Ok(GpuReading {
@@ -131,6 +136,8 @@ pub(crate) fn table(gpus: &[GpuReading]) -> String {
         "NAME".into(),
         "USED".into(),
     ]];
+    // The line under each process naming who holds its memory, if known.
+    let mut under: Vec<Option<String>> = vec![None];
     for g in gpus {
         for p in &g.processes {
             procs.push([
@@ -139,11 +146,25 @@ pub(crate) fn table(gpus: &[GpuReading]) -> String {
                 command_name(p.pid).unwrap_or_else(|| "?".into()),
                 units::opt_bytes(p.used_bytes),
             ]);
+            under.push(p.origins.as_ref().map(|o| {
+                format!(
+                    "    by origin: {} counted: {}",
+                    units::bytes(o.held_bytes),
+                    o.line()
+                )
+            }));
         }
     }
     out.push('\n');
     if procs.len() > 1 {
-        out.push_str(&render_rows(&procs));
+        for (line, extra) in render_rows(&procs).lines().zip(&under) {
+            out.push_str(line);
+            out.push('\n');
+            if let Some(extra) = extra {
+                out.push_str(extra);
+                out.push('\n');
+            }
+        }
     } else {
         out.push_str("no GPU processes\n");
     }

@@ -232,10 +232,12 @@ mod tests {
                 gpu_readings::GpuProcessReading {
                     pid: 1,
                     used_bytes: Some(9 << 30),
+                    origins: None,
                 },
                 gpu_readings::GpuProcessReading {
                     pid: 2,
                     used_bytes: None,
+                    origins: None,
                 },
             ],
         }];

@@ -7,6 +7,7 @@ mod args;
 mod columns;
 mod commands;
 mod exit;
+mod gpu_process_origins;
 mod gpu_readings;
 mod interval;
 mod machine;

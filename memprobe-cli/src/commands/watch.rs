@@ -108,7 +108,8 @@ fn write_failed(e: &io::Error) -> i32 {
 /// One frame's text. `size` (columns, rows) limits the process list on a
 /// terminal.
 fn frame(probes: &mut Probes, args: &WatchArgs, size: Option<(usize, usize)>) -> String {
-    let r = probes.read();
+    let mut r = probes.read();
+    crate::gpu_process_origins::fill(&mut r.gpus);
     let mut out = format!(
         "--- memprobe watch {} --- every {} (Ctrl-C to quit)\n\n",
         units::time_of_day(r.taken_at_unix_s),

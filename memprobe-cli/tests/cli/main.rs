@@ -2,6 +2,7 @@
 
 mod commands;
 mod exit_codes;
+mod gpu_origins_views;
 mod helper;
 mod max_cpu;
 mod oom;

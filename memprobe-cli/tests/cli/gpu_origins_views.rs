@@ -1,0 +1,348 @@
+//! Who holds each GPU process's memory, by origin, in `memprobe gpus`
+//! (table and JSON), `memprobe watch` and `memprobe serve`'s
+//! `memprobe_gpu_origin_bytes`: a process under the driver-API interposer
+//! (tests/interpose/hold_origins.c on the fake driver) holds 6 MiB from the
+//! program, 4 from libfake_nccl, 3 from libfake_cublas and 1 from
+//! libfake_cudnn; a fake NVML lists it with 20 MiB.
+
+use crate::schema::assert_valid;
+use crate::support::{memprobe, scratch, MIB};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cc(args: &[String], out: &Path) {
+    let o = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+struct Built {
+    libs: PathBuf,
+    program: PathBuf,
+    interposer: PathBuf,
+    nvml: PathBuf,
+}
+
+/// The interposer, the fake driver and NVML, the libraries, the program.
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .args(["build", "-q", "-p", "memprobe-interpose-preload"])
+            .current_dir(root())
+            .status()
+            .expect("run cargo build");
+        assert!(st.success(), "cargo build -p memprobe-interpose-preload");
+        let interposer =
+            Path::new(env!("CARGO_BIN_EXE_memprobe")).with_file_name("libmemprobe_interpose.so");
+        assert!(interposer.exists(), "{}", interposer.display());
+        let dir = scratch("origin-views");
+        let src = |n: &str| root().join(n).display().to_string();
+        let s = |x: &str| x.to_string();
+        let link = [format!("-L{}", dir.display()), s("-l:libcuda.so.1")];
+        cc(
+            &[
+                s("-shared"),
+                s("-fPIC"),
+                s("-Wl,-soname,libcuda.so.1"),
+                s("-Wl,-Bsymbolic"),
+                src("tests/fake-gpu/fake_cuda.c"),
+                s("-lpthread"),
+            ],
+            &dir.join("libcuda.so.1"),
+        );
+        let nvml = dir.join("libnvidia-ml.so.1");
+        cc(
+            &[
+                s("-shared"),
+                s("-fPIC"),
+                src("tests/fake-gpu/fake_nvml.c"),
+                s("-lpthread"),
+            ],
+            &nvml,
+        );
+        let mut rt = vec![
+            s("-shared"),
+            s("-fPIC"),
+            s("-Wl,-soname,libcudart.so.12"),
+            src("tests/interpose/origin_runtime.c"),
+        ];
+        rt.extend(link.iter().cloned());
+        cc(&rt, &dir.join("libcudart.so.12"));
+        for lib in ["nccl", "cublas", "cudnn"] {
+            let mut v = vec![
+                s("-shared"),
+                s("-fPIC"),
+                format!("-DLIB={lib}"),
+                format!("-Wl,-soname,libfake_{lib}.so"),
+                src("tests/interpose/origin_lib.c"),
+                s("-l:libcudart.so.12"),
+            ];
+            v.extend(link.iter().cloned());
+            cc(&v, &dir.join(format!("libfake_{lib}.so")));
+        }
+        let program = dir.join("hold_origins");
+        let mut prog = vec![
+            s("-DLINKED"),
+            s("-DLIB=prog"),
+            format!("-I{}", root().join("tests/interpose").display()),
+            src("tests/interpose/hold_origins.c"),
+            src("tests/interpose/origin_lib.c"),
+            s("-l:libfake_nccl.so"),
+            s("-l:libfake_cublas.so"),
+            s("-l:libfake_cudnn.so"),
+            s("-l:libcudart.so.12"),
+            s("-ldl"),
+        ];
+        prog.extend(link.iter().cloned());
+        cc(&prog, &program);
+        Built {
+            libs: dir,
+            program,
+            interposer,
+            nvml,
+        }
+    })
+}
+
+/// The holder, running under the interposer with its region in `regions`,
+/// and a fake NVML script listing it on device 0.
+struct Holder {
+    child: Child,
+    regions: PathBuf,
+    script: PathBuf,
+}
+
+impl Holder {
+    fn start(tag: &str) -> Holder {
+        let b = built();
+        let dir = scratch(tag);
+        let regions = dir.join("regions");
+        let mut child = Command::new(&b.program)
+            .env("LD_PRELOAD", &b.interposer)
+            .env("LD_LIBRARY_PATH", &b.libs)
+            .env("MEMPROBE_GPU_EXACT_DIR", &regions)
+            .env("FAKE_CUDA_DEVICES", "1")
+            .env_remove("MEMPROBE_GPU_EXACT")
+            .env_remove("MEMPROBE_GPU_ORIGINS")
+            .env_remove("FAKE_CUDA_MEMORY")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start hold_origins");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        let script = dir.join("fake_nvml.script");
+        std::fs::write(
+            &script,
+            format!(
+                "devices 1\ndevice 0 name Fake GPU\ndevice 0 total 17179869184\n\
+                 device 0 used 41943040\ndevice 0 procs {}:20971520\n",
+                child.id()
+            ),
+        )
+        .unwrap();
+        Holder {
+            child,
+            regions,
+            script,
+        }
+    }
+
+    /// `memprobe ARGS` seeing the holder through the fake NVML and its region.
+    fn memprobe(&self, args: &[&str]) -> Command {
+        let mut c = memprobe();
+        c.args(args)
+            .env("MEMPROBE_NVML_LIBRARY", &built().nvml)
+            .env("FAKE_NVML_SCRIPT", &self.script)
+            .env("MEMPROBE_GPU_EXACT_DIR", &self.regions)
+            .env_remove("MEMPROBE_GPU_BACKEND")
+            .env_remove("CUDA_VISIBLE_DEVICES");
+        c
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn gpus_names_who_holds_each_process_memory() {
+    let h = Holder::start("gpus");
+    let o = h.memprobe(&["gpus", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_valid("docs/gpus-output.schema.json", &v);
+    let p = &v["gpus"][0]["processes"][0];
+    assert_eq!(p["pid"], h.child.id(), "{v:#}");
+    assert_eq!(p["used_bytes"], 20 * MIB);
+    let origins = &p["origins"];
+    assert_eq!(origins["held_bytes"], 14 * MIB, "{origins:#}");
+    let top: Vec<(String, u64)> = origins["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["name"].as_str().unwrap().to_owned(),
+                o["bytes"].as_u64().unwrap() / MIB,
+            )
+        })
+        .collect();
+    assert_eq!(
+        top,
+        vec![
+            ("the program".to_owned(), 6),
+            ("libfake_nccl.so".to_owned(), 4),
+            ("libfake_cublas.so".to_owned(), 3)
+        ]
+    );
+    assert_eq!(origins["rest_origins"], 1);
+    assert_eq!(origins["rest_bytes"], MIB);
+
+    let t = h.memprobe(&["gpus"]).output().unwrap();
+    assert!(t.status.success());
+    let text = String::from_utf8_lossy(&t.stdout);
+    let at = text
+        .lines()
+        .position(|l| l.split_whitespace().nth(1) == Some(&h.child.id().to_string()))
+        .unwrap_or_else(|| panic!("no process row in\n{text}"));
+    assert_eq!(
+        text.lines().nth(at + 1).unwrap(),
+        "    by origin: 14.0 MiB counted: the program 6.00 MiB, libfake_nccl.so 4.00 MiB, \
+         libfake_cublas.so 3.00 MiB, 1 more 1.00 MiB",
+        "{text}"
+    );
+}
+
+#[test]
+fn without_a_region_gpus_shows_no_origins() {
+    let h = Holder::start("gpus-none");
+    let empty = scratch("no-regions");
+    let o = h
+        .memprobe(&["gpus", "--json"])
+        .env("MEMPROBE_GPU_EXACT_DIR", &empty)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_valid("docs/gpus-output.schema.json", &v);
+    let p = &v["gpus"][0]["processes"][0];
+    assert_eq!(p["used_bytes"], 20 * MIB, "{v:#}");
+    assert!(p.get("origins").is_none(), "{p:#}");
+    // The holder numbers its devices otherwise: not matched, not shown.
+    let o = h
+        .memprobe(&["gpus", "--json"])
+        .env("CUDA_VISIBLE_DEVICES", "0")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["gpus"][0]["processes"][0].get("origins").is_none(),
+        "{v:#}"
+    );
+}
+
+#[test]
+fn watch_shows_the_origin_line_under_the_process() {
+    let h = Holder::start("watch");
+    let mut w = h
+        .memprobe(&["watch", "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(w.stdout.take().unwrap());
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !text.contains("TOP PROCESSES BY RSS") && Instant::now() < deadline {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        text.push_str(&line);
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(w.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(w.wait().unwrap().code(), Some(0));
+    assert!(
+        text.contains(
+            "    by origin: 14.0 MiB counted: the program 6.00 MiB, libfake_nccl.so 4.00 MiB, \
+             libfake_cublas.so 3.00 MiB, 1 more 1.00 MiB\n"
+        ),
+        "{text}"
+    );
+}
+
+fn get(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn serve_exports_each_process_memory_by_origin() {
+    let h = Holder::start("serve");
+    let mut child = h
+        .memprobe(&["serve", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("serve announces its address").unwrap();
+        if let Some(rest) = line.strip_prefix("memprobe: serving http://") {
+            break rest.trim_end_matches("/metrics").to_owned();
+        }
+    };
+    let text = get(&addr);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(
+        text.contains("# TYPE memprobe_gpu_origin_bytes gauge\n"),
+        "{text}"
+    );
+    let pid = h.child.id();
+    for (origin, mib) in [
+        ("the program", 6),
+        ("libfake_nccl.so", 4),
+        ("libfake_cublas.so", 3),
+        ("libfake_cudnn.so", 1),
+    ] {
+        let series = format!(
+            "memprobe_gpu_origin_bytes{{gpu=\"0\",origin=\"{origin}\",pid=\"{pid}\",hostname="
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        assert!(line.ends_with(&format!(" {}", mib * MIB)), "{line}");
+    }
+}
