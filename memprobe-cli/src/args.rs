@@ -124,6 +124,10 @@ pub(crate) struct RunArgs {
     /// for processes of several GiB; raise --interval for big trees.
     #[arg(long)]
     pub(crate) pss: bool,
+    /// Do not keep each peak's memory by kind (anon, file, shmem, and the
+    /// largest mappings near each process's and the tree's RAM peak).
+    #[arg(long)]
+    pub(crate) no_host_kinds: bool,
     /// The command to run and its arguments; put them after `--` when an
     /// argument could be taken for one of memprobe's options.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]

@@ -112,6 +112,66 @@ fn child() {
             });
             wait_all(&[w]);
         }
+        // A worker sleeps DELAY ms, spikes by MiB and exits at once (the
+        // spike is in its last interval); the command stays STAY ms more.
+        "worker-spike-exit" => {
+            let (mib, delay, stay) = (num(1) as usize, num(2), num(3));
+            let w = fork(|| {
+                sleep_ms(delay);
+                let _ = touch(mib);
+            });
+            wait_all(&[w]);
+            sleep_ms(stay);
+        }
+        // PyTorch's DataLoader buffers as the kernel sees them: a file of
+        // SHM MiB in /dev/shm named torch_<pid>_..., mapped shared and
+        // touched, ANON MiB of the command's own, and 2 workers that map
+        // the buffer too; all held HOLD ms.
+        "shm-buffers" => {
+            let (shm, anon, hold) = (num(1) as usize, num(2) as usize, num(3));
+            let path = format!("/dev/shm/torch_{}_memprobe_test_0", std::process::id());
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .expect("a file in /dev/shm");
+            let len = shm << 20;
+            file.set_len(len as u64).expect("set_len");
+            use std::os::fd::AsRawFd;
+            // SAFETY: a shared mapping of a file of that length.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            assert!(p != libc::MAP_FAILED);
+            let map_all = move || {
+                for off in (0..len).step_by(4096) {
+                    // SAFETY: inside the mapping.
+                    unsafe { p.cast::<u8>().add(off).write_volatile(1) };
+                }
+            };
+            map_all();
+            let _own = touch(anon);
+            let pids: Vec<_> = (0..2)
+                .map(|_| {
+                    fork(|| {
+                        map_all();
+                        sleep_ms(hold);
+                    })
+                })
+                .collect();
+            sleep_ms(hold);
+            wait_all(&pids);
+            let _ = std::fs::remove_file(&path);
+        }
         // N workers hold MiB each for MS.
         "workers" => {
             let (n, mib, hold) = (num(1), num(2) as usize, num(3));

@@ -4,6 +4,7 @@ mod commands;
 mod exit_codes;
 mod gpu_origins_views;
 mod helper;
+mod host_kinds;
 mod max_cpu;
 mod oom;
 mod outputs;

@@ -178,3 +178,53 @@ fn tree_includes_workers() {
     assert_eq!(max_point, u(&json["tree"]["peak_rss_bytes"]));
     assert_eq!(u(&json["processes_seen"]), 3);
 }
+
+/// A worker (a grandchild: no rusage of its own) is sampled small, then
+/// spikes in its last interval and exits before the next tick: no sample
+/// and no `VmHWM` read while it lived can see the spike. The kernel's exit
+/// record (taskstats) holds it: the worker's peak is exact.
+#[test]
+fn worker_spike_in_its_last_interval_is_exact() {
+    let (out, json) = run_helper_json(
+        &["--interval", "1s"],
+        &["worker-spike-exit", "256", "1300", "1200"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    crate::schema::assert_valid("docs/run-output.schema.json", &json);
+    let x = &json["exit_hwm"];
+    if x["available"] == false {
+        // Registering for exit records needs CAP_NET_ADMIN in the initial
+        // namespaces: without it the JSON says why, and nothing else can.
+        assert!(
+            x["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("taskstats")),
+            "{x}"
+        );
+        eprintln!("skipped: {}", x["reason"]);
+        return;
+    }
+    let root = u(&json["pid"]);
+    let worker = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["ppid"].as_u64() == Some(root))
+        .unwrap_or_else(|| panic!("worker not seen: {json}"));
+    assert!(
+        u(&worker["max_sampled_rss_bytes"]) < SPIKE_MIB * MIB / 2
+            && worker["vmhwm_bytes"].as_u64().unwrap_or(0) < SPIKE_MIB * MIB / 2,
+        "a sample or VmHWM read caught the spike, so this proves nothing: {worker}"
+    );
+    assert_eq!(worker["peak_source"], "exit_hwm", "{worker}");
+    assert!(
+        u(&worker["peak_rss_bytes"]) >= SPIKE_MIB * MIB,
+        "worker peak {worker}"
+    );
+    assert_eq!(worker["exit_hwm_bytes"], worker["peak_rss_bytes"]);
+    assert_eq!(json["peak_process"]["pid"], worker["pid"]);
+    assert!(u(&json["tree"]["peak_rss_bytes"]) >= u(&worker["peak_rss_bytes"]));
+    assert!(u(&x["raised"]) >= 1 && u(&x["processes"]) >= 2, "{x}");
+    let err = stderr(&out);
+    assert!(err.contains("high-water mark at its exit"), "{err}");
+}

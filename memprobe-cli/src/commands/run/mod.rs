@@ -20,8 +20,10 @@
 
 mod child;
 pub(crate) mod cpu_cap;
+mod exit_stats;
 mod gpu_exact;
 mod gpu_origins;
+mod host_kinds;
 mod html;
 mod kernel_log;
 mod live;
@@ -258,6 +260,7 @@ fn start(
     // Every birth and death of the tree, and the kernel's record of its OOM
     // kills, from before the spawn: the command's first fork counts.
     let events = ProcessEvents::start();
+    let exits = exit_stats::ExitStats::open();
     let kernel_log = Arc::new(Mutex::new(KernelLog::open()));
     let inherited = orphans::inherited();
     orphans::become_subreaper();
@@ -289,6 +292,8 @@ fn start(
         kernel_log: Some(Arc::clone(&kernel_log)),
         inherited: inherited.clone(),
         feed: events.as_ref().ok().map(ProcessEvents::feed),
+        exits,
+        host_kinds: !args.no_host_kinds,
     });
     let live = live_state.and_then(|s| LiveLine::start(s, t0));
     let exporter = args.serve.and_then(|addr| {

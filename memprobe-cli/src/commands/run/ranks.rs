@@ -323,6 +323,8 @@ mod tests {
             last_rss: peak,
             ended_ns: Some(40 * MS),
             wait_status: None,
+            exit_hwm: None,
+            kinds_at_peak: None,
         }
     }
 

@@ -2,6 +2,8 @@
 //! and each GPU, every process's exact peak, the container's and the GPUs'
 //! peaks.
 
+use super::exit_stats::ExitHwmReport;
+use super::host_kinds::{Detail, KindsAtPeak, KindsCost, RssKinds};
 use super::pid_map::PidMap;
 use super::timeline::{Point, Timeline};
 use crate::gpu_readings::GpuReading;
@@ -17,6 +19,10 @@ pub(crate) enum PeakSource {
     VmHwm,
     /// `ru_maxrss` from `wait4` on the direct child: exact to its exit.
     Rusage,
+    /// The kernel's high-water mark at the process's exit (taskstats, see
+    /// [`crate::commands::run::exit_stats`]): above every `VmHWM` read
+    /// while it lived.
+    ExitHwm,
 }
 
 impl PeakSource {
@@ -24,6 +30,7 @@ impl PeakSource {
         match self {
             PeakSource::VmHwm => "vmhwm",
             PeakSource::Rusage => "rusage",
+            PeakSource::ExitHwm => "exit_hwm",
         }
     }
 }
@@ -57,6 +64,10 @@ pub(crate) struct ProcessRecord {
     /// Its wait status, when a sample caught it as a zombie (before its
     /// parent reaped it): how a process that is not memprobe's child died.
     pub(crate) wait_status: Option<i32>,
+    /// Its high-water mark at exit, from the kernel's exit record, bytes.
+    pub(crate) exit_hwm: Option<u64>,
+    /// Its memory by kind at its largest sample.
+    pub(crate) kinds_at_peak: Option<Box<KindsAtPeak>>,
 }
 
 impl ProcessRecord {
@@ -76,12 +87,14 @@ impl ProcessRecord {
             last_rss: 0,
             ended_ns: None,
             wait_status: None,
+            exit_hwm: None,
+            kinds_at_peak: None,
         }
     }
 
     /// Folds in one sample at `now`: its resident set, and its status when
-    /// it was read at this sample.
-    fn observe(&mut self, rss: u64, status: Option<&ProcessStatus>, now: u64) {
+    /// it was read at this sample; whether the sample is its largest yet.
+    fn observe(&mut self, rss: u64, status: Option<&ProcessStatus>, now: u64) -> bool {
         if let Some(s) = status {
             if self.name != s.name {
                 self.name.clone_from(&s.name);
@@ -91,19 +104,31 @@ impl ProcessRecord {
             }
             self.vmhwm = Some(self.vmhwm.unwrap_or(0).max(s.hwm));
         }
+        let new_peak = rss > self.max_sampled_rss;
         self.max_sampled_rss = self.max_sampled_rss.max(rss);
         self.last_rss = rss;
         self.last_seen_ns = now;
+        new_peak
     }
 
     /// The exact peak and where it comes from. `ru_maxrss` is the
     /// process's own only where it had no children: a worker's 255 MiB,
     /// reaped by the command, would otherwise be credited to the command.
     pub(crate) fn peak(&self) -> (u64, PeakSource) {
-        let hwm = self.vmhwm.unwrap_or(0).max(self.max_sampled_rss);
-        match self.rusage_maxrss {
-            Some(r) if r > hwm && self.rusage_children != Some(true) => (r, PeakSource::Rusage),
-            _ => (hwm, PeakSource::VmHwm),
+        // Both exit figures are exact to the exit; rusage, where it is the
+        // process's own, is named first.
+        let lived = self.vmhwm.unwrap_or(0).max(self.max_sampled_rss);
+        let rusage = self
+            .rusage_maxrss
+            .filter(|_| self.rusage_children != Some(true))
+            .unwrap_or(0);
+        let exit = self.exit_hwm.unwrap_or(0);
+        if rusage > lived && rusage >= exit {
+            (rusage, PeakSource::Rusage)
+        } else if exit > lived {
+            (exit, PeakSource::ExitHwm)
+        } else {
+            (lived, PeakSource::VmHwm)
         }
     }
 }
@@ -260,6 +285,15 @@ pub(crate) struct Recording {
     pub(crate) phases: Option<crate::commands::run::phase_log::PhaseLog>,
     /// Each process's resident set over time, for the chart.
     pub(crate) lines: crate::commands::run::process_lines::ProcessLines,
+    /// The tree's memory by kind at its largest sample.
+    pub(crate) tree_kinds: Option<KindsAtPeak>,
+    /// What the detail reads of the kinds cost (None: not taken).
+    pub(crate) kinds_cost: Option<KindsCost>,
+    /// Whether exit records were had, and what they did.
+    pub(crate) exit_hwm: ExitHwmReport,
+    /// Processes that ended at the last few ticks: pid -> when seen gone,
+    /// for an exit record that arrives after the tick that saw the end.
+    recently_ended: PidMap<u64>,
 }
 
 /// At most this many process records are kept; beyond, the record with the
@@ -269,16 +303,84 @@ pub(crate) const MAX_PROCESS_RECORDS: usize = 4096;
 impl Recording {
     /// Folds in one sample of `pid` at `now`: its resident set, and its
     /// status when it was read at this sample (always at its first).
-    pub(crate) fn observe(&mut self, pid: u32, rss: u64, status: Option<&ProcessStatus>, now: u64) {
+    /// Returns whether the sample is the process's largest yet (its kinds
+    /// `kinds` then kept as at its peak).
+    pub(crate) fn observe(
+        &mut self,
+        pid: u32,
+        rss: u64,
+        status: Option<&ProcessStatus>,
+        kinds: Option<RssKinds>,
+        now: u64,
+    ) -> bool {
         let seen = &mut self.processes_seen;
-        self.live
-            .entry(pid)
-            .or_insert_with(|| {
-                *seen += 1;
-                ProcessRecord::first_seen(pid, now)
-            })
-            .observe(rss, status, now);
+        let r = self.live.entry(pid).or_insert_with(|| {
+            *seen += 1;
+            ProcessRecord::first_seen(pid, now)
+        });
+        let new_peak = r.observe(rss, status, now);
+        if new_peak {
+            // The detail read at an earlier peak stays until a new one is.
+            let detail = r.kinds_at_peak.take().and_then(|k| k.detail);
+            r.kinds_at_peak = Some(Box::new(KindsAtPeak {
+                rss,
+                at_ns: now,
+                kinds,
+                detail,
+                processes: None,
+            }));
+        }
         self.lines.observe(pid, rss, now);
+        new_peak
+    }
+
+    /// The resident set of live `pid` at its last sample (0: not live).
+    pub(crate) fn last_rss(&self, pid: u32) -> u64 {
+        self.live.get(&pid).map_or(0, |r| r.last_rss)
+    }
+
+    /// A live process's latest detail reading of its kinds.
+    pub(crate) fn put_detail(&mut self, pid: u32, d: Detail) {
+        if let Some(k) = self
+            .live
+            .get_mut(&pid)
+            .and_then(|r| r.kinds_at_peak.as_mut())
+        {
+            k.detail = Some(d);
+        }
+    }
+
+    /// The live processes' latest detail readings (None: none yet).
+    pub(crate) fn live_details(&self) -> impl Iterator<Item = Option<&Detail>> {
+        self.live
+            .values()
+            .map(|r| r.kinds_at_peak.as_ref().and_then(|k| k.detail.as_ref()))
+    }
+
+    /// The exit record of `pid` (its high-water mark `hwm` at exit)
+    /// arrived at `now`: folded into the record of the process that ended
+    /// with that pid, live or seen gone at the last few ticks; a pid the
+    /// tree does not know (any other process of the machine) is ignored.
+    pub(crate) fn exit_hwm(&mut self, pid: u32, hwm: u64, now: u64) {
+        // A live record that started after this arrived is a new process
+        // with a reused pid: not the one that exited.
+        if let Some(r) = self.live.get_mut(&pid).filter(|r| r.first_seen_ns <= now) {
+            r.exit_hwm = Some(r.exit_hwm.unwrap_or(0).max(hwm));
+            return;
+        }
+        if self.recently_ended.contains_key(&pid) {
+            if let Some(r) = self.processes.iter_mut().rev().find(|r| r.pid == pid) {
+                r.exit_hwm = Some(r.exit_hwm.unwrap_or(0).max(hwm));
+            }
+        }
+    }
+
+    /// Forgets the processes that ended before `before` (their exit
+    /// records have arrived by then).
+    pub(crate) fn forget_ended_before(&mut self, before: u64) {
+        if !self.recently_ended.is_empty() {
+            self.recently_ended.retain(|_, &mut t| t >= before);
+        }
     }
 
     /// Marks `pid` as exited, seen at `now` with `wait_status` if it was
@@ -292,6 +394,7 @@ impl Recording {
         record.exited = true;
         record.ended_ns = Some(now);
         record.wait_status = wait_status;
+        self.recently_ended.insert(pid, now);
         if self.processes.len() + self.live.len() >= MAX_PROCESS_RECORDS {
             if let Some((i, smallest)) = self
                 .processes
@@ -357,14 +460,21 @@ mod tests {
             last_rss: 80,
             ended_ns: None,
             wait_status: None,
+            exit_hwm: None,
+            kinds_at_peak: None,
         };
         assert_eq!(p.peak(), (100, PeakSource::VmHwm));
+        // The exit record's high-water mark, when above what was read.
+        p.exit_hwm = Some(100);
+        assert_eq!(p.peak(), (100, PeakSource::VmHwm));
+        p.exit_hwm = Some(120);
+        assert_eq!(p.peak(), (120, PeakSource::ExitHwm));
         p.rusage_maxrss = Some(300);
         assert_eq!(p.peak(), (300, PeakSource::Rusage));
         p.rusage_children = Some(false);
         assert_eq!(p.peak(), (300, PeakSource::Rusage));
         // With children, ru_maxrss may be one of theirs: not its own.
         p.rusage_children = Some(true);
-        assert_eq!(p.peak(), (100, PeakSource::VmHwm));
+        assert_eq!(p.peak(), (120, PeakSource::ExitHwm));
     }
 }

@@ -21,9 +21,16 @@
 //! that rose and fell between two ticks leaving every `statm` figure as it
 //! was, in the last second before it exits (the direct child is covered
 //! by `wait4`'s `ru_maxrss`, see [`crate::commands::run::child::reap`]).
+//! Where the kernel's exit records can be had ([`ExitStats`]), each
+//! process's high-water mark at its exit closes that gap for every process.
+//!
+//! At each process's and the tree's largest sample, their memory by kind is
+//! kept ([`super::host_kinds`]).
 
 use super::cpu_cap::CpuCap;
+use super::exit_stats::{ExitHwmReport, ExitStats};
 use super::gpu_exact::Watcher;
+use super::host_kinds::{self, KindsAtPeak, KindsReader};
 use super::kernel_log::KernelLog;
 use super::live::LiveState;
 use super::oom_kill::ZombieWatch;
@@ -40,6 +47,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
+
+/// How long after a process is seen gone its exit record may still arrive.
+const EXIT_RECORD_GRACE_NS: u64 = 2_000_000_000;
 
 /// What the sampling thread starts from.
 pub(crate) struct Setup {
@@ -66,6 +76,10 @@ pub(crate) struct Setup {
     pub(crate) inherited: Vec<u32>,
     /// The process events' births, where they can be had.
     pub(crate) feed: Option<Feed>,
+    /// The kernel's exit records, or why there are none.
+    pub(crate) exits: Result<ExitStats, String>,
+    /// Keep each peak's memory by kind (`--no-host-kinds` turns it off).
+    pub(crate) host_kinds: bool,
 }
 
 /// The running sampling thread.
@@ -110,6 +124,11 @@ struct State {
     zombies: ZombieWatch,
     kernel_log: Option<Arc<Mutex<KernelLog>>>,
     inherited: Vec<u32>,
+    exits: Result<ExitStats, String>,
+    kinds: Option<KindsReader>,
+    /// The tree set a peak whose detail is not composed yet.
+    tree_kinds_due: bool,
+    tree_composed_ns: Option<u64>,
     rec: Recording,
 }
 
@@ -146,6 +165,10 @@ impl State {
             zombies: ZombieWatch::default(),
             kernel_log: setup.kernel_log,
             inherited: setup.inherited,
+            exits: setup.exits,
+            kinds: setup.host_kinds.then(KindsReader::default),
+            tree_kinds_due: false,
+            tree_composed_ns: None,
             rec,
         }
     }
@@ -197,7 +220,40 @@ impl State {
         });
         self.rec.pss = self.pss.as_ref().map(PssRecord::report);
         self.rec.cpu_cap = self.cap.as_ref().map(CpuCap::report);
+        if let Some(k) = self.kinds.as_mut() {
+            // A detail asked for at the last ticks is worth the short wait.
+            for (pid, d) in k.settle(Duration::from_millis(200)) {
+                self.rec.put_detail(pid, d);
+            }
+            self.rec.kinds_cost = Some(k.cost());
+        }
         self.rec.finish();
+        self.rec.exit_hwm = match &self.exits {
+            Ok(x) => ExitHwmReport {
+                source: "taskstats",
+                available: true,
+                reason: None,
+                processes: self
+                    .rec
+                    .processes
+                    .iter()
+                    .filter(|p| p.exit_hwm.is_some())
+                    .count() as u64,
+                raised: self
+                    .rec
+                    .processes
+                    .iter()
+                    .filter(|p| p.peak().1 == super::recording::PeakSource::ExitHwm)
+                    .count() as u64,
+                overflows: x.overflows,
+            },
+            Err(why) => ExitHwmReport {
+                source: "taskstats",
+                available: false,
+                reason: Some(why.clone()),
+                ..ExitHwmReport::default()
+            },
+        };
         self.rec
     }
 
@@ -219,6 +275,42 @@ impl State {
         }
     }
 
+    /// The kinds at a new tree peak, and the detail reads due.
+    fn kinds_tick(&mut self, tree: &super::tree_sampler::Reading, tree_rss: u64, now: u64) {
+        let rec = &mut self.rec;
+        if rec.tree_peak.map_or(true, |(v, _)| tree_rss > v) {
+            let all = tree.processes.iter().all(|(_, s)| s.kinds.is_some());
+            let kinds = all.then(|| {
+                host_kinds::sum(tree.processes.iter().filter_map(|(_, s)| s.kinds.as_ref()))
+            });
+            let before = rec.tree_kinds.take();
+            rec.tree_kinds = Some(KindsAtPeak {
+                rss: tree_rss,
+                at_ns: now,
+                kinds,
+                processes: before.as_ref().and_then(|k| k.processes),
+                detail: before.and_then(|k| k.detail),
+            });
+            self.tree_kinds_due = true;
+        }
+        let Some(reader) = self.kinds.as_mut() else {
+            return;
+        };
+        for (pid, d) in reader.tick(now, |pid| rec.last_rss(pid)) {
+            rec.put_detail(pid, d);
+        }
+        let gap = u64::try_from(host_kinds::MIN_GAP.as_nanos()).unwrap_or(u64::MAX);
+        if self.tree_kinds_due && self.tree_composed_ns.map_or(true, |t| now >= t + gap) {
+            let (d, n) = host_kinds::compose(rec.live_details(), now);
+            if let Some(t) = rec.tree_kinds.as_mut() {
+                t.detail = Some(d);
+                t.processes = Some(n);
+            }
+            self.tree_kinds_due = false;
+            self.tree_composed_ns = Some(now);
+        }
+    }
+
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let tree = self.tree.read();
@@ -237,11 +329,29 @@ impl State {
             // only while it is a zombie (cheap: only when one ends).
             let status = self.zombies.ended(pid, now);
             self.rec.exited(pid, now, status);
+            if let Some(k) = self.kinds.as_mut() {
+                k.ended(pid);
+            }
+        }
+        if let Ok(x) = self.exits.as_mut() {
+            // Every member seen gone at this tick has its record queued
+            // already (sent before its memory was freed).
+            let rec = &mut self.rec;
+            x.drain(|e| rec.exit_hwm(e.tgid, e.hwm, now));
+            rec.forget_ended_before(now.saturating_sub(EXIT_RECORD_GRACE_NS));
         }
         for (pid, seen) in &tree.processes {
-            self.rec.observe(*pid, seen.rss, seen.status.as_ref(), now);
+            let peak = self
+                .rec
+                .observe(*pid, seen.rss, seen.status.as_ref(), seen.kinds, now);
+            if let (true, Some(k)) = (peak, self.kinds.as_mut()) {
+                k.peak(*pid);
+            }
         }
         let tree_rss = tree.rss();
+        if self.kinds.is_some() {
+            self.kinds_tick(&tree, tree_rss, now);
+        }
         let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);
         let pss = self.pss.as_mut().map_or_else(PssPoint::default, |p| {
             let pids: Vec<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();

@@ -23,6 +23,7 @@
 //!   staggered over processes. Sleeping workers, most of a node's tree,
 //!   then cost one `statm` read a tick.
 
+use super::host_kinds::{rss_kinds_from_status, RssKinds};
 use super::pid_map::PidMap;
 use memprobe_core::internal::process::{ProcessStatus, StatusFile};
 use memprobe_core::internal::process_tree::TreeWalker;
@@ -91,6 +92,9 @@ impl Feed {
 pub(crate) struct Seen {
     pub(crate) rss: u64,
     pub(crate) status: Option<ProcessStatus>,
+    /// Its resident set by kind as of its last `status` read (which is at
+    /// this tick whenever `statm` moved; see [`super::host_kinds`]).
+    pub(crate) kinds: Option<RssKinds>,
 }
 
 /// One tick's reading of the tree.
@@ -121,6 +125,8 @@ struct Member {
     children: Option<File>,
     /// The tick of its last `status` read.
     status_tick: u64,
+    /// Its resident set by kind at its last `status` read.
+    kinds: Option<RssKinds>,
     stale_name: bool,
 }
 
@@ -243,9 +249,12 @@ impl TreeSampler {
                 m.peak = m.peak.max(s.hwm);
                 m.threads = s.threads;
                 m.stale_name = false;
+                // The text just parsed is still in the buffer.
+                m.kinds = rss_kinds_from_status(buf).or(m.kinds);
             }
             m.peak = m.peak.max(rss);
-            reading.processes.push((pid, Seen { rss, status }));
+            let kinds = m.kinds;
+            reading.processes.push((pid, Seen { rss, status, kinds }));
             true
         });
         for &pid in &reading.exited {
@@ -309,6 +318,7 @@ impl TreeSampler {
         let statm_last = read_statm(&statm)?;
         self.status_reads += 1;
         let s = StatusFile::open(pid).read(&mut self.buf)?;
+        let kinds = rss_kinds_from_status(&self.buf);
         let m = Member {
             statm,
             statm_last,
@@ -317,12 +327,14 @@ impl TreeSampler {
             children: None,
             status_tick: self.tick,
             stale_name: false,
+            kinds,
         };
         Some((
             m,
             Seen {
                 rss: s.rss,
                 status: Some(s),
+                kinds,
             },
         ))
     }

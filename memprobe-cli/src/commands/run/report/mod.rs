@@ -68,6 +68,11 @@ pub(crate) struct RunReport {
     pub(crate) signals: Vec<SignalReport>,
     pub(crate) command_cpu_s: f64,
     pub(crate) memprobe_cpu_s: f64,
+    /// The kernel's exit records: whether had, what they raised.
+    pub(crate) exit_hwm: super::exit_stats::ExitHwmReport,
+    /// The cost of the kinds' detail reads (absent with --no-host-kinds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) host_kinds: Option<super::host_kinds::KindsCost>,
     /// With `--max-cpu` only: the cap and how far the interval widened.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cpu_cap: Option<crate::commands::run::cpu_cap::CpuCapReport>,
@@ -102,6 +107,8 @@ pub(crate) struct TreeReport {
     /// process's exact peak raised it).
     #[serde(skip)]
     pub(crate) sampled_peak_bytes: u64,
+    /// Its memory by kind at its largest sample (host_kinds.rs).
+    pub(crate) host_kinds_at_peak: Option<super::host_kinds::KindsReport>,
 }
 
 impl TreeReport {
@@ -121,6 +128,7 @@ impl TreeReport {
             peak_fidelity: "sampled",
             max_processes,
             sampled_peak_bytes: sampled_bytes,
+            host_kinds_at_peak: None,
         }
     }
 
@@ -151,6 +159,10 @@ pub(crate) struct ProcessReport {
     /// [`ProcessRecord::rusage_children`]); null for other processes, or
     /// where unknown.
     pub(crate) rusage_includes_children: Option<bool>,
+    /// Its high-water mark at exit from the kernel's exit record.
+    pub(crate) exit_hwm_bytes: Option<u64>,
+    /// Its memory by kind at its largest sample (host_kinds.rs).
+    pub(crate) host_kinds_at_peak: Option<super::host_kinds::KindsReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -220,6 +232,11 @@ fn process_report(p: &ProcessRecord) -> ProcessReport {
         max_sampled_rss_bytes: p.max_sampled_rss,
         rusage_maxrss_bytes: p.rusage_maxrss,
         rusage_includes_children: p.rusage_children,
+        exit_hwm_bytes: p.exit_hwm,
+        host_kinds_at_peak: p
+            .kinds_at_peak
+            .as_deref()
+            .map(super::host_kinds::KindsReport::new),
     }
 }
 
@@ -264,6 +281,8 @@ pub(crate) fn add_rusage(rec: &mut Recording, facts: &RunFacts, children: Option
             last_rss: 0,
             ended_ns: Some(end),
             wait_status: None,
+            exit_hwm: None,
+            kinds_at_peak: None,
         },
     );
     rec.processes_seen += 1;
@@ -313,15 +332,21 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             signal_name: facts.exit.signal.map(signals::name),
             core_dumped: facts.exit.core_dumped,
         },
-        tree: TreeReport::new(
-            rec.tree_peak,
-            // ru_maxrss is some process's exact peak even where it is not
-            // the command's own: the tree held at least that.
-            rec.peak_process()
-                .map(|p| p.peak().0)
-                .max(rec.processes.iter().filter_map(|p| p.rusage_maxrss).max()),
-            rec.max_processes,
-        ),
+        tree: TreeReport {
+            host_kinds_at_peak: rec
+                .tree_kinds
+                .as_ref()
+                .map(super::host_kinds::KindsReport::new),
+            ..TreeReport::new(
+                rec.tree_peak,
+                // ru_maxrss is some process's exact peak even where it is not
+                // the command's own: the tree held at least that.
+                rec.peak_process()
+                    .map(|p| p.peak().0)
+                    .max(rec.processes.iter().filter_map(|p| p.rusage_maxrss).max()),
+                rec.max_processes,
+            )
+        },
         peak_process: rec.peak_process().map(process),
         processes: rec.processes.iter().map(process).collect(),
         processes_seen: rec.processes_seen,
@@ -356,6 +381,8 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             .collect(),
         command_cpu_s: facts.exit.cpu_s,
         memprobe_cpu_s: facts.memprobe_cpu_s,
+        exit_hwm: rec.exit_hwm.clone(),
+        host_kinds: rec.kinds_cost.clone(),
         cpu_cap: rec.cpu_cap.clone(),
         timeline_merged: rec.timeline.merged(),
         timeline: rec
@@ -471,6 +498,8 @@ mod tests {
                 last_rss: 80 << 20,
                 ended_ns: Some(40_000_000),
                 wait_status: None,
+                exit_hwm: None,
+                kinds_at_peak: None,
             },
             ProcessRecord {
                 pid: 101,
@@ -486,6 +515,8 @@ mod tests {
                 last_rss: 20 << 20,
                 ended_ns: Some(40_000_000),
                 wait_status: None,
+                exit_hwm: None,
+                kinds_at_peak: None,
             },
         ];
         rec.processes_seen = 2;

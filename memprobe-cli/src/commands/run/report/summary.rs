@@ -99,6 +99,10 @@ fn tree(out: &mut Rows, r: &RunReport) {
             )
         },
     );
+    let kinds = r.tree.host_kinds_at_peak.as_ref();
+    if let Some(k) = kinds.and_then(crate::commands::run::host_kinds::summary) {
+        out.row("RAM by kind", k);
+    }
     if let Some(pss) = &r.pss {
         for (label, text) in tree_pss::summary_rows(pss, r.tree.sampled_peak_bytes) {
             out.row(label, text);
@@ -118,6 +122,9 @@ fn peak_process(out: &mut Rows, r: &RunReport) {
         }
         s if s == PeakSource::Rusage.as_str() => {
             "exact (wait4 ru_maxrss: this process or a child it waited for)"
+        }
+        s if s == PeakSource::ExitHwm.as_str() => {
+            "exact (the kernel's high-water mark at its exit)"
         }
         _ => "exact (kernel VmHWM)",
     };

@@ -1,0 +1,805 @@
+//! Host memory by kind at each process's and the tree's RAM peak.
+//!
+//! Two parts, of different fidelity:
+//!
+//! - **Resident set by kind, at the peak sample**: anonymous, file-backed
+//!   and shared memory (`RssAnon`, `RssFile`, `RssShmem`). The sampler
+//!   reads a process's `status` at every tick where its `statm` moved, so
+//!   the split it read last belongs to the `statm` figures of this very
+//!   tick (a process whose `statm` reads the same kept the same split as
+//!   far as the kernel's counters say). Free: no read of its own.
+//! - **Sampled detail**: `smaps_rollup` (the PSS by kind) and `smaps`
+//!   (the largest mappings, grouped by pathname: `[heap]`, anonymous
+//!   memory, `/dev/shm/torch_*` DataLoader buffers, a library), read after
+//!   a process sets a new peak. The kernel walks every page table of the
+//!   process for these (milliseconds for a process of a few GiB), so they
+//!   are rate-limited (at most one per process every [`MIN_GAP`]) and
+//!   within a budget of memprobe's CPU ([`BUDGET_SHARE`] of a core, the
+//!   reads' own time measured): taken near, not at, the peak; the report
+//!   says how far from it (`taken_at_s`). The tree's detail is composed of
+//!   its processes' latest ones when the tree sets a peak (again at most
+//!   every [`MIN_GAP`]).
+
+use super::pid_map::PidMap;
+use serde::Serialize;
+use std::fs::File;
+use std::io::Read;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The shortest time between two detail reads of one process (and two
+/// compositions of the tree's).
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(250);
+/// The detail reads' share of one core, at most, over the run.
+pub(crate) const BUDGET_SHARE: f64 = 0.001;
+/// The most a quiet start lends the reads ahead (one big process's read
+/// may overdraw it; later reads then wait until it is paid back).
+const BUDGET_CAP: Duration = Duration::from_millis(5);
+/// Mappings kept per reading (the rest summed as "others").
+pub(crate) const TOP_MAPPINGS: usize = 8;
+
+/// A resident set by kind, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct RssKinds {
+    #[serde(rename = "anon_bytes")]
+    pub(crate) anon: u64,
+    #[serde(rename = "file_bytes")]
+    pub(crate) file: u64,
+    #[serde(rename = "shmem_bytes")]
+    pub(crate) shmem: u64,
+}
+
+impl RssKinds {
+    fn add(&mut self, o: &RssKinds) {
+        self.anon += o.anon;
+        self.file += o.file;
+        self.shmem += o.shmem;
+    }
+}
+
+/// `RssAnon`, `RssFile` and `RssShmem` of a `/proc/<pid>/status` text
+/// (Linux 4.5 and later); `None` without them.
+pub(crate) fn rss_kinds_from_status(text: &[u8]) -> Option<RssKinds> {
+    Some(RssKinds {
+        anon: kib_field(text, b"RssAnon:")?,
+        file: kib_field(text, b"RssFile:")?,
+        shmem: kib_field(text, b"RssShmem:")?,
+    })
+}
+
+/// The first `key value kB` line's value, bytes.
+fn kib_field(text: &[u8], key: &[u8]) -> Option<u64> {
+    let at = text.windows(key.len()).position(|w| w == key)?;
+    let rest = &text[at + key.len()..];
+    let line = rest.split(|&c| c == b'\n').next()?;
+    let digits = line.trim_ascii().split(|&c| c == b' ').next()?;
+    std::str::from_utf8(digits)
+        .ok()?
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)
+}
+
+/// Memory of the mappings that share one name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct MappingGroup {
+    pub(crate) name: String,
+    pub(crate) rss_bytes: u64,
+    pub(crate) pss_bytes: u64,
+    /// Mappings summed here.
+    pub(crate) mappings: u32,
+}
+
+/// The PSS by kind (`smaps_rollup`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct PssKinds {
+    pub(crate) pss_bytes: u64,
+    pub(crate) pss_anon_bytes: u64,
+    pub(crate) pss_file_bytes: u64,
+    pub(crate) pss_shmem_bytes: u64,
+}
+
+/// One sampled detail reading of a process (or the tree's composition).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Detail {
+    /// When it was taken, ns since the start (the tree's: its oldest
+    /// reading, and `newest_ns` its newest).
+    pub(crate) taken_ns: u64,
+    pub(crate) newest_ns: u64,
+    /// `None` where `smaps_rollup` has no PSS by kind (before Linux 5.9).
+    pub(crate) pss: Option<PssKinds>,
+    /// The largest groups first; the last one "others" when there were more.
+    pub(crate) mappings: Vec<MappingGroup>,
+}
+
+/// The name a mapping is grouped under: its path (without " (deleted)"),
+/// `[heap]`-like names as they are, `[anon]` for nameless ones, and
+/// PyTorch's DataLoader shared buffers (`/dev/shm/torch_<pid>_<...>`) as one
+/// `/dev/shm/torch_*`.
+fn group_name(name: &str) -> String {
+    let name = name.trim();
+    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+    if name.is_empty() {
+        "[anon]".into()
+    } else if name.starts_with("/dev/shm/torch_") {
+        "/dev/shm/torch_*".into()
+    } else {
+        name.into()
+    }
+}
+
+/// Groups the mappings of an `smaps` text by name, largest RSS first, at
+/// most [`TOP_MAPPINGS`] (the rest as "others").
+pub(crate) fn group_smaps(text: &[u8]) -> Vec<MappingGroup> {
+    let mut groups: Vec<MappingGroup> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = Default::default();
+    let mut current: Option<usize> = None;
+    for line in text.split(|&c| c == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        let first = line.split_ascii_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: range perms offset dev inode [name].
+            let name = line
+                .split_ascii_whitespace()
+                .skip(5)
+                .collect::<Vec<_>>()
+                .join(" ");
+            let g = group_name(&name);
+            let i = *index.entry(g.clone()).or_insert_with(|| {
+                groups.push(MappingGroup {
+                    name: g,
+                    rss_bytes: 0,
+                    pss_bytes: 0,
+                    mappings: 0,
+                });
+                groups.len() - 1
+            });
+            groups[i].mappings += 1;
+            current = Some(i);
+        } else if let Some(i) = current {
+            let kib = |key: &str| -> Option<u64> {
+                line.strip_prefix(key)?
+                    .split_ascii_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()?
+                    .checked_mul(1024)
+            };
+            if let Some(v) = kib("Rss:") {
+                groups[i].rss_bytes += v;
+            } else if let Some(v) = kib("Pss:") {
+                groups[i].pss_bytes += v;
+            }
+        }
+    }
+    top(groups)
+}
+
+/// The [`TOP_MAPPINGS`] largest groups, the rest summed as "others".
+fn top(mut groups: Vec<MappingGroup>) -> Vec<MappingGroup> {
+    groups.retain(|g| g.rss_bytes > 0);
+    groups.sort_by(|a, b| b.rss_bytes.cmp(&a.rss_bytes).then(a.name.cmp(&b.name)));
+    if groups.len() > TOP_MAPPINGS {
+        let rest = groups.split_off(TOP_MAPPINGS - 1);
+        groups.push(MappingGroup {
+            name: "others".into(),
+            rss_bytes: rest.iter().map(|g| g.rss_bytes).sum(),
+            pss_bytes: rest.iter().map(|g| g.pss_bytes).sum(),
+            mappings: rest.iter().map(|g| g.mappings).sum(),
+        });
+    }
+    groups
+}
+
+/// `Pss`, `Pss_Anon`, `Pss_File` and `Pss_Shmem` of an `smaps_rollup` text.
+pub(crate) fn pss_kinds(text: &[u8]) -> Option<PssKinds> {
+    Some(PssKinds {
+        pss_bytes: kib_field(text, b"\nPss:")?,
+        pss_anon_bytes: kib_field(text, b"Pss_Anon:")?,
+        pss_file_bytes: kib_field(text, b"Pss_File:")?,
+        pss_shmem_bytes: kib_field(text, b"Pss_Shmem:")?,
+    })
+}
+
+/// A process's RAM peak as sampled, with its kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KindsAtPeak {
+    /// The sampled peak, bytes, and when (ns since the start).
+    pub(crate) rss: u64,
+    pub(crate) at_ns: u64,
+    /// Its split at that sample (`None`: the kernel gives none).
+    pub(crate) kinds: Option<RssKinds>,
+    /// The detail read nearest after the peak (or, until one is, the
+    /// last one before it).
+    pub(crate) detail: Option<Detail>,
+    /// For the tree: processes whose detail the composition summed, of
+    /// those alive.
+    pub(crate) processes: Option<(u32, u32)>,
+}
+
+/// The detail readings' cost and what the budget put off.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(crate) struct KindsCost {
+    pub(crate) reads: u64,
+    pub(crate) read_ms_total: f64,
+    pub(crate) read_ms_max: f64,
+    /// Ticks where a process waited for a detail read because the budget
+    /// was spent.
+    pub(crate) deferred: u64,
+    pub(crate) budget_percent_of_a_core: f64,
+}
+
+/// Schedules the detail reads (see the module's description). The reads
+/// run on a thread of their own, one at a time: a read of a process of
+/// several GiB takes milliseconds, which would make the sampler miss ticks.
+#[derive(Debug)]
+pub(crate) struct KindsReader {
+    /// pid -> when its last detail was asked for (ns since the start).
+    last_read: PidMap<u64>,
+    /// Processes whose peak is newer than their last detail.
+    pending: Vec<u32>,
+    /// Budget left, ns of the reading thread's CPU (negative: overdrawn).
+    allowance_ns: i64,
+    last_tick_ns: u64,
+    /// The reading thread: requests (pid, when) out, results back.
+    thread: Option<Worker>,
+    /// A read is in flight.
+    busy: bool,
+    cost: KindsCost,
+    read_ns_total: u64,
+    read_ns_max: u64,
+}
+
+/// The reading thread's two ends.
+#[derive(Debug)]
+struct Worker {
+    ask: mpsc::Sender<(u32, u64)>,
+    done: mpsc::Receiver<Done>,
+}
+
+/// One finished read: the pid, its detail (None: it had ended), and the
+/// reading thread's CPU time for it.
+#[derive(Debug)]
+struct Done {
+    pid: u32,
+    detail: Option<Detail>,
+    cpu_ns: u64,
+}
+
+impl Default for KindsReader {
+    fn default() -> Self {
+        KindsReader {
+            last_read: PidMap::default(),
+            pending: Vec::new(),
+            allowance_ns: i64::try_from(BUDGET_CAP.as_nanos()).unwrap_or(i64::MAX),
+            last_tick_ns: 0,
+            thread: None,
+            busy: false,
+            cost: KindsCost::default(),
+            read_ns_total: 0,
+            read_ns_max: 0,
+        }
+    }
+}
+
+impl KindsReader {
+    /// `pid` set a new sampled peak: a detail read is due.
+    pub(crate) fn peak(&mut self, pid: u32) {
+        if !self.pending.contains(&pid) {
+            self.pending.push(pid);
+        }
+    }
+
+    /// `pid` ended: nothing more can be read of it.
+    pub(crate) fn ended(&mut self, pid: u32) {
+        self.pending.retain(|&p| p != pid);
+        self.last_read.remove(&pid);
+    }
+
+    /// Takes the details read since the last tick, then asks for the next
+    /// one due at `now` within the budget (largest `rss_of` first).
+    pub(crate) fn tick(&mut self, now: u64, rss_of: impl Fn(u32) -> u64) -> Vec<(u32, Detail)> {
+        let elapsed = now.saturating_sub(self.last_tick_ns);
+        self.last_tick_ns = now;
+        let earned = (elapsed as f64 * BUDGET_SHARE) as i64;
+        let cap = i64::try_from(BUDGET_CAP.as_nanos()).unwrap_or(i64::MAX);
+        self.allowance_ns = self.allowance_ns.saturating_add(earned).min(cap);
+        let out = self.collect();
+        if self.pending.is_empty() || self.busy {
+            return out;
+        }
+        let gap = u64::try_from(MIN_GAP.as_nanos()).unwrap_or(u64::MAX);
+        let due = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                self.last_read
+                    .get(p)
+                    .map_or(true, |&t| now.saturating_sub(t) >= gap)
+            })
+            .max_by_key(|(_, &p)| rss_of(p))
+            .map(|(i, _)| i);
+        let Some(i) = due else {
+            return out;
+        };
+        if self.allowance_ns <= 0 {
+            self.cost.deferred += 1;
+            return out;
+        }
+        let pid = self.pending.swap_remove(i);
+        if self.ask(pid, now) {
+            self.busy = true;
+            self.last_read.insert(pid, now);
+        }
+        out
+    }
+
+    /// The reads finished since the last call.
+    fn collect(&mut self) -> Vec<(u32, Detail)> {
+        let mut out = Vec::new();
+        let Some(w) = &self.thread else {
+            return out;
+        };
+        for d in w.done.try_iter() {
+            self.busy = false;
+            self.allowance_ns = self
+                .allowance_ns
+                .saturating_sub(i64::try_from(d.cpu_ns).unwrap_or(i64::MAX));
+            self.read_ns_total += d.cpu_ns;
+            self.read_ns_max = self.read_ns_max.max(d.cpu_ns);
+            self.cost.reads += 1;
+            out.extend(d.detail.map(|x| (d.pid, x)));
+        }
+        out
+    }
+
+    /// Sends a request to the reading thread (started at the first).
+    fn ask(&mut self, pid: u32, now: u64) -> bool {
+        if self.thread.is_none() {
+            let (req_tx, req_rx) = mpsc::channel::<(u32, u64)>();
+            let (done_tx, done_rx) = mpsc::channel::<Done>();
+            let started = std::thread::Builder::new()
+                .name("memprobe-kinds".into())
+                .spawn(move || {
+                    let mut buf = Vec::new();
+                    // Ends when the sampler drops its sender.
+                    for (pid, now) in req_rx {
+                        let cpu0 = thread_cpu_ns();
+                        let detail = read_detail(pid, now, &mut buf);
+                        let cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+                        if done_tx
+                            .send(Done {
+                                pid,
+                                detail,
+                                cpu_ns,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            if started.is_err() {
+                return false;
+            }
+            self.thread = Some(Worker {
+                ask: req_tx,
+                done: done_rx,
+            });
+        }
+        self.thread
+            .as_ref()
+            .is_some_and(|w| w.ask.send((pid, now)).is_ok())
+    }
+
+    /// Waits up to `timeout` for the read in flight, asking for no other
+    /// (the end of the run: a peak's detail asked for at the last ticks is
+    /// kept).
+    pub(crate) fn settle(&mut self, timeout: Duration) -> Vec<(u32, Detail)> {
+        let t = Instant::now();
+        let mut out = Vec::new();
+        while self.busy && t.elapsed() < timeout {
+            out.extend(self.collect());
+            if self.busy {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        out
+    }
+
+    /// The cost so far.
+    pub(crate) fn cost(&self) -> KindsCost {
+        KindsCost {
+            read_ms_total: self.read_ns_total as f64 / 1e6,
+            read_ms_max: self.read_ns_max as f64 / 1e6,
+            budget_percent_of_a_core: BUDGET_SHARE * 100.0,
+            ..self.cost.clone()
+        }
+    }
+}
+
+/// The calling thread's CPU time, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// One detail reading of `pid` asked for at `now`; `None` when it has
+/// ended.
+fn read_detail(pid: u32, now: u64, buf: &mut Vec<u8>) -> Option<Detail> {
+    let pss =
+        read_into(&format!("/proc/{pid}/smaps_rollup"), buf).and_then(|n| pss_kinds(&buf[..n]));
+    let n = read_into(&format!("/proc/{pid}/smaps"), buf)?;
+    let mappings = group_smaps(&buf[..n]);
+    if mappings.is_empty() {
+        return None;
+    }
+    Some(Detail {
+        taken_ns: now,
+        newest_ns: now,
+        pss,
+        mappings,
+    })
+}
+
+/// Reads all of `path` into `buf` (kept for the next read); its length.
+fn read_into(path: &str, buf: &mut Vec<u8>) -> Option<usize> {
+    buf.clear();
+    File::open(path).ok()?.read_to_end(buf).ok()?;
+    Some(buf.len())
+}
+
+/// The tree's detail at `now`: the latest details of its live processes,
+/// summed by mapping name; `processes` (with a detail, alive).
+pub(crate) fn compose<'a>(
+    details: impl Iterator<Item = Option<&'a Detail>>,
+    now: u64,
+) -> (Detail, (u32, u32)) {
+    let mut groups: Vec<MappingGroup> = Vec::new();
+    let mut index: std::collections::HashMap<&str, usize> = Default::default();
+    let mut pss: Option<PssKinds> = Some(PssKinds::default());
+    let (mut with, mut alive) = (0u32, 0u32);
+    let (mut oldest, mut newest) = (now, 0);
+    let mut all: Vec<&Detail> = Vec::new();
+    for d in details {
+        alive += 1;
+        let Some(d) = d else {
+            continue;
+        };
+        with += 1;
+        oldest = oldest.min(d.taken_ns);
+        newest = newest.max(d.newest_ns);
+        all.push(d);
+        pss = match (pss, d.pss) {
+            (Some(mut a), Some(b)) => {
+                a.pss_bytes += b.pss_bytes;
+                a.pss_anon_bytes += b.pss_anon_bytes;
+                a.pss_file_bytes += b.pss_file_bytes;
+                a.pss_shmem_bytes += b.pss_shmem_bytes;
+                Some(a)
+            }
+            _ => None,
+        };
+    }
+    for d in &all {
+        for m in &d.mappings {
+            let i = *index.entry(m.name.as_str()).or_insert_with(|| {
+                groups.push(MappingGroup {
+                    name: m.name.clone(),
+                    rss_bytes: 0,
+                    pss_bytes: 0,
+                    mappings: 0,
+                });
+                groups.len() - 1
+            });
+            groups[i].rss_bytes += m.rss_bytes;
+            groups[i].pss_bytes += m.pss_bytes;
+            groups[i].mappings += m.mappings;
+        }
+    }
+    // "others" of each process stays one group: sorted with the rest.
+    (
+        Detail {
+            taken_ns: oldest,
+            newest_ns: newest.max(oldest),
+            pss: pss.filter(|_| with > 0),
+            mappings: top(groups),
+        },
+        (with, alive),
+    )
+}
+
+/// The run JSON's `host_kinds_at_peak` (of a process, or the tree).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct KindsReport {
+    /// The largest sample, and when.
+    pub(crate) rss_bytes: u64,
+    pub(crate) at_s: f64,
+    /// Its split at that very sample (null where the kernel gives none).
+    pub(crate) anon_bytes: Option<u64>,
+    pub(crate) file_bytes: Option<u64>,
+    pub(crate) shmem_bytes: Option<u64>,
+    /// Read near the peak, not at it (null: none could be taken).
+    pub(crate) sampled: Option<SampledReport>,
+}
+
+/// The sampled part of [`KindsReport`].
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SampledReport {
+    /// Seconds from the peak to the reading (negative: before it); for
+    /// the tree, its oldest reading, and `latest_at_s` its newest.
+    pub(crate) taken_at_s: f64,
+    pub(crate) latest_at_s: f64,
+    /// For the tree: processes whose reading is summed, of those alive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) processes: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) processes_alive: Option<u32>,
+    /// PSS by kind (`smaps_rollup`; null before Linux 5.9).
+    pub(crate) pss: Option<PssKinds>,
+    /// The largest mappings, grouped by name, largest first.
+    pub(crate) mappings: Vec<MappingGroup>,
+}
+
+impl KindsReport {
+    pub(crate) fn new(k: &KindsAtPeak) -> KindsReport {
+        let off = |t: u64| (t as f64 - k.at_ns as f64) / 1e9;
+        KindsReport {
+            rss_bytes: k.rss,
+            at_s: k.at_ns as f64 / 1e9,
+            anon_bytes: k.kinds.map(|x| x.anon),
+            file_bytes: k.kinds.map(|x| x.file),
+            shmem_bytes: k.kinds.map(|x| x.shmem),
+            sampled: k.detail.as_ref().map(|d| SampledReport {
+                taken_at_s: off(d.taken_ns),
+                latest_at_s: off(d.newest_ns),
+                processes: k.processes.map(|p| p.0),
+                processes_alive: k.processes.map(|p| p.1),
+                pss: d.pss,
+                mappings: d.mappings.clone(),
+            }),
+        }
+    }
+
+    /// The bytes of the `/dev/shm/torch_*` group, where there is one.
+    pub(crate) fn torch_shm(&self) -> Option<u64> {
+        self.sampled
+            .as_ref()?
+            .mappings
+            .iter()
+            .find(|m| m.name == "/dev/shm/torch_*")
+            .map(|m| m.rss_bytes)
+    }
+}
+
+/// The summary's line: "at the tree's RAM peak 12.3 GiB: anon 9.1 GiB,
+/// file 2.0 GiB, shmem 1.2 GiB (/dev/shm/torch_* 1.1 GiB), mappings sampled
+/// 40 ms after the peak"; `None` without the split.
+pub(crate) fn summary(k: &KindsReport) -> Option<String> {
+    use memprobe_core::internal::units;
+    let (anon, file, shmem) = (k.anon_bytes?, k.file_bytes?, k.shmem_bytes?);
+    let mut line = format!(
+        "at the tree's sampled RAM peak {}: anon {}, file {}, shmem {}",
+        units::bytes(k.rss_bytes),
+        units::bytes(anon),
+        units::bytes(file),
+        units::bytes(shmem),
+    );
+    if let Some(torch) = k.torch_shm() {
+        line += &format!(" (/dev/shm/torch_* {})", units::bytes(torch));
+    }
+    if let Some(s) = &k.sampled {
+        // The reading farthest from the peak bounds how near they are.
+        let far = if s.latest_at_s.abs() > s.taken_at_s.abs() {
+            s.latest_at_s
+        } else {
+            s.taken_at_s
+        };
+        let ms = (far.abs() * 1e3).round();
+        line += &if ms == 0.0 {
+            ", mappings sampled at the peak".to_string()
+        } else if far > 0.0 {
+            format!(", mappings sampled up to {ms} ms after the peak")
+        } else {
+            format!(", mappings sampled up to {ms} ms before the peak")
+        };
+    }
+    Some(line)
+}
+
+/// Sums kinds (the tree's at its peak sample).
+pub(crate) fn sum<'a>(kinds: impl Iterator<Item = &'a RssKinds>) -> RssKinds {
+    let mut total = RssKinds::default();
+    for k in kinds {
+        total.add(k);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]
+Size:                132 kB
+Rss:                 100 kB
+Pss:                 100 kB
+7f0000000000-7f0000100000 rw-s 00000000 00:1a 12                         /dev/shm/torch_123_456_0 (deleted)
+Size:               1024 kB
+Rss:                1024 kB
+Pss:                 512 kB
+7f0000200000-7f0000300000 rw-s 00000000 00:1a 13                         /dev/shm/torch_123_789_1
+Size:               1024 kB
+Rss:                 512 kB
+Pss:                 256 kB
+7f0000400000-7f0000500000 rw-p 00000000 00:00 0 
+Size:               1024 kB
+Rss:                 300 kB
+Pss:                 300 kB
+7f1000000000-7f1000010000 r-xp 00000000 08:01 99                         /usr/lib/libc.so.6
+Size:                 64 kB
+Rss:                  64 kB
+Pss:                   8 kB
+VmFlags: rd ex mr mw me sd
+";
+
+    #[test]
+    fn smaps_groups_by_name_with_torch_buffers_as_one() {
+        let g = group_smaps(SMAPS.as_bytes());
+        let names: Vec<(&str, u64, u64, u32)> = g
+            .iter()
+            .map(|m| {
+                (
+                    m.name.as_str(),
+                    m.rss_bytes >> 10,
+                    m.pss_bytes >> 10,
+                    m.mappings,
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("/dev/shm/torch_*", 1536, 768, 2),
+                ("[anon]", 300, 300, 1),
+                ("[heap]", 100, 100, 1),
+                ("/usr/lib/libc.so.6", 64, 8, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn more_groups_than_kept_end_in_others() {
+        let mut text = String::new();
+        for i in 0..20u64 {
+            text += &format!(
+                "{:x}-{:x} r--p 0 08:01 {i} /lib/l{i}.so\nRss: {} kB\nPss: {} kB\n",
+                i << 20,
+                (i << 20) + 4096,
+                i + 1,
+                i + 1
+            );
+        }
+        let g = group_smaps(text.as_bytes());
+        assert_eq!(g.len(), TOP_MAPPINGS);
+        assert_eq!(g[0].name, "/lib/l19.so");
+        let last = g.last().unwrap();
+        assert_eq!(last.name, "others");
+        // Every byte is still there: 1 + 2 + ... + 20 kB.
+        assert_eq!(g.iter().map(|m| m.rss_bytes).sum::<u64>(), 210 << 10);
+        assert_eq!(last.mappings, 20 - (TOP_MAPPINGS as u32 - 1));
+    }
+
+    #[test]
+    fn status_and_rollup_kinds() {
+        let status = b"Name:\tx\nVmHWM:\t  10 kB\nVmRSS:\t  7 kB\nRssAnon:\t 4 kB\nRssFile:\t 2 kB\nRssShmem:\t 1 kB\n";
+        assert_eq!(
+            rss_kinds_from_status(status),
+            Some(RssKinds {
+                anon: 4096,
+                file: 2048,
+                shmem: 1024
+            })
+        );
+        assert_eq!(rss_kinds_from_status(b"VmRSS:\t 7 kB\n"), None);
+        let rollup = b"00400000-7fff [rollup]\nRss: 9 kB\nPss: 8 kB\nPss_Dirty: 1 kB\nPss_Anon: 5 kB\nPss_File: 2 kB\nPss_Shmem: 1 kB\n";
+        assert_eq!(
+            pss_kinds(rollup),
+            Some(PssKinds {
+                pss_bytes: 8 << 10,
+                pss_anon_bytes: 5 << 10,
+                pss_file_bytes: 2 << 10,
+                pss_shmem_bytes: 1 << 10,
+            })
+        );
+    }
+
+    /// The real files of this process parse, and the kinds add up to the
+    /// resident set the status gives.
+    #[test]
+    fn this_process_reads() {
+        let text = std::fs::read("/proc/self/status").unwrap();
+        let k = rss_kinds_from_status(&text).expect("RssAnon and co.");
+        let rss = kib_field(&text, b"VmRSS:").unwrap();
+        assert_eq!(k.anon + k.file + k.shmem, rss);
+        let mut r = KindsReader::default();
+        let me = std::process::id();
+        r.peak(me);
+        let mut got = r.tick(1, |_| 0);
+        got.extend(r.settle(Duration::from_secs(5)));
+        let (pid, d) = got.pop().expect("a detail");
+        assert_eq!(pid, me);
+        assert_eq!(d.taken_ns, 1);
+        assert!(d
+            .mappings
+            .iter()
+            .any(|m| m.name.contains("[heap]") || m.name == "[anon]"));
+        assert_eq!(r.cost().reads, 1);
+    }
+
+    /// At most one read per process per MIN_GAP, and none once the budget
+    /// is spent until it is earned back.
+    #[test]
+    fn reads_are_rate_limited_and_budgeted() {
+        let mut r = KindsReader::default();
+        let me = std::process::id();
+        let ms = 1_000_000u64;
+        let mut reads = 0;
+        let step = |r: &mut KindsReader, now: u64| {
+            let mut n = r.tick(now, |_| 0).len();
+            n += r.settle(Duration::from_secs(5)).len();
+            n
+        };
+        r.peak(me);
+        reads += step(&mut r, 0);
+        r.peak(me);
+        reads += step(&mut r, 100 * ms);
+        assert_eq!(reads, 1, "within MIN_GAP: waits");
+        // 200 ms earn 0.2 ms of reading: still overdrawn.
+        r.allowance_ns = -300_000;
+        reads += step(&mut r, 300 * ms);
+        assert_eq!(reads, 1, "out of budget: waits");
+        assert!(r.cost().deferred >= 1);
+        // 0.1 % of a second earns 1 ms of reading: enough for one.
+        reads += step(&mut r, 1300 * ms);
+        assert_eq!(reads, 2);
+        assert!(r.pending.is_empty());
+    }
+
+    #[test]
+    fn the_tree_sums_its_processes_details() {
+        let d = |t: u64, rss: u64| Detail {
+            taken_ns: t,
+            newest_ns: t,
+            pss: Some(PssKinds {
+                pss_bytes: rss,
+                ..PssKinds::default()
+            }),
+            mappings: vec![MappingGroup {
+                name: "/dev/shm/torch_*".into(),
+                rss_bytes: rss,
+                pss_bytes: rss / 2,
+                mappings: 1,
+            }],
+        };
+        let (a, b) = (d(10, 100), d(20, 50));
+        let (tree, n) = compose([Some(&a), None, Some(&b)].into_iter(), 30);
+        assert_eq!(n, (2, 3));
+        assert_eq!(
+            (tree.taken_ns, tree.newest_ns),
+            (10, 20),
+            "its readings' span"
+        );
+        assert_eq!(tree.mappings[0].rss_bytes, 150);
+        assert_eq!(tree.pss.unwrap().pss_bytes, 150);
+    }
+}
