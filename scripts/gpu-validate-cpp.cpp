@@ -15,6 +15,10 @@
 // c10's own DeviceStats peak before each boundary is compared as well, but
 // it is the counter memprobe resets: a consistency figure, not a reference.
 //
+// Attribution: two epochs whose second one's peak is one 1 GiB tensor; the
+// records written (epoch-<E>-rank-0.json, oom-0-rank-0.json) are checked by
+// gpu-validate-torch.py against the steps' exact peaks.
+//
 // `make test` compiles and links it against the CPU test environment's
 // torch (bindings/python/tests/test_gpu_validation.py); without a device it
 // prints {"error": ...} and exits 2.
@@ -165,9 +169,68 @@ int main(int argc, char **argv) {
         known_windows++;
         known_wrong += epoch_w.peak(0) != epoch_want;
     }
+    // Attribution (memprobe_torch.hpp's Attribution): two epochs of six
+    // steps; epoch 1, step 3 holds one 1 GiB tensor, the peak of its epoch.
+    // The records land in MEMPROBE_ATTRIBUTION_DIR (set by the caller), which
+    // gpu-validate-torch.py reads; here: how many snapshots were taken
+    // against the new epoch peaks counted from the steps' own peaks, and the
+    // spike step's exact peak. Then a request beyond the device: torch's
+    // out-of-memory error, whose record the observer writes.
+    std::string attr_error, oom_path;
+    long long attr_snapshots = -1, attr_expected = 0, spike_step = -1, oom_request = 0;
+    unsigned long long spike_peak = 0;
+    bool oom_seen = false;
+    try {
+        memprobe::torch::AttributionOptions ao;
+        ao.max_entries = 20000;
+        memprobe::torch::Attribution attr(ao);
+        memprobe::Tracker at(gpu.list());
+        for (int e = 0; e < 2; e++) {
+            at.begin(memprobe::PhaseKind::Epoch);
+            std::uint64_t best = 0;
+            for (int s = 0; s < 6; s++) {
+                at.begin(memprobe::PhaseKind::Step);
+                auto act = at::empty({(s + 1) * 4 * MIB}, bytes);
+                if (e == 1 && s == 3) {
+                    auto big = at::empty({1ll << 30}, bytes);  // the spike: the top block
+                    big.fill_(1);
+                }
+                act = at::Tensor();
+                c10::cuda::device_synchronize();
+                const auto r = at.end(memprobe::PhaseKind::Step);
+                if (s == 0 || r.deltas[0].peak > best) {
+                    attr_expected++;
+                    best = r.deltas[0].peak;
+                }
+                if (e == 1 && s == 3) {
+                    spike_peak = r.deltas[0].peak;
+                    spike_step = static_cast<long long>(r.phase.index);
+                }
+                attr.step_ended(e, r);
+            }
+            at.end(memprobe::PhaseKind::Epoch);
+        }
+        attr_snapshots = static_cast<long long>(attr.snapshots());
+        oom_request = 1ll << 50;  // 1 PiB: beyond any device
+        try {
+            auto huge = at::empty({oom_request}, bytes);
+        } catch (const c10::OutOfMemoryError &) {
+            oom_seen = true;
+        }
+        oom_path = attr.last_oom().value_or("");
+    } catch (const std::exception &ex) {
+        attr_error = ex.what();
+    }
+    for (char &ch : attr_error)
+        if (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20) ch = ' ';
+
     std::printf("{\"tries\": %d, \"caught\": %d, \"mismatches\": %d, \"quiet_steps\": %d, \"quiet_loud\": %d, "
-                "\"known_windows\": %d, \"known_wrong\": %d, \"peak_since_start\": %llu}\n",
+                "\"known_windows\": %d, \"known_wrong\": %d, \"peak_since_start\": %llu, "
+                "\"attribution\": {\"error\": \"%s\", \"snapshots\": %lld, \"new_epoch_peaks\": %lld, "
+                "\"spike_step\": %lld, \"spike_peak\": %llu, \"oom_seen\": %s, \"oom_request\": %lld, "
+                "\"oom_record\": \"%s\"}}\n",
                 tries, caught, mismatches, quiet_steps, quiet_loud, known_windows, known_wrong,
-                static_cast<unsigned long long>(gpu.peak_allocated_since_start()));
-    return caught == tries && mismatches == 0 && quiet_loud == 0 && known_wrong == 0 ? 0 : 1;
+                static_cast<unsigned long long>(gpu.peak_allocated_since_start()), attr_error.c_str(), attr_snapshots,
+                attr_expected, spike_step, spike_peak, oom_seen ? "true" : "false", oom_request, oom_path.c_str());
+    return caught == tries && mismatches == 0 && quiet_loud == 0 && known_wrong == 0 && attr_error.empty() ? 0 : 1;
 }

@@ -616,9 +616,12 @@ def cpp_run(args, torch, checks):
     checks.add("libtorch C++ part builds", b.returncode == 0, b.stderr[-3000:] or f"{out['build_s']} s")
     if b.returncode != 0:
         return out
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="") if args.fake else None
+    records = os.path.join(work, "attribution")
+    env = dict(os.environ, MEMPROBE_ATTRIBUTION_DIR=records)
+    if args.fake:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     r = subprocess.run([exe, str(args.cpp_tries)], capture_output=True, text=True, env=env)
-    out.update(returncode=r.returncode, stderr=r.stderr[-2000:])
+    out.update(returncode=r.returncode, stderr=r.stderr[-2000:], attribution_dir=records)
     try:
         res = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -646,6 +649,55 @@ def check_cpp(checks, c):
                f"{c.get('quiet_loud')} of {c.get('quiet_steps')} above")
     checks.add("libtorch C++ consistency (the counter memprobe resets): equal to c10's DeviceStats peak",
                c.get("mismatches") == 0 and tries > 0, f"{c.get('mismatches')} mismatches")
+    check_cpp_attribution(checks, c)
+
+
+def read_record(directory, name):
+    try:
+        with open(os.path.join(directory, name)) as f:
+            text = f.read()
+        return json.loads(text), len(text.encode())
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}, 0
+
+
+def check_cpp_attribution(checks, c):
+    """memprobe_torch.hpp's Attribution: the records the C++ program wrote
+    against its steps' exact peaks (see gpu-validate-cpp.cpp)."""
+    a = c.get("attribution") or {}
+    d = c.get("attribution_dir") or ""
+    checks.add("libtorch C++ attribution: runs (history on, records written)", not a.get("error") and a,
+               a.get("error") or a)
+    checks.add("libtorch C++ attribution: snapshots only on new epoch peaks",
+               a.get("snapshots") == a.get("new_epoch_peaks") and (a.get("snapshots") or 0) > 0,
+               f"{a.get('snapshots')} snapshots, {a.get('new_epoch_peaks')} new epoch peaks")
+    rec, size = read_record(d, "epoch-1-rank-0.json")
+    blocks = rec.get("blocks") or []
+    rest = (rec.get("rest") or {}).get("bytes")
+    complete = (rec.get("history") or {}).get("complete") is True
+    checks.add("libtorch C++ attribution: epoch 1's record is its spike step, complete, within 256 KiB",
+               complete and rec.get("step") == a.get("spike_step") and 0 < size <= 256 * 1024
+               and rec.get("schema") == "memprobe.torch_attribution/1",
+               {k: rec.get(k) for k in ("step", "history", "error")} | {"size": size})
+    checks.add("libtorch C++ attribution: the 1 GiB tensor is the top block",
+               bool(blocks) and blocks[0].get("bytes") == 1 << 30, blocks[:2])
+    checks.add("libtorch C++ attribution: blocks + rest == the step's exact peak, to the byte",
+               complete and rest is not None and sum(b["bytes"] for b in blocks) + rest == a.get("spike_peak")
+               == rec.get("peak_bytes"),
+               f"{sum(b.get('bytes', 0) for b in blocks)} + {rest} vs {a.get('spike_peak')} "
+               f"(record {rec.get('peak_bytes')}); unplaced {(rec.get('rest') or {}).get('unplaced_bytes')}")
+    e0, _ = read_record(d, "epoch-0-rank-0.json")
+    checks.add("libtorch C++ attribution negative control: epoch 0 holds no 1 GiB block",
+               "error" not in e0 and all(b.get("bytes", 0) < 1 << 30 for b in e0.get("blocks") or []),
+               [b.get("bytes") for b in (e0.get("blocks") or [])[:3]])
+    oom, _ = read_record(d, "oom-0-rank-0.json")
+    req = oom.get("requested_bytes")
+    checks.add("libtorch C++ attribution: torch's out-of-memory error writes its table (request, segments)",
+               a.get("oom_seen") is True and oom.get("kind") == "oom" and isinstance(req, int)
+               and a.get("oom_request", 0) <= req <= a.get("oom_request", 0) + (2 << 20)
+               and bool(oom.get("segments")),
+               {"request": a.get("oom_request"), "requested_bytes": req, "segments": len(oom.get("segments") or []),
+                "error": oom.get("error")})
 
 
 # ---- main ---------------------------------------------------------------------------

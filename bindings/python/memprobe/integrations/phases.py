@@ -55,11 +55,18 @@ class PhasePeaks:
     the phases (configure its sinks, release policies, out-of-memory
     report). ``oom_report``: configures that report at once
     (:func:`memprobe.integrations.torch.report_oom`'s ``path``, or a dict of
-    its keyword arguments)."""
+    its keyword arguments). ``attribution``: the tracker's (which tensors
+    made each epoch's peak, :mod:`.torch_attribution`)."""
 
-    def __init__(self, sources: Union[Source, Iterable[Source], None] = None, *, oom_report: Any = None):
+    def __init__(
+        self,
+        sources: Union[Source, Iterable[Source], None] = None,
+        *,
+        oom_report: Any = None,
+        attribution: Any = None,
+    ):
         self.sources: List[Source] = as_sources(sources)
-        self.tracker = Tracker(self.sources)
+        self.tracker = Tracker(self.sources, attribution=attribution)
         # The open phases, outermost first (the tracker's stack, by name).
         self._stack: List[str] = []
         # Phases that ended or were marked: their tails run (resume takes one).

@@ -25,6 +25,7 @@
 //! interposer sees) leaves the tree's counter, and its final figures are
 //! kept before its file is removed.
 
+use crate::commands::run::tree_origins::{self, Member, Spans, TreeOrigins};
 use crate::gpu_readings::GpuReading;
 use memprobe_interpose_reader::{self as interpose, tree_counter, Counter, Mark, Region};
 use serde::Serialize;
@@ -288,6 +289,10 @@ impl ExactRecord {
     /// Places the processes' out-of-memory times on the timeline, whose
     /// zero is `t0_mono_ns` on `CLOCK_MONOTONIC`.
     pub(crate) fn place_in_run(&mut self, t0_mono_ns: u64) {
+        self.t0_mono_ns = t0_mono_ns;
+        for s in &mut self.tree_spans {
+            s.place_in_run(t0_mono_ns);
+        }
         for p in &mut self.processes {
             p.last_oom_run_ns = p.last_oom_mono_ns.map(|t| t.saturating_sub(t0_mono_ns));
         }
@@ -306,6 +311,11 @@ pub(crate) struct ExactRecord {
     pub(crate) tree_host_pinned_peak: u64,
     /// By pid.
     pub(crate) processes: Vec<ExactProcess>,
+    /// Per device ordinal: the tree seen whole by origin at its interval
+    /// peaks (tree_origins.rs), times on the run's timeline once placed.
+    pub(crate) tree_spans: Vec<Spans>,
+    /// The timeline's zero on `CLOCK_MONOTONIC` (0 until placed).
+    pub(crate) t0_mono_ns: u64,
 }
 
 struct Watched {
@@ -402,9 +412,28 @@ impl Watcher {
             }
         }
         let n = devices_of(&self.tree);
-        (0..n as u32)
+        let peaks: Vec<u64> = (0..n as u32)
             .map(|d| self.tree_mark.take(Counter::Device(d)))
-            .collect()
+            .collect();
+        // The tree's split by origin where it stands at those peaks.
+        let now = memprobe_core::monotonic_ns();
+        let members: Vec<Member<'_>> = self
+            .watched
+            .iter()
+            .map(|(&pid, w)| Member {
+                pid,
+                region: &w.region,
+                exe: w.figures.exe.as_deref(),
+            })
+            .collect();
+        let spans = &mut self.record.tree_spans;
+        if spans.len() < n {
+            spans.resize_with(n, Spans::default);
+        }
+        for (d, &p) in peaks.iter().enumerate() {
+            spans[d].tick(&self.tree, d as u32, p, &members, now);
+        }
+        peaks
     }
 
     /// The figures after the last tick.
@@ -485,6 +514,14 @@ pub(crate) struct ExactDeviceReport {
     /// The largest single-process peak on this device, and whose.
     pub(crate) max_process_peak_bytes: u64,
     pub(crate) max_process_pid: Option<u32>,
+    /// What held the tree's peak, by origin (null: none, see
+    /// `origins_at_tree_peak_unknown`).
+    pub(crate) origins_at_tree_peak: Option<TreeOrigins>,
+    /// Why there is no breakdown of a peak above 0.
+    pub(crate) origins_at_tree_peak_unknown: Option<&'static str>,
+    /// NVML's figures for the tree's processes minus what was counted
+    /// (sampled; null without every user's NVML figure).
+    pub(crate) context_bytes: Option<u64>,
 }
 
 /// One process's exact figures.
@@ -541,12 +578,16 @@ impl GpuExactReport {
                     .filter_map(|p| Some((p.peak.get(d).copied()?, p.pid)))
                     .filter(|(b, _)| *b > 0)
                     .max_by_key(|(b, pid)| (*b, std::cmp::Reverse(*pid)));
+                let at = tree_origins::at_tree_peak(rec, d);
                 ExactDeviceReport {
                     index: d as u32,
                     tree_peak_bytes: rec.tree_peak.get(d).copied().unwrap_or(0),
                     tree_end_bytes: rec.tree_end.get(d).copied().unwrap_or(0),
                     max_process_peak_bytes: top.map_or(0, |t| t.0),
                     max_process_pid: top.map(|t| t.1),
+                    origins_at_tree_peak: at.clone().ok().flatten(),
+                    origins_at_tree_peak_unknown: at.err(),
+                    context_bytes: tree_origins::tree_context(rec, d),
                 }
             })
             .collect();
@@ -612,6 +653,7 @@ mod tests {
                     ..ExactProcess::default()
                 },
             ],
+            ..ExactRecord::default()
         };
         let r = GpuExactReport::new(&rec);
         assert_eq!(r.devices.len(), 3);

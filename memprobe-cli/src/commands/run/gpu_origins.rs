@@ -28,6 +28,9 @@ pub(crate) struct OriginsAtPeak {
     pub(crate) peak_bytes: u64,
     /// Largest first.
     pub(crate) by_origin: Vec<OriginLine>,
+    /// When the interposer copied it, `CLOCK_MONOTONIC` ns (0: unknown).
+    #[serde(skip)]
+    pub(crate) at_mono_ns: u64,
 }
 
 /// The name the summary gives a library; `program` is the process's own
@@ -64,6 +67,7 @@ pub(crate) fn name_of(library: &str, program: Option<&str>) -> String {
 pub(crate) fn named(p: PeakOrigins, program: Option<&str>) -> OriginsAtPeak {
     OriginsAtPeak {
         peak_bytes: p.peak,
+        at_mono_ns: p.at_ns,
         by_origin: p
             .by_origin
             .into_iter()
@@ -98,6 +102,11 @@ pub(crate) fn read(
 /// `TOTAL: name BYTES, ...`: the origins of a breakdown, same names summed,
 /// largest first.
 pub(crate) fn held(p: &OriginsAtPeak) -> String {
+    held_in(p, None)
+}
+
+/// [`held`] with where the peak was (`TOTAL in epoch 3 / step 812: ...`).
+pub(crate) fn held_in(p: &OriginsAtPeak, place: Option<&str>) -> String {
     let mut named: Vec<(String, u64)> = Vec::new();
     for o in &p.by_origin {
         match named.iter_mut().find(|(n, _)| *n == o.name) {
@@ -111,8 +120,9 @@ pub(crate) fn held(p: &OriginsAtPeak) -> String {
         .map(|(n, b)| format!("{n} {}", units::bytes(*b)))
         .collect();
     format!(
-        "{}: {}",
+        "{}{}: {}",
         units::bytes(p.peak_bytes),
+        place.map(|w| format!(" in {w}")).unwrap_or_default(),
         if parts.is_empty() {
             "nothing counted".to_owned()
         } else {
@@ -126,9 +136,14 @@ pub(crate) fn held(p: &OriginsAtPeak) -> String {
 /// what the interposer counted (`context`, sampled), or "unknown" without
 /// NVML's per-process figure.
 pub(crate) fn summary(p: &OriginsAtPeak, context: Option<u64>) -> String {
+    summary_in(p, context, None)
+}
+
+/// [`summary`] with where the peak was.
+pub(crate) fn summary_in(p: &OriginsAtPeak, context: Option<u64>, place: Option<&str>) -> String {
     format!(
         "{}; CUDA context and unseen {}",
-        held(p),
+        held_in(p, place),
         context.map_or_else(
             || "unknown (no NVML per-process figure)".to_owned(),
             |c| format!("{} (NVML minus counted, sampled)", units::bytes(c))
@@ -171,6 +186,7 @@ mod tests {
         const MIB: u64 = 1 << 20;
         let p = OriginsAtPeak {
             peak_bytes: 100 * MIB,
+            at_mono_ns: 0,
             by_origin: vec![
                 line("/t/libc10_cuda.so", 60 * MIB),
                 line("/n/libnccl.so.2", 30 * MIB),
@@ -192,6 +208,7 @@ mod tests {
         assert!(summary(&p, None).ends_with("unknown (no NVML per-process figure)"));
         let empty = OriginsAtPeak {
             peak_bytes: 0,
+            at_mono_ns: 0,
             by_origin: vec![],
         };
         assert_eq!(held(&empty), "0 B: nothing counted");

@@ -11,9 +11,12 @@
 //! Processes that are ranks of a job are named by their ranks, and phases
 //! several ranks ran are compared across them ([`super::ranks`]).
 
+use super::gpu_exact::ExactRecord;
+use super::gpu_origins::OriginsAtPeak;
 use super::phase_log::{Phase, PhaseLog, SourceRecord, StepAggregate, StepPeak};
 use super::ranks::{self, RankFields, RankSpreadReport, RankedPeak, SenderRanks};
 use super::timeline::{max_opt, Timeline};
+use super::tree_origins::{self, Spans, TreeOrigins};
 use serde::Serialize;
 
 fn s(ns: u64) -> f64 {
@@ -64,6 +67,14 @@ pub(crate) struct IntervalReport {
     pub(crate) tree_peak_bytes: Option<u64>,
     pub(crate) cgroup_peak_bytes: Option<u64>,
     pub(crate) gpu_peak_bytes: Vec<Option<u64>>,
+    /// With `--gpu-exact`: per device ordinal, the tree's exact peak over
+    /// the ticks within the interval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) gpu_exact_peak_bytes: Option<Vec<u64>>,
+    /// With `--gpu-exact`: per device ordinal, what held that peak by
+    /// origin, where a tick saw the tree whole at it (tree_origins.rs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) gpu_origins_at_peak: Option<Vec<Option<OriginsAtPeak>>>,
 }
 
 /// Steps within a phase.
@@ -184,17 +195,69 @@ impl RangeMax {
 }
 
 /// The timeline's series, ready for interval queries.
-struct Series {
+struct Series<'a> {
     times: Vec<u64>,
     tree: RangeMax,
     cgroup: RangeMax,
     gpus: Vec<RangeMax>,
+    /// With `--gpu-exact`: the tree's exact interval peaks per device, and
+    /// where their breakdowns are.
+    exact: Option<(Vec<RangeMax>, Breakdowns<'a>)>,
 }
 
-impl Series {
-    fn new(t: &Timeline, gpus: usize) -> Series {
+/// The tree's breakdowns by origin: the spans it was seen whole in, and
+/// per device the one at its exact peak.
+struct Breakdowns<'a> {
+    spans: &'a [Spans],
+    at_tree_peak: Vec<Option<TreeOrigins>>,
+}
+
+impl Breakdowns<'_> {
+    /// What held `peak` bytes on device `d` at a moment within
+    /// `[start, end]`: the tree's peak's own breakdown when it was then,
+    /// else a span seen at a tick then.
+    fn at(&self, d: usize, peak: u64, start: u64, end: u64) -> Option<OriginsAtPeak> {
+        let in_phase = |t: f64| (start as f64 / 1e9..=end as f64 / 1e9).contains(&t);
+        if let Some(o) = self
+            .at_tree_peak
+            .get(d)
+            .and_then(Option::as_ref)
+            .filter(|o| o.origins.peak_bytes == peak && o.at_s.is_some_and(in_phase))
+        {
+            return Some(o.origins.clone());
+        }
+        let (span, _) = self.spans.get(d)?.at(peak, start, end)?;
+        Some(OriginsAtPeak {
+            peak_bytes: span.total,
+            by_origin: span.by_origin.clone(),
+            at_mono_ns: 0,
+        })
+    }
+}
+
+impl<'a> Series<'a> {
+    fn new(t: &Timeline, gpus: usize, exact: Option<&'a ExactRecord>) -> Series<'a> {
         let points: Vec<_> = t.points().collect();
+        let exact = exact.map(|rec| {
+            let n = points.iter().map(|p| p.gpu_exact.len()).max().unwrap_or(0);
+            let series = (0..n)
+                .map(|i| {
+                    RangeMax::new(points.iter().map(|p| p.gpu_exact.get(i).copied()).collect())
+                })
+                .collect();
+            let at_tree_peak = (0..rec.tree_peak.len())
+                .map(|d| tree_origins::at_tree_peak(rec, d).ok().flatten())
+                .collect();
+            (
+                series,
+                Breakdowns {
+                    spans: &rec.tree_spans,
+                    at_tree_peak,
+                },
+            )
+        });
         Series {
+            exact,
             times: points.iter().map(|p| p.t_ns).collect(),
             tree: RangeMax::new(points.iter().map(|p| Some(p.tree_rss)).collect()),
             cgroup: RangeMax::new(points.iter().map(|p| p.cgroup).collect()),
@@ -219,6 +282,16 @@ impl Series {
             tree_peak_bytes: self.tree.max(lo, hi),
             cgroup_peak_bytes: self.cgroup.max(lo, hi),
             gpu_peak_bytes: self.gpus.iter().map(|g| g.max(lo, hi)).collect(),
+            gpu_exact_peak_bytes: self
+                .exact
+                .as_ref()
+                .map(|(e, _)| e.iter().map(|g| g.max(lo, hi).unwrap_or(0)).collect()),
+            gpu_origins_at_peak: self.exact.as_ref().map(|(e, b)| {
+                e.iter()
+                    .enumerate()
+                    .map(|(d, g)| b.at(d, g.max(lo, hi).filter(|&p| p > 0)?, start, end))
+                    .collect()
+            }),
         }
     }
 }
@@ -250,7 +323,13 @@ fn source_report(d: &SourceRecord) -> PhaseSourceReport {
     }
 }
 
-fn phase_report(log: &PhaseLog, i: usize, p: &Phase, series: &Series, run_end: u64) -> PhaseReport {
+fn phase_report(
+    log: &PhaseLog,
+    i: usize,
+    p: &Phase,
+    series: &Series<'_>,
+    run_end: u64,
+) -> PhaseReport {
     let end = p.end_ns.or(p.over_by_ns).unwrap_or(run_end);
     PhaseReport {
         pid: p.pid,
@@ -283,12 +362,13 @@ pub(crate) fn build(
     log: Option<&PhaseLog>,
     timeline: &Timeline,
     gpus: usize,
+    exact: Option<&ExactRecord>,
     run_end_ns: u64,
 ) -> (Vec<PhaseReport>, PhaseChannelReport) {
     let Some(log) = log else {
         return (Vec::new(), PhaseChannelReport::default());
     };
-    let series = Series::new(timeline, gpus);
+    let series = Series::new(timeline, gpus, exact);
     let phases: Vec<PhaseReport> = log
         .phases
         .iter()
@@ -576,6 +656,7 @@ pub(crate) mod tests {
             },
             signals: Vec::new(),
             memprobe_cpu_s: 0.01,
+            torch_attribution: Vec::new(),
         };
         crate::commands::run::report::add_rusage(&mut rec, &facts, None);
         build(&rec, &facts)

@@ -9,6 +9,7 @@ use super::oom_kill::OomKillReport;
 use super::phase_report::{self, PhaseChannelReport, PhaseReport};
 use super::ranks::RankFields;
 use super::recording::{ProcessRecord, Recording};
+use super::torch_attribution::TorchRecord;
 use super::tree_pss::PssReport;
 use crate::commands::SCHEMA_VERSION;
 use crate::signals::{self, SignalEvent};
@@ -35,6 +36,8 @@ pub(crate) struct RunFacts {
     pub(crate) exit: ExitInfo,
     pub(crate) signals: Vec<SignalEvent>,
     pub(crate) memprobe_cpu_s: f64,
+    /// The PyTorch attribution records the command wrote.
+    pub(crate) torch_attribution: Vec<TorchRecord>,
 }
 
 /// The JSON document of `run`.
@@ -88,6 +91,10 @@ pub(crate) struct RunReport {
 #[derive(Debug, Serialize)]
 pub(crate) struct ExitReport {
     pub(crate) status: i32,
+    /// PyTorch's live blocks at each epoch's peak step and at each PyTorch
+    /// out-of-memory error, as the command's integrations recorded them
+    /// (torch_attribution.rs).
+    pub(crate) torch_attribution: Vec<TorchRecord>,
     pub(crate) code: Option<i32>,
     pub(crate) signal: Option<i32>,
     pub(crate) signal_name: Option<String>,
@@ -305,11 +312,26 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             read_errors: c.errors,
         }
     });
-    let gpu_exact = rec.gpu_exact.as_ref().map(GpuExactReport::new);
+    let mut gpu_exact = rec.gpu_exact.as_ref().map(GpuExactReport::new);
+    if let (Some(x), Some(log)) = (gpu_exact.as_mut(), rec.phases.as_ref()) {
+        // The phase open when the tree held each device's peak.
+        for o in x
+            .devices
+            .iter_mut()
+            .filter_map(|d| d.origins_at_tree_peak.as_mut())
+        {
+            o.phase = o.at_s.and_then(|t| log.phase_at(o.pid, (t * 1e9) as u64));
+        }
+    }
     let exact_devices = gpu_exact.as_ref().map(|g| g.devices.len());
     let end_ns = (facts.duration_s * 1e9) as u64;
-    let (phases, phase_channel) =
-        phase_report::build(rec.phases.as_ref(), &rec.timeline, rec.gpus.len(), end_ns);
+    let (phases, phase_channel) = phase_report::build(
+        rec.phases.as_ref(),
+        &rec.timeline,
+        rec.gpus.len(),
+        rec.gpu_exact.as_ref(),
+        end_ns,
+    );
     let process = |p: &ProcessRecord| ProcessReport {
         ranks: phase_channel.rank_of(p.pid),
         ..process_report(p)
@@ -442,6 +464,7 @@ pub(crate) fn command_line(argv: &[String], max: usize) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ");
+        torch_attribution: facts.torch_attribution.clone(),
     if line.chars().count() > max {
         line.chars().take(max.saturating_sub(3)).collect::<String>() + "..."
     } else {
@@ -590,6 +613,7 @@ mod tests {
             json["timeline"][2]["gpu_used_bytes"][1],
             serde_json::Value::Null
         );
+            torch_attribution: Vec::new(),
         assert!(json["timeline"][3].get("cgroup_bytes").is_none());
 
         let csv = crate::commands::run::timeline_csv::render(&r);
@@ -677,6 +701,7 @@ mod tests {
         let svg = crate::commands::run::plot::render(&r).unwrap();
         assert!(
             svg.contains("GPU 1 exact, all processes of the run"),
+            ..ExactRecord::default()
             "no exact series"
         );
         assert!(

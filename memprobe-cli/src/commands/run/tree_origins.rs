@@ -1,0 +1,325 @@
+//! `memprobe run --gpu-exact`: what held the *tree's* GPU memory, by origin,
+//! at the tree's exact peak and at each phase's peak.
+//!
+//! The interposer keeps one breakdown per process, copied at the very
+//! allocation that raised that process's peak. The tree's peak is a sum
+//! over processes at one instant, and no process sees the others' origins,
+//! so the run finds the tree's breakdown in one of two ways, each exact:
+//!
+//! - **One process held it all.** When the tree's peak on a device equals
+//!   one process's own peak there, every other process held nothing there
+//!   at that process's peak (the tree, at that instant, held at least that
+//!   process's peak, and never more than its own peak): the process's
+//!   breakdown *is* the tree's. This is the usual case (one trainer per
+//!   GPU) and costs nothing.
+//! - **Seen whole at a tick.** At a tick where the tree holds exactly the
+//!   highest it held since the tick before (its counter's current bytes
+//!   equal the interval's exact peak), the run reads every process's live
+//!   bytes by origin and keeps them if the tree's counter did not move
+//!   while it read and the processes' bytes sum to it: a moment at which
+//!   the tree held that interval's peak, split by origin. Consecutive ticks
+//!   with the same split extend one *span* rather than adding one.
+//!
+//! A tree peak or a phase peak that was neither (a spike of several
+//! processes at once between two ticks) has no breakdown, and says why:
+//! exact or unknown, never a guess.
+//!
+//! Costs: each tick reads the tree counter's current bytes per device (one
+//! load); only where it stands at its interval's peak are the processes'
+//! 64 live counters per device loaded (no names, no allocation), and only
+//! when they differ from the open span are the origins' names read.
+//! Bounded: at most [`MAX_SPANS`] spans per device; past that, only spans
+//! above every one kept (so the tree's own peak keeps its breakdown), the
+//! others counted in [`Spans::dropped`]; a span has at most
+//! [`MAX_LINES`] origin lines (the rest in one "other origins" line).
+
+use crate::commands::run::gpu_exact::ExactRecord;
+use crate::commands::run::gpu_origins::{named, OriginLine, OriginsAtPeak};
+use memprobe_interpose_reader::origins::{PeakOrigins, MAX_ORIGINS, OVERFLOW_LIBRARY};
+use memprobe_interpose_reader::{Counter, Region};
+use serde::Serialize;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+/// Spans kept per device.
+pub(crate) const MAX_SPANS: usize = 4096;
+/// Origin lines kept per span, merged over the processes.
+pub(crate) const MAX_LINES: usize = 64;
+
+/// Ticks at which the tree was seen whole at its interval's peak with one
+/// split by origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Span {
+    /// The first and last tick of the span, `CLOCK_MONOTONIC` ns (placed
+    /// on the run's timeline when recording ends).
+    pub(crate) first_ns: u64,
+    pub(crate) last_ns: u64,
+    /// The tree's bytes at each of those ticks (the sum of `by_origin`).
+    pub(crate) total: u64,
+    /// Merged over the processes by library and symbol, largest first.
+    pub(crate) by_origin: Vec<OriginLine>,
+}
+
+/// One device's spans.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Spans {
+    pub(crate) kept: Vec<Span>,
+    /// Spans not kept (past [`MAX_SPANS`] and below the highest kept).
+    pub(crate) dropped: u64,
+    /// The raw split of the open span (pid, live bytes per origin slot),
+    /// to tell whether the next tick extends it; None: no span open.
+    open: Option<Vec<(u32, Vec<u64>)>>,
+}
+
+/// A process as the tick sees it.
+pub(crate) struct Member<'a> {
+    pub(crate) pid: u32,
+    pub(crate) region: &'a Region,
+    /// Its executable (names "the program").
+    pub(crate) exe: Option<&'a str>,
+}
+
+/// The live bytes of each origin slot of `region` on device `d`.
+fn raw_live(region: &Region, d: u32) -> Vec<u64> {
+    let o = &region.layout().origins;
+    let n = (o.count.load(Acquire) as usize).min(MAX_ORIGINS);
+    o.slots[..n]
+        .iter()
+        .map(|s| s.live.get(d as usize).map_or(0, |l| l.load(Relaxed)))
+        .collect()
+}
+
+impl Spans {
+    /// One tick on device `d`: `interval_peak` is the tree's exact peak
+    /// since the tick before. Extends the open span, opens a new one, or
+    /// closes it when the tree is not seen whole at that peak.
+    pub(crate) fn tick(
+        &mut self,
+        tree: &Region,
+        d: u32,
+        interval_peak: u64,
+        members: &[Member<'_>],
+        now_ns: u64,
+    ) {
+        let before = tree.current(Counter::Device(d));
+        if before == 0 || before != interval_peak {
+            self.open = None;
+            return;
+        }
+        let raw: Vec<(u32, Vec<u64>)> = members
+            .iter()
+            .map(|m| (m.pid, raw_live(m.region, d)))
+            .filter(|(_, v)| v.iter().any(|&b| b > 0))
+            .collect();
+        let sum: u64 = raw.iter().flat_map(|(_, v)| v.iter()).sum();
+        let after = tree.current(Counter::Device(d));
+        if after != before || sum != before {
+            self.open = None;
+            return;
+        }
+        if self.open.as_ref() == Some(&raw) {
+            if let Some(s) = self.kept.last_mut() {
+                s.last_ns = now_ns;
+                return;
+            }
+        }
+        self.open = Some(raw.clone());
+        let by_origin = merge(
+            members
+                .iter()
+                .filter_map(|m| {
+                    let (_, v) = raw.iter().find(|(p, _)| *p == m.pid)?;
+                    Some((m, v))
+                })
+                .flat_map(|(m, v)| {
+                    let origins = m.region.origins();
+                    let lines: Vec<OriginLine> = v
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &b)| b > 0)
+                        .filter_map(|(i, &b)| {
+                            let o = origins.iter().find(|o| o.id == i)?.clone();
+                            let p = PeakOrigins {
+                                peak: b,
+                                at_ns: 0,
+                                by_origin: vec![memprobe_interpose_reader::origins::OriginBytes {
+                                    origin: o,
+                                    bytes: b,
+                                }],
+                            };
+                            named(p, m.exe).by_origin.into_iter().next()
+                        })
+                        .collect();
+                    lines
+                })
+                .collect(),
+        );
+        // A slot named after the load above (a race with a new origin) is
+        // not in `origins`: the split is then not whole, and not kept.
+        if by_origin.iter().map(|o| o.bytes).sum::<u64>() != before {
+            self.open = None;
+            return;
+        }
+        let span = Span {
+            first_ns: now_ns,
+            last_ns: now_ns,
+            total: before,
+            by_origin,
+        };
+        if self.kept.len() < MAX_SPANS || self.kept.iter().all(|s| s.total < before) {
+            self.kept.push(span);
+        } else {
+            self.open = None;
+            self.dropped += 1;
+        }
+    }
+
+    /// Moves every span's times onto the run's timeline (ns since the
+    /// spawn, whose `CLOCK_MONOTONIC` time is `t0_mono_ns`).
+    pub(crate) fn place_in_run(&mut self, t0_mono_ns: u64) {
+        for s in &mut self.kept {
+            s.first_ns = s.first_ns.saturating_sub(t0_mono_ns);
+            s.last_ns = s.last_ns.saturating_sub(t0_mono_ns);
+        }
+    }
+
+    /// The span holding `total` bytes at a tick within `[start, end]`
+    /// (timeline ns), the latest such tick in it.
+    pub(crate) fn at(&self, total: u64, start: u64, end: u64) -> Option<(&Span, u64)> {
+        self.kept
+            .iter()
+            .filter(|s| s.total == total && s.first_ns <= end && s.last_ns >= start)
+            .map(|s| (s, s.last_ns.min(end)))
+            .next_back()
+    }
+}
+
+/// Origin lines of several processes merged by library and symbol, largest
+/// first, at most [`MAX_LINES`] (the rest summed as "other origins").
+pub(crate) fn merge(lines: Vec<OriginLine>) -> Vec<OriginLine> {
+    let mut merged: Vec<OriginLine> = Vec::new();
+    for l in lines {
+        match merged
+            .iter_mut()
+            .find(|m| m.library == l.library && m.symbol == l.symbol && m.name == l.name)
+        {
+            Some(m) => m.bytes += l.bytes,
+            None => merged.push(l),
+        }
+    }
+    merged.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
+    if merged.len() > MAX_LINES {
+        let rest: u64 = merged[MAX_LINES - 1..].iter().map(|o| o.bytes).sum();
+        merged.truncate(MAX_LINES - 1);
+        merged.push(OriginLine {
+            name: "other origins".into(),
+            library: OVERFLOW_LIBRARY.into(),
+            symbol: None,
+            bytes: rest,
+        });
+    }
+    merged
+}
+
+/// How a tree breakdown was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Found {
+    /// One process held the whole peak: its own breakdown.
+    OneProcess,
+    /// Seen whole at a tick where the tree stood at that peak.
+    AtTick,
+}
+
+/// The tree's bytes by origin at a peak.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct TreeOrigins {
+    #[serde(flatten)]
+    pub(crate) origins: OriginsAtPeak,
+    /// When the tree held it, seconds since the start (the allocation that
+    /// raised the process's peak, or the tick).
+    pub(crate) at_s: Option<f64>,
+    pub(crate) found: Found,
+    /// The process whose breakdown it is (`one_process`).
+    pub(crate) pid: Option<u32>,
+    /// The phase the command's trackers had open then (`epoch 3 / step
+    /// 812`), when phases arrived over the run channel.
+    pub(crate) phase: Option<String>,
+}
+
+/// Why a breakdown is missing.
+pub(crate) const NOT_SEEN: &str =
+    "several processes held memory at the peak and no tick saw the tree at it";
+
+/// Why no process breakdown exists where one process held the peak.
+pub(crate) const NOT_KEPT: &str =
+    "the interposer kept no breakdown (origins off, MEMPROBE_GPU_ORIGINS=off)";
+
+/// The tree's breakdown at its exact peak on device `d`, or why there is
+/// none (`Ok(None)`: the tree never used the device).
+pub(crate) fn at_tree_peak(
+    rec: &ExactRecord,
+    d: usize,
+) -> Result<Option<TreeOrigins>, &'static str> {
+    let peak = rec.tree_peak.get(d).copied().unwrap_or(0);
+    if peak == 0 {
+        return Ok(None);
+    }
+    // The lowest pid first: a tie of two processes is either's moment.
+    if let Some(p) = rec
+        .processes
+        .iter()
+        .find(|p| p.peak.get(d).copied() == Some(peak))
+    {
+        let o = p
+            .origins_at_peak
+            .get(d)
+            .cloned()
+            .flatten()
+            .filter(|o| o.peak_bytes == peak)
+            .ok_or(NOT_KEPT)?;
+        let at_s = (o.at_mono_ns > 0 && rec.t0_mono_ns > 0)
+            .then(|| o.at_mono_ns.saturating_sub(rec.t0_mono_ns) as f64 / 1e9);
+        return Ok(Some(TreeOrigins {
+            origins: o,
+            at_s,
+            found: Found::OneProcess,
+            pid: Some(p.pid),
+            phase: None,
+        }));
+    }
+    let (span, t) = rec
+        .tree_spans
+        .get(d)
+        .and_then(|s| s.at(peak, 0, u64::MAX))
+        .ok_or(NOT_SEEN)?;
+    Ok(Some(TreeOrigins {
+        origins: OriginsAtPeak {
+            peak_bytes: span.total,
+            by_origin: span.by_origin.clone(),
+            at_mono_ns: 0,
+        },
+        at_s: Some(t as f64 / 1e9),
+        found: Found::AtTick,
+        pid: None,
+        phase: None,
+    }))
+}
+
+/// The memory NVML shows for the tree's processes on device `d` beyond
+/// what the interposer counted: the sum of each process's context figure
+/// (sampled at the last tick NVML listed it); `None` when a process that
+/// used the device has none.
+pub(crate) fn tree_context(rec: &ExactRecord, d: usize) -> Option<u64> {
+    let users: Vec<_> = rec
+        .processes
+        .iter()
+        .filter(|p| p.peak.get(d).is_some_and(|&b| b > 0))
+        .collect();
+    if users.is_empty() {
+        return None;
+    }
+    users
+        .iter()
+        .map(|p| p.context.get(d).copied().flatten())
+        .sum()
+}
