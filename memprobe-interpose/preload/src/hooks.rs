@@ -160,12 +160,23 @@ unsafe fn location_counter(props: *const c_void) -> Option<usize> {
     }
 }
 
+/// The number of one of the allocation tables (call paths are kept per
+/// allocation in one map, its keys tagged by their table).
+fn table_number(table: &Table) -> usize {
+    [&DEVPTRS, &HOST, &ARRAYS, &HANDLES]
+        .iter()
+        .position(|t| std::ptr::eq(*t, table))
+        .unwrap_or(0)
+}
+
 fn counted(l: &Layout, table: &Table, key: u64, counter: Option<usize>, bytes: u64) {
     match counter {
         Some(c) if bytes <= MAX_BYTES => {
             let o = crate::origin::here(l);
+            let s = crate::stack::here(l, o);
             if table.insert(key, pack(c, o, bytes)) {
-                region::add(l, o, c, bytes);
+                crate::stack::remember(table_number(table), key, s);
+                region::add(l, o, s, c, bytes);
             } else {
                 l.record_not_counted(bytes);
             }
@@ -242,7 +253,8 @@ fn freed(rc: CUresult, table: &Table, key: u64, taken: Option<u64>) {
     match taken {
         Some(v) if rc == CUDA_SUCCESS => {
             let (c, o, b) = unpack(v);
-            region::sub(l, o, c, b);
+            let s = crate::stack::take(table_number(table), key);
+            region::sub(l, o, s, c, b);
         }
         Some(v) => {
             table.insert(key, v);

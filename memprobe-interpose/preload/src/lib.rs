@@ -28,6 +28,7 @@ mod origin;
 mod pools;
 mod real;
 mod region;
+mod stack;
 mod table;
 mod trampoline;
 
@@ -37,6 +38,7 @@ mod trampoline;
 extern "C" fn in_child() {
     hooks::forget_all();
     origin::forget_all();
+    stack::forget_all();
     region::forget_in_child();
 }
 

@@ -14,6 +14,7 @@
 //!
 //! `MEMPROBE_GPU_ORIGINS=off` (or `0`, `false`, `no`) keeps no origins:
 //! every allocation is counted as before, with no walk and no lock.
+//! `stacks[:N]` keeps origins and, beside them, call paths (`stack.rs`).
 
 use crate::table::Table;
 use shm::layout::Layout;
@@ -85,14 +86,16 @@ pub(crate) fn enabled() -> bool {
         _ => {
             // SAFETY: a NUL-terminated name; the value is read at once.
             let v = unsafe { libc::getenv(c"MEMPROBE_GPU_ORIGINS".as_ptr()) };
-            let off = !v.is_null() && {
+            let v = if v.is_null() {
+                Vec::new()
+            } else {
                 // SAFETY: getenv returns a NUL-terminated string.
-                let v = unsafe { CStr::from_ptr(v) }.to_bytes();
-                matches!(
-                    v.to_ascii_lowercase().as_slice(),
-                    b"off" | b"0" | b"false" | b"no" | b"disabled"
-                )
+                unsafe { CStr::from_ptr(v) }.to_bytes().to_ascii_lowercase()
             };
+            let off = matches!(v.as_slice(), b"off" | b"0" | b"false" | b"no" | b"disabled");
+            if let Some(d) = stack_depth(&v) {
+                crate::stack::set_depth(d);
+            }
             let mut info: libc::Dl_info = unsafe_zeroed_info();
             // SAFETY: dladdr writes `info`; the address is this function's.
             if unsafe { libc::dladdr(enabled as *const c_void, &mut info) } != 0 {
@@ -102,6 +105,23 @@ pub(crate) fn enabled() -> bool {
             !off
         }
     }
+}
+
+/// `stacks` (the default depth) or `stacks:N` (N frames, 1 to the most
+/// kept): the call paths are kept too. A depth that is not a number is
+/// the default.
+fn stack_depth(mode: &[u8]) -> Option<usize> {
+    use shm::layout::{DEFAULT_STACK_DEPTH, MAX_STACK_DEPTH};
+    let rest = mode.strip_prefix(b"stacks")?;
+    let n = match rest.strip_prefix(b":") {
+        Some(n) => std::str::from_utf8(n)
+            .ok()
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or(DEFAULT_STACK_DEPTH),
+        None if rest.is_empty() => DEFAULT_STACK_DEPTH,
+        None => return None,
+    };
+    Some(n.clamp(1, MAX_STACK_DEPTH))
 }
 
 fn unsafe_zeroed_info() -> libc::Dl_info {
@@ -182,7 +202,7 @@ pub(crate) fn here(l: &Layout) -> usize {
 
 /// The origin slot of return address `ip`; `None` for a frame of the
 /// driver, the runtime or this library.
-fn site(l: &Layout, ip: usize) -> Option<usize> {
+pub(crate) fn site(l: &Layout, ip: usize) -> Option<usize> {
     match SITES.get(ip as u64) {
         Some(CUDA_FRAME) => None,
         Some(o) => Some(o as usize),
@@ -286,4 +306,20 @@ fn main_base() -> usize {
 /// slots, are its own).
 pub(crate) fn forget_all() {
     SITES.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_stacks_mode_names_its_depth() {
+        use super::stack_depth;
+        assert_eq!(stack_depth(b"stacks"), Some(8));
+        assert_eq!(stack_depth(b"stacks:3"), Some(3));
+        assert_eq!(stack_depth(b"stacks:99"), Some(32));
+        assert_eq!(stack_depth(b"stacks:0"), Some(1));
+        assert_eq!(stack_depth(b"stacks:x"), Some(8));
+        assert_eq!(stack_depth(b"stacksx"), None);
+        assert_eq!(stack_depth(b"on"), None);
+        assert_eq!(stack_depth(b""), None);
+    }
 }

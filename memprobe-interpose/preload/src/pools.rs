@@ -19,6 +19,8 @@ struct Pool {
     /// it, or first allocated from it (a pool's bytes are not split between
     /// the callers that share it).
     origin: AtomicUsize,
+    /// Its call path, likewise (`shm::stacks::NO_STACK` when not kept).
+    stack: AtomicUsize,
     busy: AtomicBool,
 }
 
@@ -28,6 +30,7 @@ static POOLS: [Pool; MAX_POOLS] = [const {
         counter: AtomicUsize::new(0),
         reserved: AtomicU64::new(0),
         origin: AtomicUsize::new(crate::origin::NO_ORIGIN),
+        stack: AtomicUsize::new(shm::stacks::NO_STACK),
         busy: AtomicBool::new(false),
     }
 }; MAX_POOLS];
@@ -49,6 +52,7 @@ fn entry(l: &shm::layout::Layout, handle: u64, counter: usize) -> Option<&'stati
     }
     // Named before the registration lock: the walk may take the loader's.
     let origin = crate::origin::here(l);
+    let stack = crate::stack::here(l, origin);
     // New pools register one at a time, so a pool never gets two entries.
     while REGISTERING.swap(true, Acquire) {
         std::hint::spin_loop();
@@ -60,6 +64,7 @@ fn entry(l: &shm::layout::Layout, handle: u64, counter: usize) -> Option<&'stati
         p.counter.store(counter, Release);
         p.reserved.store(0, Release);
         p.origin.store(origin, Release);
+        p.stack.store(stack, Release);
         p.handle.store(handle, Release);
         p.busy.store(false, Release);
         KNOWN.fetch_add(1, AcqRel);
@@ -119,11 +124,11 @@ fn read_into(l: &shm::layout::Layout, p: &Pool, pool: *mut c_void) {
         if rc == CUDA_SUCCESS {
             let before = p.reserved.swap(now, AcqRel);
             let c = p.counter.load(Acquire);
-            let o = p.origin.load(Acquire);
+            let (o, s) = (p.origin.load(Acquire), p.stack.load(Acquire));
             if now > before {
-                crate::region::add(l, o, c, now - before);
+                crate::region::add(l, o, s, c, now - before);
             } else {
-                crate::region::sub(l, o, c, before - now);
+                crate::region::sub(l, o, s, c, before - now);
             }
         }
     }
@@ -165,6 +170,7 @@ pub(crate) fn destroyed(pool: *mut c_void) {
             crate::region::sub(
                 l,
                 p.origin.load(Acquire),
+                p.stack.load(Acquire),
                 p.counter.load(Acquire),
                 p.reserved.swap(0, AcqRel),
             );

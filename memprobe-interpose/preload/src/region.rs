@@ -78,21 +78,21 @@ fn tree() -> Option<&'static Layout> {
     unsafe { TREE.load(Acquire).as_ref() }
 }
 
-/// Counts `bytes` more on counter `c` for origin slot `o`: this process's
-/// (by origin) and its tree's.
+/// Counts `bytes` more on counter `c` for origin slot `o` and stack slot
+/// `s`: this process's (by origin and path) and its tree's.
 #[inline]
-pub(crate) fn add(l: &Layout, o: usize, c: usize, bytes: u64) {
-    l.add_from(o, c, bytes);
+pub(crate) fn add(l: &Layout, o: usize, s: usize, c: usize, bytes: u64) {
+    l.add_from_at(o, s, c, bytes);
     if let Some(t) = tree() {
         t.add(c, bytes);
     }
 }
 
-/// Counts `bytes` fewer on counter `c` for origin slot `o`: this process's
-/// and its tree's.
+/// Counts `bytes` fewer on counter `c` for origin slot `o` and stack slot
+/// `s`: this process's and its tree's.
 #[inline]
-pub(crate) fn sub(l: &Layout, o: usize, c: usize, bytes: u64) {
-    l.sub_from(o, c, bytes);
+pub(crate) fn sub(l: &Layout, o: usize, s: usize, c: usize, bytes: u64) {
+    l.sub_from_at(o, s, c, bytes);
     if let Some(t) = tree() {
         t.sub(c, bytes);
     }
@@ -293,7 +293,16 @@ fn create(dir: Option<&CString>, pid: u32) -> *mut Layout {
     let l = m.cast::<Layout>();
     // SAFETY: just mapped.
     unsafe { (*l).init(pid, start, FLAG_COUNTING | origins_flag()) };
+    // SAFETY: as above.
+    keep_stacks(unsafe { &*l });
     l
+}
+
+/// Says in the region how deep the paths kept are, when they are.
+fn keep_stacks(l: &Layout) {
+    if crate::origin::enabled() && crate::stack::depth() > 0 {
+        l.keep_stacks(crate::stack::depth());
+    }
 }
 
 fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
@@ -335,11 +344,13 @@ fn map_file(path: &[u8], pid: u32, start: u64) -> Option<*mut Layout> {
         layout.clear_origins();
         h.flags.fetch_and(!FLAG_ORIGINS, SeqCst);
         h.flags.fetch_or(origins_flag(), SeqCst);
+        keep_stacks(layout);
         return Some(l);
     }
     // SAFETY: ours to overwrite: a new file, or a dead process's.
     unsafe { ptr::write_bytes(l.cast::<u8>(), 0, LAYOUT_SIZE) };
     layout.init(pid, start, FLAG_COUNTING | FLAG_SHARED | origins_flag());
+    keep_stacks(layout);
     Some(l)
 }
 

@@ -14,7 +14,10 @@
 //! `MEMPROBE_GPU_ORIGINS=off` (counting only) and once naming each
 //! allocation's origin (the default); the last lines compare the two, and
 //! time apart the first allocation from a call site never seen before (the
-//! stack walk, `dladdr` and the table insert of a new site).
+//! stack walk, `dladdr` and the table insert of a new site). A third run
+//! keeps call paths too (`MEMPROBE_GPU_ORIGINS=stacks:8`): a stack walk on
+//! every allocation; its first pair from a new path is timed apart the
+//! same way (eight `dladdr` and the names claimed).
 
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
@@ -261,7 +264,11 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let mut results = Vec::new();
-    for (label, origins) in [("without origins", "off"), ("with origins", "on")] {
+    for (label, origins) in [
+        ("without origins", "off"),
+        ("with origins", "on"),
+        ("with stacks", "stacks:8"),
+    ] {
         println!("-- {label} (MEMPROBE_GPU_ORIGINS={origins})");
         let out = Command::new(std::env::current_exe().unwrap())
             .env(CHILD, "1")
@@ -298,13 +305,15 @@ fn main() {
     };
     println!("-- origins, same run");
     for threads in ["threads=1", "threads=8"] {
-        let (off, on) = (
+        let (off, on, stacks) = (
             value("without origins", threads, "wrapped"),
             value("with origins", threads, "wrapped"),
+            value("with stacks", threads, "wrapped"),
         );
         println!(
-            "{threads}: alloc+free through the interposer without origins {off:8.1} ns/pair | with origins {on:8.1} ns/pair | ratio {:.2} (goal <= 1.5)",
-            on / off
+            "{threads}: alloc+free through the interposer without origins {off:8.1} ns/pair | with origins {on:8.1} ns/pair | ratio {:.2} (goal <= 1.5) | with stacks:8 {stacks:8.1} ns/pair | ratio {:.2}",
+            on / off,
+            stacks / off
         );
     }
     println!(
@@ -312,6 +321,11 @@ fn main() {
         value("with origins", "new-site", "first"),
         value("with origins", "new-site", "again"),
         value("without origins", "new-site", "first"),
+    );
+    println!(
+        "first alloc+free from a new call path, stacks:8: {:.0} ns ({:.0} ns its second call)",
+        value("with stacks", "new-site", "first"),
+        value("with stacks", "new-site", "again"),
     );
     let _ = memprobe_interpose_reader::reclaim_dead(&regions);
 }

@@ -168,6 +168,9 @@ pub struct Layout {
     /// readers of this version knew before; a region without it is shorter
     /// than `LAYOUT_SIZE` and refused as such.
     pub origins: Origins,
+    /// The same bytes by call path (`MEMPROBE_GPU_ORIGINS=stacks[:N]`):
+    /// appended after the origins, as they were after the counters.
+    pub stacks: Stacks,
 }
 
 /// `size_of::<Layout>()`.
@@ -457,6 +460,95 @@ pub struct Origins {
     pub last_oom_counter: AtomicU32,
     /// Padding.
     pub reserved: u32,
+}
+
+// ---- stacks: the call paths that hold the counted bytes (`stacks.rs`) ----
+
+/// Call paths a region names; the last slot collects what comes after the
+/// others are taken.
+pub const MAX_STACKS: usize = 128;
+/// Frames a call path keeps at most (`stacks:N`, N ≤ this).
+pub const MAX_STACK_DEPTH: usize = 32;
+/// Frames kept when `stacks` names no depth.
+pub const DEFAULT_STACK_DEPTH: usize = 8;
+/// Distinct frame names a region keeps; past them a frame is named
+/// `(other frames: table full)`.
+pub const MAX_FRAME_NAMES: usize = 512;
+/// Bytes kept of one frame's name (`libfile.so!symbol`; longer names keep
+/// their start, where the library is).
+pub const FRAME_NAME_BYTES: usize = 120;
+
+/// One frame's name: `file!symbol`, or `file+0xOFFSET` without a symbol.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct FrameName {
+    /// 0 while free; 2 once `text` is written.
+    pub state: AtomicU32,
+    /// Bytes used of `text`.
+    pub len: AtomicU32,
+    /// The name.
+    pub text: [AtomicU8; FRAME_NAME_BYTES],
+}
+
+/// One call path: its frames, innermost (the allocating call) first, and
+/// its live bytes.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct StackSlot {
+    /// 0 while free; 2 once the frames are written.
+    pub state: AtomicU32,
+    /// Frames used of `frames`.
+    pub depth: AtomicU32,
+    /// The origin slot of its first frame (the origin it refines).
+    pub origin: AtomicU32,
+    /// Padding.
+    pub reserved: u32,
+    /// Indices into [`Stacks::names`].
+    pub frames: [AtomicU32; MAX_STACK_DEPTH],
+    /// Live bytes of this path on each counter.
+    pub live: [AtomicU64; COUNTERS],
+}
+
+/// The live bytes by call path of one counter at one moment (its latest
+/// lifetime peak, or the last out-of-memory failure).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct StackBreakdown {
+    /// Odd while the breakdown is being rewritten (readers retry).
+    pub seq: AtomicU32,
+    /// Padding.
+    pub reserved: u32,
+    /// The bytes the breakdown belongs to (0: none yet).
+    pub total: AtomicU64,
+    /// When, `CLOCK_MONOTONIC` nanoseconds.
+    pub at_ns: AtomicU64,
+    /// Bytes of each stack slot at that moment.
+    pub bytes: [AtomicU64; MAX_STACKS],
+}
+
+/// The stacks part of a region. Updated under the same per-counter lock as
+/// the origins ([`PeakBreakdown::lock`]), so both views of a peak sum to
+/// it.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Stacks {
+    /// Frames kept per path (0: stacks are not kept).
+    pub depth: AtomicU32,
+    /// Slots handed out so far.
+    pub count: AtomicU32,
+    /// Frame names handed out so far.
+    pub name_count: AtomicU32,
+    /// Serializes naming new frames and paths (writer only; rare).
+    pub claim_lock: AtomicU32,
+    /// The frame names.
+    pub names: [FrameName; MAX_FRAME_NAMES],
+    /// The paths.
+    pub slots: [StackSlot; MAX_STACKS],
+    /// The breakdown at each counter's latest lifetime peak.
+    pub peaks: [StackBreakdown; COUNTERS],
+    /// The breakdown at the last out-of-memory failure (its counter is
+    /// [`Origins::last_oom_counter`]).
+    pub last_oom: StackBreakdown,
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub mod origin_names;
 pub mod origins;
 mod reader;
 mod reclaim;
+pub mod stacks;
 pub mod tree_counter;
 
 pub use reader::{

@@ -137,6 +137,13 @@ impl Layout {
     /// the counter's lifetime peak rises, the live bytes by origin are
     /// copied into its breakdown.
     pub fn add_from(&self, origin: usize, index: usize, bytes: u64) {
+        self.add_from_at(origin, crate::stacks::NO_STACK, index, bytes);
+    }
+
+    /// [`Layout::add_from`], also for call path `stack`
+    /// ([`crate::stacks`]; `NO_STACK` for none), whose breakdown is copied
+    /// with the origins'.
+    pub fn add_from_at(&self, origin: usize, stack: usize, index: usize, bytes: u64) {
         let (Some(p), Some(s)) = (
             self.origins.peaks.get(index),
             self.origins.slots.get(origin),
@@ -146,17 +153,26 @@ impl Layout {
         };
         lock(&p.lock);
         s.live[index].fetch_add(bytes, Relaxed);
+        self.stack_change(stack, index, bytes, true);
         let before = self.counters[index].lifetime_peak.load(Relaxed);
         self.add(index, bytes);
         let now = self.counters[index].current.load(Relaxed);
         if now > before {
-            self.copy_breakdown(p, index, now);
+            let at = self.copy_breakdown(p, index, now);
+            if self.stack_depth() > 0 {
+                self.copy_stacks(&self.stacks.peaks[index], index, now, at);
+            }
         }
         unlock(&p.lock);
     }
 
     /// Counts `bytes` fewer on counter `index` for origin slot `origin`.
     pub fn sub_from(&self, origin: usize, index: usize, bytes: u64) {
+        self.sub_from_at(origin, crate::stacks::NO_STACK, index, bytes);
+    }
+
+    /// [`Layout::sub_from`], also for call path `stack`.
+    pub fn sub_from_at(&self, origin: usize, stack: usize, index: usize, bytes: u64) {
         let (Some(p), Some(s)) = (
             self.origins.peaks.get(index),
             self.origins.slots.get(origin),
@@ -166,6 +182,7 @@ impl Layout {
         };
         lock(&p.lock);
         s.live[index].fetch_sub(bytes, Relaxed);
+        self.stack_change(stack, index, bytes, false);
         self.sub(index, bytes);
         unlock(&p.lock);
     }
@@ -178,14 +195,18 @@ impl Layout {
         };
         lock(&p.lock);
         let held = self.counters[index].current.load(Relaxed);
-        self.copy_breakdown(&self.origins.last_oom, index, held);
+        let at = self.copy_breakdown(&self.origins.last_oom, index, held);
+        if self.stack_depth() > 0 {
+            self.copy_stacks(&self.stacks.last_oom, index, held, at);
+        }
         self.origins
             .last_oom_counter
             .store(index as u32 + 1, Release);
         unlock(&p.lock);
     }
 
-    fn copy_breakdown(&self, p: &PeakBreakdown, index: usize, total: u64) {
+    /// Copies the live bytes by origin; returns the time it stamps.
+    fn copy_breakdown(&self, p: &PeakBreakdown, index: usize, total: u64) -> u64 {
         let n = (self.origins.count.load(Acquire) as usize).min(MAX_ORIGINS);
         p.seq.fetch_add(1, AcqRel);
         for (i, b) in p.bytes.iter().enumerate() {
@@ -197,8 +218,10 @@ impl Layout {
             b.store(v, Relaxed);
         }
         p.total.store(total, Relaxed);
-        p.at_ns.store(monotonic_ns(), Relaxed);
+        let at = monotonic_ns();
+        p.at_ns.store(at, Relaxed);
         p.seq.fetch_add(1, Release);
+        at
     }
 
     /// Forgets every origin and breakdown (a region reused after `exec`:
@@ -222,6 +245,7 @@ impl Layout {
         }
         o.last_oom_counter.store(0, Release);
         o.count.store(0, Release);
+        self.clear_stacks();
     }
 }
 
@@ -390,8 +414,14 @@ mod tests {
     use crate::layout::{Layout, FLAG_COUNTING, HOST_PINNED};
 
     fn zeroed() -> Box<Layout> {
-        // SAFETY: all-zero bytes are a valid value of every field (atomics).
-        unsafe { Box::new(std::mem::zeroed()) }
+        // SAFETY: all-zero bytes are a valid value of every field (atomics),
+        // allocated zeroed on the heap (the layout is too big for a stack).
+        unsafe {
+            let layout = std::alloc::Layout::new::<Layout>();
+            let p = std::alloc::alloc_zeroed(layout).cast::<Layout>();
+            assert!(!p.is_null());
+            Box::from_raw(p)
+        }
     }
 
     #[test]

@@ -385,6 +385,31 @@ impl Region {
         Some((Counter::from_index(i)?, b))
     }
 
+    /// Frames kept per call path (`MEMPROBE_GPU_ORIGINS=stacks[:N]`); 0
+    /// when the writer keeps no paths ([`crate::stacks`]).
+    pub fn stack_depth(&self) -> usize {
+        self.layout().stack_depth()
+    }
+
+    /// The bytes held now on `counter`, by call path, largest first.
+    pub fn live_by_stack(&self, counter: Counter) -> Vec<crate::stacks::StackBytes> {
+        counter
+            .index()
+            .map_or_else(Vec::new, |i| self.layout().live_by_stack(i))
+    }
+
+    /// The bytes by call path at `counter`'s lifetime peak (`None` before
+    /// anything was counted there with its path).
+    pub fn peak_stacks(&self, counter: Counter) -> Option<crate::stacks::PeakStacks> {
+        self.layout().peak_stacks(counter.index()?)
+    }
+
+    /// The bytes by call path at the last out-of-memory failure, on the
+    /// counter [`Region::oom_origins`] names.
+    pub fn oom_stacks(&self) -> Option<crate::stacks::PeakStacks> {
+        self.layout().oom_stacks()
+    }
+
     /// Claims a high-water mark of this reader's own: it starts at the
     /// current bytes of every counter and only this reader resets it.
     pub fn mark(self: &Arc<Self>) -> Result<Mark, Error> {
