@@ -109,12 +109,18 @@ fn built() -> &'static (PathBuf, PathBuf) {
 /// `memprobe run --gpu-exact --interval 10ms --json FILE -- tree_origins
 /// MODE`: the output and the JSON document (checked against the schema).
 fn run(mode: &str) -> (Output, Value) {
+    run_with(mode, &[])
+}
+
+/// [`run`] with more options of `memprobe run`.
+fn run_with(mode: &str, extra: &[&str]) -> (Output, Value) {
     let (dir, program) = built();
     let json = scratch().join(format!("{mode}.json"));
     let o = Command::new(env!("CARGO_BIN_EXE_memprobe"))
         .args(["run", "--gpu-exact", "--no-live", "--interval", "10ms"])
         .arg("--json")
         .arg(&json)
+        .args(extra)
         .arg("--")
         .arg(program)
         .arg(mode)
@@ -205,7 +211,8 @@ fn a_peak_of_two_processes_between_ticks_is_unknown_not_guessed() {
 
 #[test]
 fn each_epoch_keeps_what_held_its_own_peak() {
-    let (o, v) = run("epochs");
+    let svg = scratch().join("epochs.svg");
+    let (o, v) = run_with("epochs", &["--plot", svg.to_str().unwrap()]);
     let d = &v["gpu_exact"]["devices"][0];
     // The spike of epoch 2 is the process's and the tree's peak: its own
     // breakdown, copied by the interposer at that allocation.
@@ -247,5 +254,11 @@ fn each_epoch_keeps_what_held_its_own_peak() {
     assert!(
         l.contains("24.0 MiB in epoch 2: libfake_nccl.so 16.0 MiB, the program 8.00 MiB;"),
         "{l}"
+    );
+    // The chart's GPU peak says what held it.
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(
+        svg.contains("held by libfake_nccl.so 16.0 MiB, the program 8.00 MiB"),
+        "no breakdown at the chart's GPU peak"
     );
 }

@@ -1,5 +1,6 @@
 //! Integration tests of the `memprobe` command.
 
+mod attribution;
 mod commands;
 mod exit_codes;
 mod gpu_origins_views;

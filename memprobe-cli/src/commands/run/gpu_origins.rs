@@ -99,14 +99,8 @@ pub(crate) fn read(
         .collect()
 }
 
-/// `TOTAL: name BYTES, ...`: the origins of a breakdown, same names summed,
-/// largest first.
-pub(crate) fn held(p: &OriginsAtPeak) -> String {
-    held_in(p, None)
-}
-
-/// [`held`] with where the peak was (`TOTAL in epoch 3 / step 812: ...`).
-pub(crate) fn held_in(p: &OriginsAtPeak, place: Option<&str>) -> String {
+/// The origins of a breakdown by name (same names summed), largest first.
+fn by_name(p: &OriginsAtPeak) -> Vec<(String, u64)> {
     let mut named: Vec<(String, u64)> = Vec::new();
     for o in &p.by_origin {
         match named.iter_mut().find(|(n, _)| *n == o.name) {
@@ -115,7 +109,33 @@ pub(crate) fn held_in(p: &OriginsAtPeak, place: Option<&str>) -> String {
         }
     }
     named.sort_by_key(|n| std::cmp::Reverse(n.1));
-    let parts: Vec<String> = named
+    named
+}
+
+/// `name BYTES, ...` of the `n` largest origins by name, then how many
+/// more (`+2 more`).
+pub(crate) fn top(p: &OriginsAtPeak, n: usize) -> String {
+    let named = by_name(p);
+    let mut parts: Vec<String> = named
+        .iter()
+        .take(n)
+        .map(|(name, b)| format!("{name} {}", units::bytes(*b)))
+        .collect();
+    if named.len() > n {
+        parts.push(format!("+{} more", named.len() - n));
+    }
+    parts.join(", ")
+}
+
+/// `TOTAL: name BYTES, ...`: the origins of a breakdown, same names summed,
+/// largest first.
+pub(crate) fn held(p: &OriginsAtPeak) -> String {
+    held_in(p, None)
+}
+
+/// [`held`] with where the peak was (`TOTAL in epoch 3 / step 812: ...`).
+pub(crate) fn held_in(p: &OriginsAtPeak, place: Option<&str>) -> String {
+    let parts: Vec<String> = by_name(p)
         .iter()
         .map(|(n, b)| format!("{n} {}", units::bytes(*b)))
         .collect();

@@ -42,6 +42,8 @@ mod report;
 mod sampling;
 mod timeline;
 mod timeline_csv;
+mod torch_attribution;
+mod tree_origins;
 mod tree_pss;
 mod tree_sampler;
 
@@ -235,6 +237,7 @@ struct Running {
     kernel_log: Arc<Mutex<KernelLog>>,
     /// Processes memprobe had as children before the run (not the run's).
     inherited: Vec<u32>,
+    attribution: Option<torch_attribution::AttributionDir>,
 }
 
 /// Step 4: everything that must see the command's first fork starts
@@ -254,6 +257,11 @@ fn start(
     if let Ok(p) = &phases {
         env.push(p.env());
     }
+    // Where the command's PyTorch attribution records go (read at the end).
+    let attribution = torch_attribution::AttributionDir::prepare()
+        .map_err(|e| crate::say::say!("memprobe: warning: no attribution directory: {e}"))
+        .ok();
+    env.extend(attribution.as_ref().map(|a| a.env()));
     // From before the spawn (a command that fills the container at once
     // must not find memprobe unshielded); the command gets its value back.
     let oom_score_adj = oom_kill::shield_self();
@@ -314,6 +322,7 @@ fn start(
         events,
         kernel_log,
         inherited,
+        attribution,
     })
 }
 
@@ -368,6 +377,15 @@ impl Running {
                 recording.unavailable.insert("phases".into(), why);
             }
         }
+        let (torch_attribution, warnings) = self
+            .attribution
+            .as_ref()
+            .map(torch_attribution::AttributionDir::read)
+            .unwrap_or_default();
+        for w in warnings {
+            crate::say::say!("memprobe: warning: attribution record {w} (skipped)");
+        }
+        drop(self.attribution);
         let facts = RunFacts {
             command: args
                 .command
@@ -381,6 +399,7 @@ impl Running {
             exit: exit_info,
             signals,
             memprobe_cpu_s: child::own_cpu_s(),
+            torch_attribution,
         };
         Ok(Ended {
             recording,

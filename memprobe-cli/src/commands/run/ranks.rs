@@ -434,6 +434,7 @@ mod tests {
             },
             signals: Vec::new(),
             memprobe_cpu_s: 0.01,
+            torch_attribution: Vec::new(),
         };
         add_rusage(&mut rec, &facts, Some(true));
         build(&rec, &facts)

@@ -56,10 +56,40 @@
     return { pid: l.pid, name: l.name, peak: l.peak_rss_bytes, t: t, y: y,
       color: COLORS[(k + 1) % COLORS.length], shown: k < TOP };
   });
+  // A breakdown by origin as words: "name bytes, ..." (largest first).
+  function originWords(o) {
+    return o.by_origin.map(function (x) {
+      return x.name + " " + bytes(x.bytes) + (x.symbol ? " (" + x.symbol + ")" : "");
+    }).join(", ");
+  }
+  // A PyTorch attribution record's top blocks as words.
+  function blockWords(r, n) {
+    if (!r.history.complete) return "blocks unknown: torch's history lost entries";
+    var w = r.blocks.slice(0, n).map(function (b) {
+      var f = b.frames[0];
+      var at = f ? f.file.split("/").pop() + ":" + f.line + " " + f.function : (b.module ? "backward of " + b.module : "no frame");
+      return bytes(b.bytes) + " " + at;
+    });
+    if (r.rest.blocks) w.push("rest " + bytes(r.rest.bytes || 0) + " in " + r.rest.blocks + " blocks");
+    return w.join(", ");
+  }
+  var torch = doc.torch_attribution || [];
   var phases = (doc.phases || []).map(function (ph, k) {
     var exact = (ph.sources || []).map(function (s) {
       return s.name + " " + bytes(s.peak_bytes) + " (" + s.fidelity + ")";
     });
+    // With --gpu-exact: what held the tree's GPU memory at the phase's peak.
+    ((ph.run || {}).gpu_origins_at_peak || []).forEach(function (o, dev) {
+      if (o) exact.push("GPU " + dev + " " + bytes(o.peak_bytes) + " (exact, tree) held by " + originWords(o));
+    });
+    // An epoch's peak step and its largest PyTorch blocks.
+    if (ph.kind === "epoch") {
+      torch.forEach(function (r) {
+        if (r.kind === "epoch_peak" && r.epoch === ph.index && (ph.rank === undefined || ph.rank === r.rank)) {
+          exact.push("torch peak step " + r.step + ": " + bytes(r.peak_bytes) + " = " + blockWords(r, 3));
+        }
+      });
+    }
     return { k: k, label: ph.label, kind: ph.kind, depth: ph.depth || 0, a: ph.start_s,
       b: ph.end_s === null || ph.end_s === undefined ? end : ph.end_s, open: !ph.ended,
       tree: ph.run ? ph.run.tree_peak_bytes : null, exact: exact };
@@ -369,6 +399,16 @@
   // With --gpu-exact and origins: what held each process's GPU memory at
   // its exact peak on each device (by CUDA ordinal).
   var held = [];
+  (((doc.gpu_exact || {}).devices) || []).forEach(function (d) {
+    var o = d.origins_at_tree_peak;
+    if (o && o.by_origin.length) {
+      held.push("<li>all processes, device " + d.index + ": peak " + bytes(o.peak_bytes) +
+        (o.phase ? " in " + esc(o.phase) : "") + " = " + esc(originWords(o)) + "</li>");
+    } else if (d.origins_at_tree_peak_unknown) {
+      held.push("<li>all processes, device " + d.index + ": peak " + bytes(d.tree_peak_bytes) +
+        " by origin unknown: " + esc(d.origins_at_tree_peak_unknown) + "</li>");
+    }
+  });
   (((doc.gpu_exact || {}).processes) || []).forEach(function (p) {
     (p.origins_at_peak || []).forEach(function (o, dev) {
       if (!o || !o.by_origin || !o.by_origin.length) return;
@@ -381,8 +421,20 @@
   if (held.length) {
     var sec = document.createElement("section");
     sec.id = "origins";
-    sec.innerHTML = "<h2>GPU memory at each process's exact peak, by origin</h2><ul>" + held.join("") + "</ul>";
+    sec.innerHTML = "<h2>GPU memory at each exact peak, by origin</h2><ul>" + held.join("") + "</ul>";
     root.appendChild(sec);
+  }
+  // PyTorch's live blocks at each epoch's peak step and at each OOM.
+  if (torch.length) {
+    var ts = document.createElement("section");
+    ts.id = "torch";
+    ts.innerHTML = "<h2>PyTorch's largest live blocks at each epoch's peak step</h2><ul>" +
+      torch.map(function (r) {
+        var what = r.kind === "oom" ? "out of memory asking " + bytes(r.requested_bytes) : "epoch " + r.epoch + " peak";
+        return "<li>rank " + r.rank + ", " + esc(what) + (r.step !== null ? ", step " + r.step : "") +
+          (r.peak_bytes !== null ? ": " + bytes(r.peak_bytes) : "") + " = " + esc(blockWords(r, 10)) + "</li>";
+      }).join("") + "</ul>";
+    root.appendChild(ts);
   }
   window.addEventListener("resize", drawAll);
   drawAll();
@@ -391,6 +443,7 @@
   window.memprobeReport = {
     panels: panels.map(function (p) { return p.id; }),
     origins: held.length,
+    torch: torch.length,
     ranks: rankIds,
     range: function () { return [view.x0, view.x1]; },
     setRange: setRange,

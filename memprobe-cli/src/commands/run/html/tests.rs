@@ -37,7 +37,11 @@ fn small_run() -> Value {
         "timeline": timeline,
         "phases": [
             {"label": "epoch 0", "kind": "epoch", "depth": 0, "start_s": 1.0, "end_s": 4.0, "ended": true,
-             "run": {"tree_peak_bytes": 149 * MIB},
+             "index": 0,
+             "run": {"tree_peak_bytes": 149 * MIB, "gpu_origins_at_peak": [
+                 {"peak_bytes": 96 * MIB, "by_origin": [
+                     {"name": "NCCL", "library": "/x/libnccl.so.2", "symbol": null, "bytes": 64 * MIB},
+                     {"name": "the program", "library": "/usr/bin/python3", "symbol": null, "bytes": 32 * MIB}]}]},
              "sources": [{"name": "rss", "fidelity": "exact", "peak_bytes": 123_456_789}]},
             {"label": "epoch 1", "kind": "epoch", "depth": 0, "start_s": 5.0, "end_s": 9.0, "ended": true,
              "run": {"tree_peak_bytes": 148 * MIB}, "sources": []}
@@ -46,7 +50,17 @@ fn small_run() -> Value {
         // Rank 0 and its worker; rank 1.
         "processes": [{"pid": 7, "ppid": 1, "rank": 0}, {"pid": 8, "ppid": 7}, {"pid": 9, "ppid": 1, "rank": 1}],
         "oom_kill": {"verdict": "confirmed", "victims": [{"pid": 8, "name": "worker8", "at_s": 9.5}]},
-        "gpu_exact": {"processes": [{"pid": 7, "last_oom_at_s": null, "origins_at_peak": [
+        "torch_attribution": [{"kind": "epoch_peak", "file": "epoch-0-rank-0.json", "rank": 0, "epoch": 0,
+            "step": 812, "stage": "train", "device": 0, "peak_bytes": 1024 * MIB + 160, "requested_bytes": null,
+            "blocks": [{"bytes": 1024 * MIB, "stream": 0, "address": 1, "module": null,
+                        "frames": [{"file": "/home/u/train.py", "line": 42, "function": "forward"}]}],
+            "rest": {"bytes": 160, "blocks": 3}, "truncated": false, "cost_ms": 3.2,
+            "history": {"complete": true, "entries": 10, "lost_entries": false}}],
+        "gpu_exact": {"devices": [{"index": 0, "tree_peak_bytes": 3 * 1024 * MIB,
+            "origins_at_tree_peak_unknown": null,
+            "origins_at_tree_peak": {"peak_bytes": 3 * 1024 * MIB, "phase": "epoch 0", "found": "one_process", "pid": 7, "at_s": 2.0,
+                "by_origin": [{"name": "PyTorch caching allocator", "library": "/x/libc10_cuda.so", "symbol": null, "bytes": 3 * 1024 * MIB}]}}],
+            "processes": [{"pid": 7, "last_oom_at_s": null, "origins_at_peak": [
             {"peak_bytes": 3 * 1024 * MIB, "by_origin": [
                 {"name": "PyTorch caching allocator", "library": "/x/libc10_cuda.so", "symbol": null, "bytes": 2 * 1024 * MIB},
                 {"name": "NCCL", "library": "/x/libnccl.so.2", "symbol": "ncclCommInitRank", "bytes": 1024 * MIB}]}]}]}
@@ -190,6 +204,7 @@ const DRIVER: &str = r##"
     r.resources = performance.getEntriesByType("resource").length;
     r.panels = m.panels;
     r.origins = m.origins;
+    r.torch = m.torch;
     var o = document.getElementById("origins");
     r.originsText = o ? o.textContent : null;
     r.drawn = m.drawn();
@@ -256,8 +271,21 @@ fn in_a_browser_every_panel_draws_zooms_shows_peaks_and_toggles() {
         tip.contains("rss 118 MiB (exact)"),
         "the phase's exact peak: {tip}"
     );
-    assert_eq!(r["origins"], 1, "{r}");
+    assert!(
+        tip.contains("GPU 0 96.0 MiB (exact, tree) held by NCCL 64.0 MiB, the program 32.0 MiB"),
+        "the phase's GPU peak by origin: {tip}"
+    );
+    assert!(
+        tip.contains("torch peak step 812: 1.00 GiB = 1.00 GiB train.py:42 forward, rest 160 B in 3 blocks"),
+        "the epoch's peak step: {tip}"
+    );
+    assert_eq!(r["origins"], 2, "{r}");
+    assert_eq!(r["torch"], 1, "{r}");
     let origins = r["originsText"].as_str().unwrap_or_default();
+    assert!(
+        origins.contains("all processes, device 0: peak 3.00 GiB in epoch 0 = PyTorch caching allocator 3.00 GiB"),
+        "{origins}"
+    );
     assert!(
         origins.contains("pid 7, device 0: peak 3.00 GiB = PyTorch caching allocator 2.00 GiB, NCCL 1.00 GiB (ncclCommInitRank)"),
         "{origins}"

@@ -69,6 +69,8 @@ struct Series {
     label: String,
     color: RGBColor,
     points: Vec<(f64, u64)>,
+    /// Written under the peak's label (what held it, by origin).
+    note: Option<String>,
 }
 
 /// Unit of an axis: a divisor and its name.
@@ -135,6 +137,7 @@ fn series_of(r: &RunReport) -> Vec<Series> {
             .iter()
             .map(|p| (p.t_s, p.tree_rss_bytes))
             .collect(),
+        note: None,
     }];
     if r.pss.is_some() {
         // Shared pages once (PSS) and each process's own pages (USS), under
@@ -159,6 +162,7 @@ fn series_of(r: &RunReport) -> Vec<Series> {
                     .iter()
                     .filter_map(|p| Some((p.t_s, pick(p)?)))
                     .collect(),
+                note: None,
             });
         }
     }
@@ -175,6 +179,7 @@ fn series_of(r: &RunReport) -> Vec<Series> {
                 .iter()
                 .filter_map(|p| Some((p.t_s, p.cgroup_bytes?)))
                 .collect(),
+            note: None,
         });
     }
     for (i, g) in r.gpus.iter().enumerate() {
@@ -191,6 +196,7 @@ fn series_of(r: &RunReport) -> Vec<Series> {
                 .iter()
                 .filter_map(|p| Some((p.t_s, p.gpu_used_bytes.get(i).copied().flatten()?)))
                 .collect(),
+            note: None,
         });
     }
     out.extend(process_series(r));
@@ -209,6 +215,11 @@ fn series_of(r: &RunReport) -> Vec<Series> {
                     .iter()
                     .filter_map(|p| Some((p.t_s, *p.gpu_exact_peak_bytes.as_ref()?.get(i)?)))
                     .collect(),
+                // What held the peak: its three largest origins.
+                note: d
+                    .origins_at_tree_peak
+                    .as_ref()
+                    .map(|o| crate::commands::run::gpu_origins::top(&o.origins, 3)),
             });
         }
     }
@@ -250,6 +261,7 @@ fn process_series(r: &RunReport) -> Vec<Series> {
                     .copied()
                     .unwrap_or(OTHER_PROCESS_COLOR),
                 points: l.points.clone(),
+                note: None,
             }
         })
         .collect()
@@ -508,9 +520,17 @@ fn lines(
             .draw_series(std::iter::once(
                 EmptyElement::at((x, y))
                     + Circle::new((0, 0), 5, s.color.filled())
-                    + Text::new(label, (dx, -6), style),
+                    + Text::new(label, (dx, -6), style.clone()),
             ))
             .map_err(|e| e.to_string())?;
+        if let Some(note) = &s.note {
+            let style = style.pos(Pos::new(anchor, VPos::Top));
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at((x, y)) + Text::new(format!("held by {note}"), (dx, 8), style),
+                ))
+                .map_err(|e| e.to_string())?;
+        }
     }
     Ok(())
 }

@@ -86,15 +86,15 @@ pub(crate) struct RunReport {
     pub(crate) phase_channel: PhaseChannelReport,
     /// Each of the largest processes over time (the chart's lines).
     pub(crate) process_lines: crate::commands::run::process_lines::LinesReport,
+    /// PyTorch's live blocks at each epoch's peak step and at each PyTorch
+    /// out-of-memory error, as the command's integrations recorded them
+    /// (torch_attribution.rs).
+    pub(crate) torch_attribution: Vec<TorchRecord>,
 }
 
 #[derive(Debug, Serialize)]
 pub(crate) struct ExitReport {
     pub(crate) status: i32,
-    /// PyTorch's live blocks at each epoch's peak step and at each PyTorch
-    /// out-of-memory error, as the command's integrations recorded them
-    /// (torch_attribution.rs).
-    pub(crate) torch_attribution: Vec<TorchRecord>,
     pub(crate) code: Option<i32>,
     pub(crate) signal: Option<i32>,
     pub(crate) signal_name: Option<String>,
@@ -437,6 +437,7 @@ pub(crate) fn build(rec: &Recording, facts: &RunFacts) -> RunReport {
             },
             rec.processes_seen,
         ),
+        torch_attribution: facts.torch_attribution.clone(),
     }
 }
 
@@ -464,7 +465,6 @@ pub(crate) fn command_line(argv: &[String], max: usize) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ");
-        torch_attribution: facts.torch_attribution.clone(),
     if line.chars().count() > max {
         line.chars().take(max.saturating_sub(3)).collect::<String>() + "..."
     } else {
@@ -582,6 +582,7 @@ mod tests {
                 forwarded: true,
             }],
             memprobe_cpu_s: 0.01,
+            torch_attribution: Vec::new(),
         };
         add_rusage(&mut rec, &facts, None);
         (rec, facts)
@@ -613,7 +614,6 @@ mod tests {
             json["timeline"][2]["gpu_used_bytes"][1],
             serde_json::Value::Null
         );
-            torch_attribution: Vec::new(),
         assert!(json["timeline"][3].get("cgroup_bytes").is_none());
 
         let csv = crate::commands::run::timeline_csv::render(&r);
@@ -670,6 +670,7 @@ mod tests {
                     ..ExactProcess::default()
                 },
             ],
+            ..ExactRecord::default()
         });
         let r = build(&rec, &facts);
         let json = serde_json::to_value(&r).unwrap();
@@ -701,7 +702,6 @@ mod tests {
         let svg = crate::commands::run::plot::render(&r).unwrap();
         assert!(
             svg.contains("GPU 1 exact, all processes of the run"),
-            ..ExactRecord::default()
             "no exact series"
         );
         assert!(

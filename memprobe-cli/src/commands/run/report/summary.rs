@@ -4,9 +4,10 @@
 //! the signals, the phases, the samples.
 
 use super::{command_line, RunReport};
-use crate::commands::run::gpu_exact::GpuExactReport;
+use crate::commands::run::gpu_exact::{ExactDeviceReport, GpuExactReport};
 use crate::commands::run::ranks;
 use crate::commands::run::recording::PeakSource;
+use crate::commands::run::tree_origins::Found;
 use crate::commands::run::tree_pss;
 use crate::unavailable;
 use crate::units;
@@ -47,6 +48,7 @@ pub(crate) fn summary(r: &RunReport, verbose: bool) -> String {
     }
     signals(&mut out, r);
     out.0.push_str(&super::phases::summary(r));
+    torch_attribution(&mut out, r);
     samples(&mut out, r);
     out.0
 }
@@ -207,18 +209,36 @@ fn gpu_exact_devices(out: &mut Rows, x: &GpuExactReport) {
         );
     }
     for d in &x.devices {
-        out.row(
-            &format!("GPU {} exact peak", d.index),
-            format!(
-                "{} tree (exact, all processes at once), {} at end; largest process {}",
-                units::bytes(d.tree_peak_bytes),
-                units::bytes(d.tree_end_bytes),
-                d.max_process_pid.map_or_else(
-                    || "-".into(),
-                    |pid| format!("pid {pid} {}", units::bytes(d.max_process_peak_bytes))
-                ),
+        gpu_exact_device(out, d);
+    }
+}
+
+/// One device's exact tree peak, and what held it by origin.
+fn gpu_exact_device(out: &mut Rows, d: &ExactDeviceReport) {
+    out.row(
+        &format!("GPU {} exact peak", d.index),
+        format!(
+            "{} tree (exact, all processes at once), {} at end; largest process {}",
+            units::bytes(d.tree_peak_bytes),
+            units::bytes(d.tree_end_bytes),
+            d.max_process_pid.map_or_else(
+                || "-".into(),
+                |pid| format!("pid {pid} {}", units::bytes(d.max_process_peak_bytes))
             ),
-        );
+        ),
+    );
+    let label = format!("  at GPU {}'s peak", d.index);
+    match (&d.origins_at_tree_peak, d.origins_at_tree_peak_unknown) {
+        (Some(o), _) => out.row(
+            &label,
+            crate::commands::run::gpu_origins::summary_in(
+                &o.origins,
+                d.context_bytes,
+                o.phase.as_deref(),
+            ),
+        ),
+        (None, Some(why)) => out.row(&label, format!("by origin unknown: {why}")),
+        (None, None) => {}
     }
 }
 
@@ -261,7 +281,13 @@ fn gpu_exact_processes(out: &mut Rows, x: &GpuExactReport) {
             ),
         );
         for (d, o) in p.origins_at_peak.iter().enumerate() {
-            if let Some(o) = o.as_ref().filter(|o| o.peak_bytes > 0) {
+            // The tree's line already says it when this process held it all.
+            let shown = x
+                .devices
+                .get(d)
+                .and_then(|t| t.origins_at_tree_peak.as_ref())
+                .is_some_and(|t| t.found == Found::OneProcess && t.pid == Some(p.pid));
+            if let Some(o) = o.as_ref().filter(|o| o.peak_bytes > 0 && !shown) {
                 let context = p.context_bytes.get(d).copied().flatten();
                 out.row(
                     &format!("    at GPU {d}'s peak"),
@@ -306,6 +332,26 @@ fn gpu_out_of_memory(out: &mut Rows, x: &GpuExactReport) {
                 "{} allocation(s) failed with CUDA out-of-memory ({last})",
                 x.oom_failures
             ),
+        );
+    }
+}
+
+/// Lines shown of the PyTorch attribution records (the JSON has them all).
+const TORCH_LINES: usize = 24;
+
+/// One line per PyTorch attribution record: each epoch's peak step and
+/// each PyTorch out-of-memory error, with the top three blocks.
+fn torch_attribution(out: &mut Rows, r: &RunReport) {
+    use crate::commands::run::torch_attribution as ta;
+    let ranks = r.torch_attribution.iter().any(|t| t.rank > 0);
+    for t in r.torch_attribution.iter().take(TORCH_LINES) {
+        out.row(&ta::label(t, ranks), ta::summary(t));
+    }
+    let more = r.torch_attribution.len().saturating_sub(TORCH_LINES);
+    if more > 0 {
+        out.row(
+            "torch",
+            format!("{more} more attribution record(s) in the JSON"),
         );
     }
 }
