@@ -323,3 +323,186 @@ pub(crate) fn tree_context(rec: &ExactRecord, d: usize) -> Option<u64> {
         .map(|p| p.context.get(d).copied().flatten())
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memprobe_interpose_reader::Region;
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A region in a directory of its own (a tree region is a plain
+    /// region: the processes' are the same layout).
+    fn region(tag: &str) -> (Arc<Region>, std::path::PathBuf) {
+        let d = std::env::temp_dir().join(format!(
+            "memprobe-tree-origins-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        (Region::create_tree(&d).unwrap(), d)
+    }
+
+    /// `bytes` more for `library` in `process`, and in the tree.
+    fn alloc(tree: &Region, process: &Region, library: &str, bytes: u64) {
+        let o = process
+            .layout()
+            .claim_origin(library.as_bytes(), b"", 0, 0, false);
+        process.layout().add_from(o, 0, bytes);
+        tree.layout().add(0, bytes);
+    }
+
+    #[test]
+    fn a_tick_keeps_the_tree_only_when_it_is_seen_whole_at_its_peak() {
+        let (tree, d0) = region("tree");
+        let (a, d1) = region("a");
+        let (b, d2) = region("b");
+        let members = |both: bool| {
+            let mut m = vec![Member {
+                pid: 1,
+                region: &a,
+                exe: None,
+            }];
+            if both {
+                m.push(Member {
+                    pid: 2,
+                    region: &b,
+                    exe: None,
+                });
+            }
+            m
+        };
+        alloc(&tree, &a, "/l/libnccl.so.2", 4 * MIB);
+        alloc(&tree, &b, "/l/libc10_cuda.so", 6 * MIB);
+        let mut s = Spans::default();
+        // The tree stood at 10, its interval's peak: kept, named.
+        s.tick(&tree, 0, 10 * MIB, &members(true), 100);
+        assert_eq!(s.kept.len(), 1);
+        let names: Vec<(&str, u64)> = s.kept[0]
+            .by_origin
+            .iter()
+            .map(|o| (o.name.as_str(), o.bytes / MIB))
+            .collect();
+        assert_eq!(names, vec![("PyTorch caching allocator", 6), ("NCCL", 4)]);
+        // The same split at the next tick extends the span.
+        s.tick(&tree, 0, 10 * MIB, &members(true), 200);
+        assert_eq!((s.kept.len(), s.kept[0].last_ns), (1, 200));
+        // Above the tree's bytes now (a spike between ticks): nothing kept,
+        // the span closed.
+        s.tick(&tree, 0, 11 * MIB, &members(true), 300);
+        assert_eq!(s.kept.len(), 1);
+        // A process not read (its region not yet opened): the sum is short.
+        s.tick(&tree, 0, 10 * MIB, &members(false), 400);
+        assert_eq!(s.kept.len(), 1);
+        // Seen whole again: a new span (the last one was closed).
+        s.tick(&tree, 0, 10 * MIB, &members(true), 500);
+        assert_eq!(s.kept.len(), 2);
+        assert_eq!(s.at(10 * MIB, 150, 250).map(|(_, t)| t), Some(200));
+        assert_eq!(s.at(10 * MIB, 450, 600).map(|(_, t)| t), Some(500));
+        assert!(s.at(10 * MIB, 300, 400).is_none());
+        assert!(s.at(11 * MIB, 0, 1000).is_none());
+        for d in [d0, d1, d2] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn spans_are_bounded_and_the_highest_always_kept() {
+        let (tree, d0) = region("bound");
+        let (a, d1) = region("bound-a");
+        let m = [Member {
+            pid: 1,
+            region: &a,
+            exe: None,
+        }];
+        let mut s = Spans::default();
+        for i in 0..MAX_SPANS as u64 + 10 {
+            // Alternating splits: every tick a new span.
+            let lib = if i % 2 == 0 {
+                "/l/liba.so"
+            } else {
+                "/l/libb.so"
+            };
+            alloc(&tree, &a, lib, 1);
+            let now = tree.current(Counter::Device(0));
+            s.tick(&tree, 0, now, &m, i);
+        }
+        assert_eq!(s.kept.len(), MAX_SPANS + 10, "each new high is kept");
+        // A lower split past the bound is counted, not kept.
+        let o = a.layout().claim_origin(b"/l/liba.so", b"", 0, 0, false);
+        a.layout().sub_from(o, 0, 5);
+        tree.layout().sub(0, 5);
+        let now = tree.current(Counter::Device(0));
+        s.tick(&tree, 0, now, &m, 1 << 40);
+        assert_eq!((s.kept.len(), s.dropped), (MAX_SPANS + 10, 1));
+        for d in [d0, d1] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn lines_past_the_bound_fold_into_other_origins() {
+        let lines: Vec<OriginLine> = (0..MAX_LINES as u64 + 5)
+            .map(|i| OriginLine {
+                name: format!("lib{i}.so"),
+                library: format!("/l/lib{i}.so"),
+                symbol: None,
+                bytes: 1000 + i,
+            })
+            .collect();
+        let total: u64 = lines.iter().map(|l| l.bytes).sum();
+        let m = merge(lines);
+        assert_eq!(m.len(), MAX_LINES);
+        assert_eq!(m.last().unwrap().name, "other origins");
+        assert_eq!(m.iter().map(|l| l.bytes).sum::<u64>(), total);
+        assert_eq!(m[0].bytes, 1000 + MAX_LINES as u64 + 4);
+    }
+
+    /// What a tick costs (printed; run with --nocapture): 16 processes
+    /// holding memory, the tree at its peak with the same split (the
+    /// steady state of a training run), and not at its peak.
+    #[test]
+    fn a_ticks_cost() {
+        let (tree, d0) = region("cost");
+        let procs: Vec<_> = (0..16).map(|i| region(&format!("cost-{i}"))).collect();
+        for (p, _) in &procs {
+            for lib in [
+                "/l/libc10_cuda.so",
+                "/l/libnccl.so.2",
+                "/l/libcublasLt.so.12",
+            ] {
+                alloc(&tree, p, lib, MIB);
+            }
+        }
+        let m: Vec<Member<'_>> = procs
+            .iter()
+            .enumerate()
+            .map(|(i, (r, _))| Member {
+                pid: i as u32,
+                region: r,
+                exe: None,
+            })
+            .collect();
+        let now = tree.current(Counter::Device(0));
+        let mut s = Spans::default();
+        let n = 2000u32;
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            s.tick(&tree, 0, now, &m, u64::from(i));
+        }
+        let steady = t.elapsed() / n;
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            s.tick(&tree, 0, now + 1, &m, u64::from(i));
+        }
+        let off_peak = t.elapsed() / n;
+        assert_eq!(s.kept.len(), 1);
+        println!(
+            "tick, 16 processes at the tree's peak: {steady:?}; not at its peak: {off_peak:?}"
+        );
+        std::fs::remove_dir_all(d0).unwrap();
+        for (_, d) in procs {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+}
