@@ -37,6 +37,8 @@ finishing that free (docs/bindings-benchmarks.md).
 ``current().set_oom_report("oom.json")``: when a CUDA allocation fails in
 a cell, an out-of-memory report names that cell, its peaks so far and the
 cells before it (:func:`memprobe.integrations.torch.report_oom`).
+``current().set_attribution(True)``: which tensors made each cell's GPU
+peak, a table per cell (:mod:`memprobe.integrations.torch_attribution`).
 
 ``%%memprobe`` at the top of a cell measures that cell alone and prints a
 table, one row per source (RSS, and each allocator source:
@@ -140,9 +142,10 @@ class _Measured:
     ``cell`` of it (so ``memprobe run`` and the tracker's other observers
     see every cell)."""
 
-    def __init__(self, torch_sources: bool, oom_report: Any = None):
+    def __init__(self, torch_sources: bool, oom_report: Any = None, attribution: Any = None):
         self.torch_sources = torch_sources
         self.oom_report = oom_report
+        self.attribution = attribution
         self.rss: Optional[Source] = Source.process()
         self.gpu: Optional[List[Source]] = None  # an AllocatorSources
         self.tracker: Optional[Tracker] = None
@@ -191,10 +194,24 @@ class _Measured:
 
     def _open_tracker(self) -> None:
         sources = self.sources()
-        self.tracker = Tracker(sources)
+        # Attribution needs the allocator sources: asked before CUDA is
+        # initialised, it starts with the tracker that has them.
+        wanted = self.attribution if self.gpu is not None else None
+        self.tracker = Tracker(sources, attribution=wanted)
+        if self.tracker.attribution is not None:
+            # A table per cell: the cell is the step and the epoch.
+            self.tracker.attribution.cell_phase = CELL
+            self.tracker.attribution.stage = CELL
         self._names = [s.name for s in sources]
         if self.oom_report is not None:
             self.report_oom(self.oom_report)
+
+    def set_attribution(self, attribution: Any) -> None:
+        """Turns attribution on (or off: None) with a new tracker."""
+        self.attribution = attribution
+        if self.tracker is not None:
+            self.tracker.close()
+        self._open_tracker()
 
     def report_oom(self, oom_report: Any) -> None:
         """Configures the tracker's out-of-memory report (and that of every
@@ -281,7 +298,13 @@ class NotebookMemory:
     at the time, which a Jupyter kernel sends to the cell's output)."""
 
     def __init__(
-        self, shell: Any, *, torch_sources: bool = True, file: Optional[TextIO] = None, oom_report: Any = None
+        self,
+        shell: Any,
+        *,
+        torch_sources: bool = True,
+        file: Optional[TextIO] = None,
+        oom_report: Any = None,
+        attribution: Any = None,
     ):
         self.shell = shell
         self.torch_sources = torch_sources
@@ -289,6 +312,8 @@ class NotebookMemory:
         #: :func:`memprobe.integrations.torch.report_oom`'s ``path`` (or a
         #: dict of its keyword arguments): see :meth:`set_oom_report`.
         self.oom_report = oom_report
+        #: Which tensors made each cell's peak (see :meth:`set_attribution`).
+        self.attribution_options = attribution
         self.history: List[CellRecord] = []
         #: Nanoseconds the hook itself took for the last cell measured
         #: (``pre_run_cell`` plus ``post_run_cell``, printing included).
@@ -310,7 +335,7 @@ class NotebookMemory:
         """Starts printing a line after every cell (from the next cell on)."""
         if self._measured is not None:
             return
-        self._measured = _Measured(self.torch_sources, self.oom_report)
+        self._measured = _Measured(self.torch_sources, self.oom_report, self.attribution_options)
         self._armed = False
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
@@ -337,6 +362,22 @@ class NotebookMemory:
         self.oom_report = oom_report
         if self._measured is not None:
             self._measured.report_oom(oom_report)
+
+    def set_attribution(self, attribution: Any = True) -> None:
+        """Names the tensors live at each cell's GPU peak (a table per cell,
+        written as :mod:`memprobe.integrations.torch_attribution` says;
+        ``attribution``: True, an ``AttributionOptions``, or None to stop),
+        from the next cell on, once PyTorch has initialised CUDA."""
+        self.attribution_options = attribution
+        if self._measured is not None:
+            self._measured.set_attribution(attribution)
+
+    @property
+    def attribution(self) -> Any:
+        """The tracker's ``Attribution`` (None when off):
+        ``attribution.epochs[N]`` is the N-th cell measured with it."""
+        t = self.tracker
+        return getattr(t, "attribution", None) if t is not None else None
 
     @property
     def tracker(self) -> Any:

@@ -257,13 +257,24 @@ class Tracker(Owned):
     CUDA device (``torch_alloc:N``, ``torch_reserved:N``; see
     :mod:`memprobe.integrations.torch`) when PyTorch has initialised CUDA
     and ``torch_sources`` is true. Close it (or use ``with``) to finish its
-    sinks."""
+    sinks. ``attribution=True`` (or an
+    :class:`~memprobe.integrations.torch_attribution.AttributionOptions`)
+    names the tensors live at each epoch's peak step (``self.attribution``;
+    see :mod:`memprobe.integrations.torch_attribution`)."""
 
     _FREE = "memprobe_tracker_free"
 
     def __init__(
-        self, sources: Union[Source, Iterable[Source], None] = None, *, torch_sources: bool = True
+        self,
+        sources: Union[Source, Iterable[Source], None] = None,
+        *,
+        torch_sources: bool = True,
+        attribution: Any = None,
     ):
+        if attribution is None:
+            # allocator_sources(attribution=...) carries the request.
+            attribution = getattr(sources, "attribution", None)
+        self.attribution: Any = None
         if sources is None:
             # Default: RSS, plus PyTorch's allocator per device when CUDA is
             # initialised (exact GPU peaks; torch is never imported here).
@@ -285,6 +296,21 @@ class Tracker(Owned):
         self._delta_array = _ffi.memprobe_delta * len(self._sources)
         self._raw: Optional[_RawOut] = None
         self._closed = False
+        if attribution is not None and attribution is not False:
+            self._attribute(attribution)
+
+    def _attribute(self, attribution: Any) -> None:
+        """Which tensors made each epoch's peak: an observer of this
+        tracker's steps and epochs (:mod:`memprobe.integrations.torch_attribution`)."""
+        from .integrations.torch_attribution import Attribution, as_options
+
+        options = as_options(attribution)
+        if options is None:
+            return
+        att = Attribution(options, self._sources)
+        if att.active:
+            self.attribution = att
+            self.add_callback_sink(att.on_record)
 
     @property
     def sources(self) -> Tuple[Source, ...]:
@@ -749,6 +775,13 @@ class Tracker(Owned):
 
     # --- lifetime ------------------------------------------------------------
 
+    def close(self) -> None:
+        """Releases the tracker (idempotent); attribution writes what it
+        still holds and turns torch's history off."""
+        att = self.attribution
+        if att is not None and not self._closed:
+            att.close()
+        super().close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

@@ -19,13 +19,38 @@ gives up on an allocation — calls every observer attached through
 :meth:`install`; like torch's, observers stay for the whole process) with
 ``(device, alloc, device_total, device_free)``, then raises
 ``torch.cuda.OutOfMemoryError``.
+
+History: ``torch.cuda.memory._record_memory_history`` and ``_snapshot``
+(patched in by :meth:`install`) as PyTorch's: while recording, every
+:meth:`alloc` / :meth:`free` adds an entry (``alloc``, ``free_requested``,
+``free_completed``; ``time_us`` in Unix microseconds; the size the caller
+asked for; the caller's Python frames, innermost first) to a per-device
+ring buffer of ``max_entries``; ``_snapshot()`` gives the live blocks in
+``"segments"`` (one segment per block, as if each came from the driver
+alone) and the buffers in ``"device_traces"``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+import collections
+import os
+import time
+import traceback
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 BLOCK = 2 << 20  # the allocator reserves whole 2 MiB segments
+_HERE = os.path.abspath(__file__)
+
+
+def _frames() -> List[Dict[str, Any]]:
+    """The caller's Python stack as torch records it: innermost first,
+    this file's frames left out."""
+    out = []
+    for f in reversed(traceback.extract_stack()):
+        if os.path.abspath(f.filename) == _HERE:
+            continue
+        out.append({"filename": f.filename, "line": f.lineno or 0, "name": f.name})
+    return out
 
 
 class FakeCuda:
@@ -45,6 +70,15 @@ class FakeCuda:
         self.host = {"current": 0, "peak": 0}
         self.resets = [0] * devices
         self.fail: Optional[BaseException] = None  # raised by the next stats read
+        # Blocks by device: address -> {"size", "requested", "stream", "frames", "state"}.
+        self.blocks: List[Dict[int, Dict[str, Any]]] = [{} for _ in range(devices)]
+        self._next_addr = [0x7F0000000000 + (d << 36) for d in range(devices)]
+        self.history: List[Deque[Dict[str, Any]]] = [collections.deque() for _ in range(devices)]
+        self.history_on = False
+        self.max_entries = 0
+        #: Arguments of every _record_memory_history call, and snapshots taken.
+        self.history_calls: List[Dict[str, Any]] = []
+        self.snapshots = 0
 
     # --- scripting ---------------------------------------------------------------
 
@@ -52,7 +86,49 @@ class FakeCuda:
         self.now[d][key] = value
         self.peak[d][key] = max(self.peak[d][key], value)
 
-    def alloc(self, nbytes: int, device: int = 0) -> None:
+    def _record(self, device: int, action: str, addr: int, size: int, stream: int, frames: List[Any]) -> None:
+        if not self.history_on:
+            return
+        entry = {
+            "action": action,
+            "addr": addr,
+            "size": size,
+            "stream": stream,
+            "time_us": time.time_ns() // 1000,
+            "frames": frames,
+        }
+        buf = self.history[device]
+        buf.append(entry)
+        while len(buf) > self.max_entries:
+            buf.popleft()
+
+    def alloc(
+        self,
+        nbytes: int,
+        device: int = 0,
+        *,
+        stream: int = 0,
+        requested: Optional[int] = None,
+        frames: Optional[List[Dict[str, Any]]] = None,
+    ) -> int:
+        """Allocates a block of ``nbytes`` (what torch's allocated bytes
+        count); the history records ``requested`` (default ``nbytes``), the
+        size the caller asked for. Returns the block's address."""
+        addr = self._next_addr[device]
+        self._next_addr[device] += -(-max(nbytes, 1) // 512) * 512 + 512
+        fr = _frames() if frames is None else frames
+        self.blocks[device][addr] = {
+            "size": nbytes,
+            "requested": nbytes if requested is None else requested,
+            "stream": stream,
+            "frames": fr,
+            "state": "active_allocated",
+        }
+        self._record(device, "alloc", addr, nbytes if requested is None else requested, stream, fr)
+        self._count_alloc(nbytes, device)
+        return addr
+
+    def _count_alloc(self, nbytes: int, device: int) -> None:
         a = self.now[device]["allocated"] + nbytes
         self._set(device, "allocated", a)
         self._set(device, "active", a)  # every allocated block is active here
@@ -60,9 +136,92 @@ class FakeCuda:
         if need > self.now[device]["reserved"]:
             self._set(device, "reserved", need)
 
-    def free(self, nbytes: int, device: int = 0) -> None:
+    def free(
+        self, nbytes: Optional[int] = None, device: int = 0, *, addr: Optional[int] = None, pending: bool = False
+    ) -> None:
+        """Frees the block at ``addr`` (else the newest block of ``nbytes``;
+        else only the counters move). ``pending``: a stream still uses it
+        (``free_requested`` now, ``free_completed`` at :meth:`complete`)."""
+        blocks = self.blocks[device]
+        if addr is None and nbytes is not None:
+            for a in reversed(list(blocks)):
+                if blocks[a]["size"] == nbytes and blocks[a]["state"] == "active_allocated":
+                    addr = a
+                    break
+        if addr is not None:
+            b = blocks[addr]
+            nbytes = b["size"]
+            fr = _frames()
+            self._record(device, "free_requested", addr, b["requested"], b["stream"], fr)
+            if pending:
+                b["state"] = "active_pending_free"
+            else:
+                self._record(device, "free_completed", addr, b["requested"], b["stream"], fr)
+                del blocks[addr]
+        assert nbytes is not None
         self._set(device, "allocated", self.now[device]["allocated"] - nbytes)
         self._set(device, "active", self.now[device]["allocated"])
+
+    def complete(self, addr: int, device: int = 0) -> None:
+        """A pending free completes (its stream is done with the block)."""
+        b = self.blocks[device].pop(addr)
+        self._record(device, "free_completed", addr, b["requested"], b["stream"], [])
+
+    # --- torch.cuda.memory's history ------------------------------------------------
+
+    def _record_memory_history(
+        self,
+        enabled: Optional[str] = "all",
+        context: Optional[str] = "all",
+        stacks: str = "all",
+        max_entries: int = 2**62,
+        device: Any = None,
+    ) -> None:
+        self.history_calls.append(
+            {"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries}
+        )
+        self.history_on = enabled is not None
+        self.max_entries = int(max_entries)
+        for buf in self.history:
+            while len(buf) > self.max_entries:
+                buf.popleft()
+
+    def _snapshot(self, device: Any = None) -> Dict[str, Any]:
+        self.snapshots += 1
+        segments = []
+        for d, blocks in enumerate(self.blocks):
+            for addr, b in blocks.items():
+                total = -(-b["size"] // BLOCK) * BLOCK
+                inner = [
+                    {
+                        "address": addr,
+                        "size": b["size"],
+                        "requested_size": b["requested"],
+                        "state": b["state"],
+                        "frames": b["frames"],
+                    }
+                ]
+                if total > b["size"]:
+                    inner.append(
+                        {"address": addr + b["size"], "size": total - b["size"], "requested_size": 0, "state": "inactive", "frames": []}
+                    )
+                segments.append(
+                    {
+                        "device": d,
+                        "address": addr,
+                        "total_size": total,
+                        "allocated_size": b["size"] if b["state"] == "active_allocated" else 0,
+                        "active_size": b["size"],
+                        "requested_size": b["requested"],
+                        "stream": b["stream"],
+                        "segment_type": "large" if total > BLOCK else "small",
+                        "segment_pool_id": (0, 0),
+                        "is_expandable": False,
+                        "frames": [],
+                        "blocks": inner,
+                    }
+                )
+        return {"segments": segments, "device_traces": [[dict(e) for e in buf] for buf in self.history]}
 
     def empty_cache(self, device: int = 0) -> None:
         a = self.now[device]["allocated"]
@@ -166,6 +325,7 @@ class FakeCuda:
         import torch
 
         free = max(self.total - self.now[device]["reserved"], 0)
+        self._record(device, "oom", free, nbytes, 0, _frames())
         for obs in list(FakeCuda.observers):
             obs(device, nbytes, self.total, free)
         raise torch.cuda.OutOfMemoryError(
@@ -227,3 +387,5 @@ class FakeCuda:
         patch(torch._C, "_cuda_resetPeakMemoryStats", self.reset_peaks_raw)
         patch(torch._C, "_cuda_memoryStats", self.memory_stats_raw)
         patch(torch._C, "_cuda_attach_out_of_memory_observer", FakeCuda.attach_out_of_memory_observer)
+        patch(torch.cuda.memory, "_record_memory_history", self._record_memory_history)
+        patch(torch.cuda.memory, "_snapshot", self._snapshot)

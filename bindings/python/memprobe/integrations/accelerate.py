@@ -56,6 +56,9 @@ step, epoch, evaluation and stage reaches the run's summary, JSON and
 chart, each rank named. ``oom_report="oom.json"`` (or a dict of
 :func:`memprobe.integrations.torch.report_oom`'s keyword arguments) writes
 an out-of-memory report naming the open phases when a CUDA allocation fails.
+``attribution=True`` names the tensors live at each epoch's peak step and
+at every PyTorch out-of-memory error (``probe.attribution``; files per
+epoch: :mod:`memprobe.integrations.torch_attribution`).
 
 Accelerate is imported only for the default cache release; the probe needs
 only the ``accelerator`` object given (any object with ``log(dict,
@@ -92,6 +95,7 @@ class MemprobeAccelerate(LoopViews):
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
         oom_report: Any = None,
+        attribution: Any = None,
     ):
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError("log_every_n_steps must be >= 1 (or None: no step logs)")
@@ -110,6 +114,7 @@ class MemprobeAccelerate(LoopViews):
             release_every_n_epochs=release_every_n_epochs,
             release_gc=release_gc,
             oom_report=oom_report,
+            attribution=attribution,
         )
         #: Steps ended so far.
         self.global_step = 0

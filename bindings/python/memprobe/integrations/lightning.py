@@ -95,8 +95,12 @@ class MemprobeHooks:
         keep_history: bool = True,
         torch_sources: bool = True,
         oom_report: Union[str, "os.PathLike[str]", Dict[str, Any], None] = None,
+        attribution: Any = None,
     ):
         super().__init__()
+        #: Which tensors made each epoch's peak (memprobe.integrations.torch_attribution).
+        self.attribution_options = attribution
+        self._attribution: Any = None
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError("log_every_n_steps must be >= 1 (or None: the trainer's)")
         self._sources = sources
@@ -134,8 +138,15 @@ class MemprobeHooks:
                 sources = default_sources(self.torch_sources)
             # The phases are the core tracker's: run channel, OOM report,
             # leak trends and release policies see every one.
-            self._phases = PhasePeaks(sources, oom_report=self.oom_report)
+            self._phases = PhasePeaks(sources, oom_report=self.oom_report, attribution=self.attribution_options)
+            self._attribution = self._phases.tracker.attribution or self._attribution
         return self._phases
+
+    @property
+    def attribution(self) -> Any:
+        """The tracker's :class:`~memprobe.integrations.torch_attribution.Attribution`
+        (kept after teardown; None when off): ``attribution.epochs[E]``."""
+        return self._attribution
 
     @property
     def history(self) -> List[Record]:

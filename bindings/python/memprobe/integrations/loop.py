@@ -94,6 +94,7 @@ class LoopPeaks:
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
         oom_report: Any = None,
+        attribution: Any = None,
     ):
         schedule = (
             ("release_every_n_steps", release_every_n_steps),
@@ -117,6 +118,10 @@ class LoopPeaks:
         #: :func:`memprobe.integrations.torch.report_oom`'s ``path`` (or a
         #: dict of its keyword arguments): the tracker's out-of-memory report.
         self.oom_report = oom_report
+        #: Which tensors made each epoch's peak (:mod:`.torch_attribution`).
+        self.attribution_options = attribution
+        #: The tracker's Attribution (kept after close; None when off).
+        self.attribution: Any = None
         self._interval: Optional[Window] = None
         self._history = History()
         self.ranks = RankMaxima()
@@ -158,8 +163,11 @@ class LoopPeaks:
         """The phases, kept by a :class:`memprobe.Tracker` (created at the
         first phase, when the model is on its device)."""
         if self._phases is None:
-            phases = PhasePeaks(self._choose_sources(), oom_report=self.oom_report)
+            phases = PhasePeaks(
+                self._choose_sources(), oom_report=self.oom_report, attribution=self.attribution_options
+            )
             t = phases.tracker
+            self.attribution = t.attribution or self.attribution
             if self.release_every_n_steps is not None or self.release_every_n_epochs is not None:
                 self._add_release(t)
             if self.release_every_n_steps is not None:
@@ -413,3 +421,10 @@ class LoopViews:
     def stage_metrics(self) -> Dict[str, Dict[str, int]]:
         """Trainer-named metrics of each ended stage (bytes)."""
         return self.loop.stage_metrics
+
+    @property
+    def attribution(self) -> Any:
+        """Which tensors made each epoch's peak
+        (:class:`~memprobe.integrations.torch_attribution.Attribution`; None
+        when off): ``attribution.epochs[E]``."""
+        return self.loop.attribution

@@ -60,7 +60,9 @@ torch's CUDA state does not survive a fork, and torch would read 0 there.
 
 Out-of-memory reports (:func:`report_oom`): one line attaches PyTorch's
 out-of-memory observer to a tracker's report, written before
-``torch.cuda.OutOfMemoryError`` is raised.
+``torch.cuda.OutOfMemoryError`` is raised. With attribution on
+(:mod:`.torch_attribution`), the same observer writes the table of what was
+live at the failing allocation first, and the report's detail names it.
 
 Host pinned memory (:func:`pinned_sources`, ``torch_pinned``) needs
 ``torch.cuda.host_memory_stats`` and ``reset_peak_host_memory_stats``, which
@@ -408,9 +410,12 @@ class AllocatorSources(List[Source]):
     it (one group per allocator); :meth:`close` closes this list's window,
     and the sources go when nothing holds them any more."""
 
-    def __init__(self, sources: Iterable[Source]):
+    def __init__(self, sources: Iterable[Source], attribution: Any = None):
         super().__init__(sources)
         self._since_start: Optional[Window] = Window(list(self)) if len(self) else None
+        #: ``allocator_sources(attribution=...)``: a :class:`memprobe.Tracker`
+        #: made over this list attributes each epoch's peak.
+        self.attribution = attribution
 
     def names(self) -> List[str]:
         return [s.name for s in self]
@@ -510,7 +515,9 @@ def _devices(torch: Any, device: Any, count: int) -> List[int]:
     return devices
 
 
-def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool = False) -> AllocatorSources:
+def allocator_sources(
+    device: Any = None, *, reserved: bool = True, active: bool = False, attribution: Any = None
+) -> AllocatorSources:
     """Exact sources over PyTorch's CUDA caching allocator: ``torch_alloc:N``,
     (``reserved``) ``torch_reserved:N`` and (``active``) ``torch_active:N``
     for device ``N``: an ordinal, ``"cuda:N"``, ``"cuda"`` (the current
@@ -518,7 +525,14 @@ def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool
     device). Only once CUDA is initialised (``torch.cuda.is_initialized()``),
     else RuntimeError: memprobe never initialises CUDA. See the module's
     documentation for what changes for code that reads
-    ``torch.cuda.max_memory_*`` or resets it itself."""
+    ``torch.cuda.max_memory_*`` or resets it itself. ``attribution``
+    (True, or an :class:`~memprobe.integrations.torch_attribution.AttributionOptions`):
+    a :class:`memprobe.Tracker` made over these sources names the tensors
+    live at each epoch's peak step (:mod:`.torch_attribution`)."""
+    if attribution is not None and attribution is not False:
+        from .torch_attribution import as_options
+
+        attribution = as_options(attribution)  # a bad value fails here, not at the tracker
     torch = _torch()
     _require_cuda_initialized(torch)
     cuda = torch.cuda
@@ -536,7 +550,7 @@ def allocator_sources(device: Any = None, *, reserved: bool = True, active: bool
             entry = _shared(("cuda", d), make)
             for index in wanted:
                 sources.append(entry.source(index))
-    return AllocatorSources(sources)
+    return AllocatorSources(sources, attribution)
 
 
 def pinned_sources() -> AllocatorSources:
@@ -608,6 +622,9 @@ def install_cache_release(*, gc_collect: bool = False) -> Callable[[], None]:
 #: Trackers whose reports torch's out-of-memory observer feeds (weakly held:
 #: torch cannot detach an observer, so the one observer outlives them).
 _OOM_TRACKERS: List["weakref.ref[Any]"] = []
+#: Attributions (torch_attribution.Attribution) that table every
+#: out-of-memory error, weakly held too.
+_OOM_ATTRIBUTIONS: List["weakref.ref[Any]"] = []
 _OOM_OBSERVER = {"attached": False, "queued": False}
 
 
@@ -655,6 +672,13 @@ def _on_torch_oom(device: int, alloc: int, device_total: int, device_free: int) 
     try:
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
+        # What was live at the failing allocation (attribution on): one
+        # table each, written before the report that names it.
+        tables = []
+        for att in [a for a in (r() for r in list(_OOM_ATTRIBUTIONS)) if a is not None and a.active]:
+            path = att.on_oom(int(device), int(alloc))
+            if path is not None:
+                tables.append(path)
         trackers = [t for t in (r() for r in list(_OOM_TRACKERS)) if t is not None and not t.closed]
         if not trackers:
             return
@@ -663,6 +687,8 @@ def _on_torch_oom(device: int, alloc: int, device_total: int, device_free: int) 
             f"torch.cuda.OutOfMemoryError: tried to allocate {int(alloc)} bytes on cuda:{int(device)}; "
             f"{int(device_free)} bytes free of {int(device_total)}"
         )
+        if tables:
+            detail += "; live blocks: " + ", ".join(tables)
         for t in trackers:
             try:
                 t.report_oom(
@@ -685,6 +711,35 @@ def _attach_observer(torch: Any) -> None:
         return
     _OOM_OBSERVER["attached"] = True
     torch._C._cuda_attach_out_of_memory_observer(_on_torch_oom)
+
+
+def _observe_oom(torch: Any) -> None:
+    """Attaches the one out-of-memory observer (held by ``_LOCK``): now when
+    CUDA is initialised, else when PyTorch initialises it."""
+    if _OOM_OBSERVER["attached"]:
+        return
+    if cuda_initialized():
+        _attach_observer(torch)
+    elif not _OOM_OBSERVER["queued"]:
+        _OOM_OBSERVER["queued"] = True
+        lazy = getattr(torch.cuda, "_lazy_call", None)
+        if lazy is not None:
+            lazy(lambda: _attach_observer(torch))
+        else:  # pragma: no cover - every torch since 1.0 has it
+            _attach_observer(torch)
+
+
+def watch_oom(attribution: Any) -> None:
+    """Tables every PyTorch out-of-memory error for ``attribution`` (a
+    :class:`~memprobe.integrations.torch_attribution.Attribution`), with or
+    without an out-of-memory report configured."""
+    torch = _torch()
+    if not hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
+        return  # torch < 2.0: no observer; epochs are still tabled
+    with _LOCK:
+        _OOM_ATTRIBUTIONS[:] = [r for r in _OOM_ATTRIBUTIONS if r() is not None and r() is not attribution]
+        _OOM_ATTRIBUTIONS.append(weakref.ref(attribution))
+        _observe_oom(torch)
 
 
 def report_oom(
@@ -735,16 +790,7 @@ def report_oom(
     with _LOCK:
         _OOM_TRACKERS[:] = [r for r in _OOM_TRACKERS if r() is not None and r() is not tracker]
         _OOM_TRACKERS.append(weakref.ref(tracker))
-        if not _OOM_OBSERVER["attached"]:
-            if cuda_initialized():
-                _attach_observer(torch)
-            elif not _OOM_OBSERVER["queued"]:
-                _OOM_OBSERVER["queued"] = True
-                lazy = getattr(torch.cuda, "_lazy_call", None)
-                if lazy is not None:
-                    lazy(lambda: _attach_observer(torch))
-                else:  # pragma: no cover - every torch since 1.0 has it
-                    _attach_observer(torch)
+        _observe_oom(torch)
     return tracker
 
 

@@ -56,6 +56,9 @@ run's summary, JSON and chart, with its rank under a launcher.
 ``oom_report="oom.json"`` (or a dict of
 :func:`memprobe.integrations.torch.report_oom`'s keyword arguments) writes
 an out-of-memory report naming the open phases when a CUDA allocation fails.
+``attribution=True`` names the tensors live at each epoch's peak step and
+at every PyTorch out-of-memory error (``callback.attribution``; files per
+epoch: :mod:`memprobe.integrations.torch_attribution`).
 
 The callback puts itself first in the Trainer's callback list when
 training begins, so that the reporting callbacks see the keys it adds.
@@ -102,6 +105,7 @@ class MemprobeTrainerHooks(LoopViews):
         release_every_n_epochs: Optional[int] = None,
         release_gc: bool = False,
         oom_report: Any = None,
+        attribution: Any = None,
     ):
         super().__init__()
         self.loop = LoopPeaks(
@@ -116,6 +120,7 @@ class MemprobeTrainerHooks(LoopViews):
             release_every_n_epochs=release_every_n_epochs,
             release_gc=release_gc,
             oom_report=oom_report,
+            attribution=attribution,
         )
         self.prefix = prefix
         self.trainer_metrics = trainer_metrics
