@@ -43,8 +43,10 @@ def _skipped() -> Tuple[str, ...]:
 
 
 def _is_skipped(filename: str, skipped: Sequence[str]) -> bool:
-    if not filename or filename.startswith("<") or filename == "??":
-        return True  # C++ or generated code: no line a user can open
+    if not filename or filename == "??" or filename.startswith("<frozen"):
+        return True  # C++, or Python's own frozen modules
+    if filename.startswith("<"):
+        return False  # a notebook cell (<ipython-input-3-...>) or exec'd code: the user's
     path = os.path.realpath(filename) if os.path.isabs(filename) else filename
     if any(path.startswith(d) for d in skipped):
         return True

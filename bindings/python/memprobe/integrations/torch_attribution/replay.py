@@ -146,24 +146,17 @@ def _step_range(trace: Sequence[Dict[str, Any]], start_us: Optional[int], end_us
     return first, last
 
 
-def _undo(live: Dict[int, Block], entry: Dict[str, Any]) -> int:
-    """Undoes ``entry`` on ``live`` (the state after it becomes the state
-    before it); returns the change of allocated bytes (before - after)."""
+def _undo_size(sizes: Dict[int, int], entry: Dict[str, Any]) -> int:
+    """Undoes ``entry`` on ``sizes`` (address -> bytes allocated after it
+    becomes the state before it); returns the change of allocated bytes
+    (before - after). An allocation not live after itself (a trace that
+    disagrees with the snapshot) takes nothing back."""
     action = entry.get("action")
-    addr = int(entry.get("addr", 0) or 0)
     if action == _ALLOC:
-        b = live.pop(addr, None)
-        if b is None:
-            # Not live after its own allocation: a trace that disagrees
-            # with the snapshot; nothing to take back.
-            return 0
-        if not b.frames:
-            b.frames = _entry_frames(entry)
-        b.time_us = _time(entry)
-        return -b.bytes
+        return -sizes.pop(entry.get("addr", 0) or 0, 0)
     if action == _FREE_REQUESTED:
-        size = block_size(int(entry.get("size", 0) or 0))
-        live[addr] = Block(addr, size, int(entry.get("stream", 0) or 0), [], None, exact=False)
+        size = block_size(entry.get("size", 0) or 0)
+        sizes[entry.get("addr", 0) or 0] = size
         return size
     return 0
 
@@ -208,10 +201,10 @@ def replay_peak(
 
     # Pass 1: allocated bytes at every moment of the step, from now back.
     live = live_blocks(snapshot, device)
-    scratch = {a: Block(b.address, b.bytes, b.stream) for a, b in live.items()}
-    total = sum(b.bytes for b in live.values())
+    scratch = {a: b.bytes for a, b in live.items()}
+    total = sum(scratch.values())
     for i in range(n - 1, last - 1, -1):  # entries after the step's end
-        total += _undo(scratch, trace[i])
+        total += _undo_size(scratch, trace[i])
     best: Optional[int] = None
     best_index: Optional[int] = None
     # The state after entry i, for i from last-1 down to first-1 (-1 for
@@ -222,13 +215,33 @@ def replay_peak(
             if best is None or total >= best:  # ties: the earliest moment
                 best, best_index = total, i
         if i >= first:
-            total += _undo(scratch, trace[i])
+            total += _undo_size(scratch, trace[i])
     if best is None or best_index is None:
         return Replay(device, False, n, lost, None, [], None, "no moment of the step fits its peak")
 
-    # Pass 2: the blocks at that moment, with the frames of their allocation.
+    # Pass 2: the blocks at that moment (sizes first; a Block only for
+    # what is live there).
+    sizes = {a: b.bytes for a, b in live.items()}
+    relived: Dict[int, Dict[str, Any]] = {}  # address -> the free undone
     for i in range(n - 1, best_index, -1):
-        _undo(live, trace[i])
+        e = trace[i]
+        action = e.get("action")
+        if action == _ALLOC:
+            addr = e.get("addr", 0) or 0
+            sizes.pop(addr, None)
+            relived.pop(addr, None)
+        elif action == _FREE_REQUESTED:
+            addr = e.get("addr", 0) or 0
+            sizes[addr] = block_size(e.get("size", 0) or 0)
+            relived[addr] = e
+    at_peak: Dict[int, Block] = {}
+    for addr, size in sizes.items():
+        e = relived.get(addr)
+        if e is None:
+            at_peak[addr] = live[addr]
+        else:
+            at_peak[addr] = Block(int(addr), size, int(e.get("stream", 0) or 0), [], None, exact=False)
+    live = at_peak
     # Frames of blocks allocated before the peak: found further back.
     pending = {a for a, b in live.items() if b.time_us is None}
     for i in range(best_index, -1, -1):
