@@ -113,9 +113,18 @@ pub(crate) struct RunArgs {
     /// (libmemprobe_interpose.so, preloaded into the whole tree): exact
     /// per-process and tree peaks per device, however short the spike.
     /// Exit status 2, before the command starts, if the interposer is not
-    /// found.
-    #[arg(long)]
-    pub(crate) gpu_exact: bool,
+    /// found. `--gpu-exact=stacks[:N]` also keeps the call paths (N frames,
+    /// default 8, at most 32) that held each process's peak: the summary
+    /// shows the largest under its origins.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "on",
+        value_name = "stacks[:N]",
+        value_parser = gpu_exact_mode
+    )]
+    pub(crate) gpu_exact: Option<GpuExactMode>,
     /// Also sample the tree's PSS and USS (each process's smaps_rollup,
     /// summed): pages the command's workers share with it copy-on-write
     /// count once, where the summed RSS counts them in every process. The
@@ -171,4 +180,15 @@ pub(crate) struct GpusArgs {
     /// table; with no GPU readable it lists no devices and says why.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// What `--gpu-exact` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GpuExactMode {
+    /// Frames of the call paths kept (`stacks[:N]`); `None`: origins only.
+    pub(crate) stacks: Option<usize>,
+}
+
+fn gpu_exact_mode(v: &str) -> Result<GpuExactMode, String> {
+    crate::commands::run::gpu_stacks::parse_mode(v).map(|stacks| GpuExactMode { stacks })
 }

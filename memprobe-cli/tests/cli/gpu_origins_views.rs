@@ -3,7 +3,8 @@
 //! `memprobe_gpu_origin_bytes`: a process under the driver-API interposer
 //! (tests/interpose/hold_origins.c on the fake driver) holds 6 MiB from the
 //! program, 4 from libfake_nccl, 3 from libfake_cublas and 1 from
-//! libfake_cudnn; a fake NVML lists it with 20 MiB.
+//! libfake_cudnn; a fake NVML lists it with 20 MiB. And `memprobe run
+//! --gpu-exact=stacks:N`'s call paths (tests/interpose/stacks.c).
 
 use crate::schema::assert_valid;
 use crate::support::{memprobe, scratch, MIB};
@@ -35,6 +36,7 @@ fn cc(args: &[String], out: &Path) {
 struct Built {
     libs: PathBuf,
     program: PathBuf,
+    stacks: PathBuf,
     interposer: PathBuf,
     nvml: PathBuf,
 }
@@ -113,9 +115,24 @@ fn built() -> &'static Built {
         ];
         prog.extend(link.iter().cloned());
         cc(&prog, &program);
+        let stacks = dir.join("stacks");
+        let mut st = vec![
+            s("-DLINKED"),
+            s("-DLIB=prog"),
+            s("-rdynamic"),
+            format!("-I{}", root().join("tests/interpose").display()),
+            src("tests/interpose/stacks.c"),
+            src("tests/interpose/origin_lib.c"),
+            s("-l:libfake_nccl.so"),
+            s("-l:libcudart.so.12"),
+            s("-ldl"),
+        ];
+        st.extend(link.iter().cloned());
+        cc(&st, &stacks);
         Built {
             libs: dir,
             program,
+            stacks,
             interposer,
             nvml,
         }
@@ -344,5 +361,77 @@ fn serve_exports_each_process_memory_by_origin() {
             .find(|l| l.starts_with(&series))
             .unwrap_or_else(|| panic!("no {series} in\n{text}"));
         assert!(line.ends_with(&format!(" {}", mib * MIB)), "{line}");
+    }
+}
+
+/// `memprobe run --gpu-exact=MODE --no-live -- stacks`, its checkpoints
+/// answered on stdin.
+fn run_stacks(mode: &str) -> std::process::Output {
+    let b = built();
+    let mut child = memprobe()
+        .args(["run", mode, "--no-live", "--interval", "10ms", "--"])
+        .arg(&b.stacks)
+        .env("LD_LIBRARY_PATH", &b.libs)
+        .env("FAKE_CUDA_DEVICES", "1")
+        .env("MEMPROBE_GPU_BACKEND", "none")
+        .env_remove("MEMPROBE_INTERPOSE_LIBRARY")
+        .env_remove("MEMPROBE_GPU_EXACT")
+        .env_remove("MEMPROBE_GPU_ORIGINS")
+        .env_remove("MEMPROBE_GPU_EXACT_DIR")
+        .env_remove("FAKE_CUDA_MEMORY")
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"\n\n\n").unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn run_gpu_exact_stacks_shows_the_paths_at_each_peak() {
+    let o = run_stacks("--gpu-exact=stacks:2");
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{text}");
+    let at = text
+        .lines()
+        .position(|l| l.trim_start().starts_with("paths at GPU 0"))
+        .unwrap_or_else(|| panic!("no paths line in\n{text}"));
+    let lines: Vec<&str> = text.lines().skip(at).take(3).collect();
+    assert!(
+        lines[0].ends_with("5.00 MiB libfake_nccl.so!nccl_alloc < stacks!path_b"),
+        "{text}"
+    );
+    assert!(
+        lines[1].ends_with("3.00 MiB libfake_nccl.so!nccl_alloc < stacks!path_a"),
+        "{text}"
+    );
+    assert!(
+        lines[2].ends_with("2.00 MiB stacks!prog_alloc < stacks!main"),
+        "{text}"
+    );
+    // Plain --gpu-exact keeps origins only.
+    let plain = run_stacks("--gpu-exact");
+    let text = String::from_utf8_lossy(&plain.stderr);
+    assert!(plain.status.success(), "{text}");
+    assert!(text.contains("at GPU 0's peak"), "{text}");
+    assert!(!text.contains("paths at GPU"), "{text}");
+}
+
+#[test]
+fn run_gpu_exact_refuses_an_unknown_mode() {
+    for bad in [
+        "--gpu-exact=stacks:0",
+        "--gpu-exact=stacks:33",
+        "--gpu-exact=stack",
+    ] {
+        let o = memprobe()
+            .args(["run", bad, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("stacks"), "{bad}: {err}");
     }
 }

@@ -159,11 +159,13 @@ pub(crate) struct Injection {
     library: PathBuf,
     dir: PathBuf,
     tree: Arc<Region>,
+    /// Frames of the call paths the interposer keeps (`--gpu-exact=stacks`).
+    stacks: Option<usize>,
 }
 
 impl Injection {
     /// Finds the interposer and makes the run's directory and tree region.
-    pub(crate) fn prepare() -> Result<Injection, String> {
+    pub(crate) fn prepare(mode: crate::args::GpuExactMode) -> Result<Injection, String> {
         let library = find_library()?;
         let dir = run_dir();
         // A directory left by an earlier memprobe with this pid (killed
@@ -171,7 +173,12 @@ impl Injection {
         let _ = std::fs::remove_dir_all(&dir);
         let tree = Region::create_tree(&dir)
             .map_err(|e| format!("--gpu-exact: cannot set up {}: {e}", dir.display()))?;
-        Ok(Injection { library, dir, tree })
+        Ok(Injection {
+            library,
+            dir,
+            tree,
+            stacks: mode.stacks,
+        })
     }
 
     /// The variables the child starts with (`None`: removed): the
@@ -183,14 +190,21 @@ impl Injection {
             preload.push(":");
         }
         preload.push(self.library.as_os_str());
-        vec![
+        let mut env: Vec<(OsString, Option<OsString>)> = vec![
             ("LD_PRELOAD".into(), Some(preload)),
             (
                 interpose::DIR_ENV.into(),
                 Some(self.dir.as_os_str().to_owned()),
             ),
             (interpose::SWITCH_ENV.into(), None),
-        ]
+        ];
+        if let Some(n) = self.stacks {
+            env.push((
+                "MEMPROBE_GPU_ORIGINS".into(),
+                Some(format!("stacks:{n}").into()),
+            ));
+        }
+        env
     }
 
     /// The reader the sampling thread polls.
@@ -268,6 +282,9 @@ pub(crate) struct ExactProcess {
     pub(crate) exe: Option<String>,
     /// Per device ordinal: the bytes by origin at its peak there.
     pub(crate) origins_at_peak: Vec<Option<crate::commands::run::gpu_origins::OriginsAtPeak>>,
+    /// Per device ordinal: the bytes by call path at its peak there
+    /// (`--gpu-exact=stacks`; empty without).
+    pub(crate) stacks_at_peak: Vec<Option<memprobe_interpose_reader::stacks::PeakStacks>>,
 }
 
 impl ExactProcess {
@@ -467,6 +484,7 @@ fn read_figures(region: &Region, f: &mut ExactProcess) {
     // The breakdown is read again only when a peak rose.
     if peak != f.peak || f.origins_at_peak.len() != n {
         f.origins_at_peak = crate::commands::run::gpu_origins::read(region, n, f.exe.as_deref());
+        f.stacks_at_peak = crate::commands::run::gpu_stacks::read(region, n);
     }
     f.peak = peak;
     f.end = (0..n as u32)
@@ -548,6 +566,10 @@ pub(crate) struct ExactProcessReport {
     /// Per device ordinal: the bytes by origin at the process's exact peak
     /// there (null: none kept, e.g. MEMPROBE_GPU_ORIGINS=off).
     pub(crate) origins_at_peak: Vec<Option<crate::commands::run::gpu_origins::OriginsAtPeak>>,
+    /// Per device ordinal: the bytes by call path at that peak
+    /// (`--gpu-exact=stacks`); in the summary only.
+    #[serde(skip)]
+    pub(crate) stacks_at_peak: Vec<Option<memprobe_interpose_reader::stacks::PeakStacks>>,
 }
 
 impl GpuExactReport {
@@ -621,6 +643,7 @@ impl GpuExactReport {
                         v.resize(n, None);
                         v
                     },
+                    stacks_at_peak: p.stacks_at_peak.clone(),
                 })
                 .collect(),
         }

@@ -23,6 +23,7 @@ pub(crate) mod cpu_cap;
 mod exit_stats;
 mod gpu_exact;
 mod gpu_origins;
+pub(crate) mod gpu_stacks;
 mod host_kinds;
 mod html;
 mod kernel_log;
@@ -201,7 +202,7 @@ fn prepare(args: &RunArgs) -> Result<Prepared, Stop> {
     let outputs = Outputs::reserve(args).map_err(|m| Stop::new(exit::USAGE, m))?;
     let injection = args
         .gpu_exact
-        .then(Injection::prepare)
+        .map(Injection::prepare)
         .transpose()
         .map_err(|m| Stop::new(exit::USAGE, m))?;
     let exact = injection

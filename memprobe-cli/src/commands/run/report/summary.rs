@@ -295,6 +295,20 @@ fn gpu_exact_processes(out: &mut Rows, x: &GpuExactReport) {
                 );
             }
         }
+        for (d, s) in p.stacks_at_peak.iter().enumerate() {
+            let Some(s) = s.as_ref().filter(|s| s.peak > 0) else {
+                continue;
+            };
+            let lines = crate::commands::run::gpu_stacks::lines(s);
+            for (i, line) in lines.into_iter().enumerate() {
+                let label = if i == 0 {
+                    format!("    paths at GPU {d}")
+                } else {
+                    String::new()
+                };
+                out.row(&label, line);
+            }
+        }
     }
 }
 
