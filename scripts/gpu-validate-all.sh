@@ -7,7 +7,7 @@
 #
 # Each part runs under its own time limit, and a part that fails or runs out
 # of time never stops the others; the whole run keeps to --budget seconds
-# (default 420: 7 minutes). It exits 0 only when every part named in --parts
+# (default 540: 9 minutes of a 10-minute device lease). It exits 0 only when every part named in --parts
 # passed: a part skipped (the budget spent) or timed out fails the run. OUTDIR receives gpu-validation.json (every
 # part's status, time and report), gpu-validation.md (the summary table) and
 # gpu-validation.log (every part's output).
@@ -15,9 +15,12 @@
 # Options (before OUTDIR):
 #   --bundle DIR   the artifacts (default build/gpu-bundle): bin/memprobe,
 #                  bin/nvml_latency, lib/libmemprobe.so, lib/libmemprobe_interpose.so
-#   --budget S     seconds for the whole run (default 420)
+#   --budget S     seconds for the whole run (default 540)
 #   --parts LIST   comma-separated subset, in this order by default:
-#                  env,torch,interpose,run,oom,nvml,cpp
+#                  env,torch,interpose,run,oom,nvml,cpp,origins,attribution
+#                  (expected on an H100: env 5 s, torch 60, interpose 90,
+#                  run 30, oom 45, nvml 25, cpp 70 with its build, origins 40,
+#                  attribution 60: about 7 minutes)
 #   --part-limit S at most S seconds for any one part (default: each part's own)
 #   --dry-run      no GPU: run every part's checks against the fake driver,
 #                  NVML, nvidia-smi and torch.cuda of the test suite (what
@@ -27,8 +30,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUNDLE=$ROOT/build/gpu-bundle
-BUDGET=420
-PARTS=env,torch,interpose,run,oom,nvml,cpp
+BUDGET=540
+PARTS=env,torch,interpose,run,oom,nvml,cpp,origins,attribution
 DRY=0
 PART_LIMIT=0
 while [ $# -gt 0 ]; do
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
         --parts) PARTS=$2; shift 2 ;;
         --part-limit) PART_LIMIT=$2; shift 2 ;;
         --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         -*) echo "gpu-validate-all: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -93,7 +96,7 @@ P=$OUTDIR/parts
 S=$ROOT/scripts
 if [ "$DRY" = 1 ]; then
     # No GPU: each part's script runs over the test suite's fakes.
-    for part in env torch interpose run oom nvml cpp; do
+    for part in env torch interpose run oom nvml cpp origins attribution; do
         run_part "$part" 120 "$PY" "$S/gpu-validate-dry-run.py" "$part" --bundle "$BUNDLE" --out "$P/$part.json"
     done
 else
@@ -104,6 +107,8 @@ else
     run_part oom 80 "$PY" "$S/gpu-validate-oom.py" "$BUNDLE/lib/libmemprobe_interpose.so" --out "$P/oom.json"
     run_part nvml 45 "$PY" "$S/gpu-validate.py" "$BUNDLE/bin/memprobe" "$BUNDLE/bin/nvml_latency" --out "$P/nvml.json"
     run_part cpp 120 "$PY" "$S/gpu-validate-torch.py" --cpp-only --cpp-tries 20 --memprobe-prefix "$BUNDLE" --out "$P/cpp.json"
+    run_part origins 90 "$PY" "$S/gpu-validate-origins.py" "$BUNDLE/bin/memprobe" --out "$P/origins.json"
+    run_part attribution 100 "$PY" "$S/gpu-validate-attribution.py" --out "$P/attribution.json"
 fi
 
 dry_flag=()

@@ -28,11 +28,24 @@ Every part runs its real checks, over the fakes:
   nvml       gpu-validate.py --fake: memprobe gpus against the fake
              nvidia-smi (tests/fake-gpu/nvidia-smi) over the same fake NVML.
 
+  origins    gpu-validate-origins.py over tests/fake-gpu/fake_train_origins.py:
+             stand-ins for torch's caching allocator, NCCL and cuBLAS built
+             from tests/interpose/origin_lib.c (libc10_cuda.so, libnccl.so.2,
+             libcublas.so.12) allocating through the fake driver, the fake
+             NVML giving the trainer its bytes + 300 MiB (the context line);
+  attribution
+             gpu-validate-attribution.py --fake: the Python integration's
+             records over the fake torch.cuda with history
+             (tests/fake-gpu/fake_torch_device.py), and the C++ replay of
+             tests/cpp/test_torch_attribution.cpp built and run.
+
 MEMPROBE_DRY_RUN_NVML_EXTRA: lines added to the fake NVML's script (the
-tests use it to make NVML read nothing).
+tests use it to make NVML read nothing). MEMPROBE_DRY_RUN_ARGS: arguments
+added to the part's command (the tests use them to break a part).
 """
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,9 +84,31 @@ def build_fakes(where: str) -> dict:
     }
 
 
+def build_origin_libs(where: str, driver: str) -> str:
+    """The origins part's stand-ins for libc10_cuda, NCCL and cuBLAS (and
+    the runtime they call through), over the fake driver."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    out = os.path.join(where, "origin-libs")
+    os.makedirs(out, exist_ok=True)
+    src = os.path.join(ROOT, "tests", "interpose")
+    link = ["-L" + out, "-L" + driver]
+    rt = os.path.join(out, "libcudart.so.12")
+    if not os.path.exists(rt):
+        subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcudart.so.12", "-o", rt,
+                        os.path.join(src, "origin_runtime.c")] + link + ["-l:libcuda.so.1"], check=True)
+    for name, lib in (("libc10_cuda.so", "torch"), ("libnccl.so.2", "nccl"), ("libcublas.so.12", "cublas")):
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            subprocess.run([cc, "-shared", "-fPIC", f"-DLIB={lib}", f"-Wl,-soname,{name}", "-o", path,
+                            os.path.join(src, "origin_lib.c")] + link + ["-l:libcudart.so.12", "-l:libcuda.so.1"],
+                           check=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["env", "interpose", "run", "torch", "cpp", "nvml", "oom"])
+    ap.add_argument("part", choices=["env", "interpose", "run", "torch", "cpp", "nvml", "oom", "origins",
+                                     "attribution"])
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -100,6 +135,26 @@ def main() -> int:
     elif a.part == "cpp":
         cmd = [py, os.path.join(HERE, "gpu-validate-torch.py"), "--fake", "--cpp-only",
                "--memprobe-prefix", a.bundle, "--out", a.out]
+    elif a.part == "origins":
+        libs = build_origin_libs(fakes, os.path.join(fakes, "driver"))
+        trainer = os.path.join(FAKE, "fake_train_origins.py")
+        # NVML lists memprobe's child (the trainer) with what it holds at its
+        # peak plus 300 MiB no driver call revealed: the context line.
+        held = int(subprocess.run([py, trainer, "--print-total"], capture_output=True, text=True,
+                                  check=True).stdout)
+        script = os.path.join(fakes, "origins-nvml.script")
+        with open(script, "w") as f:
+            f.write("\n".join(line for line in NVML_SCRIPT.splitlines() if " procs " not in line) + "\n")
+            f.write(f"device 0 procs children:{held + (300 << 20)}\n")
+            f.write(os.environ.get("MEMPROBE_DRY_RUN_NVML_EXTRA", "").replace("\\n", "\n") + "\n")
+        env["FAKE_NVML_SCRIPT"] = script
+        env["FAKE_ORIGIN_LIBS"] = libs
+        env["LD_LIBRARY_PATH"] = libs + os.pathsep + env["LD_LIBRARY_PATH"]
+        cmd = [py, os.path.join(HERE, "gpu-validate-origins.py"), os.path.join(a.bundle, "bin", "memprobe"),
+               "--trainer", trainer, "--out", a.out]
+    elif a.part == "attribution":
+        cmd = [py, os.path.join(HERE, "gpu-validate-attribution.py"), "--fake", "--cost-steps", "20",
+               "--cost-rounds", "1", "--out", a.out]
     elif a.part == "oom":
         cmd = [py, os.path.join(HERE, "gpu-validate-oom.py"), interposer, "--fake", "--out", a.out]
     else:
@@ -111,6 +166,8 @@ def main() -> int:
         env["PATH"] = FAKE + os.pathsep + env.get("PATH", "")
         cmd = [py, os.path.join(HERE, "gpu-validate.py"), os.path.join(a.bundle, "bin", "memprobe"),
                os.path.join(a.bundle, "bin", "nvml_latency"), "--fake", "--out", a.out]
+    # Arguments a test adds to break a part on purpose.
+    cmd += shlex.split(os.environ.get("MEMPROBE_DRY_RUN_ARGS", ""))
     return subprocess.run(cmd, env=env).returncode
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-ORDER = ["env", "torch", "interpose", "run", "oom", "nvml", "cpp"]
+ORDER = ["env", "torch", "interpose", "run", "oom", "nvml", "cpp", "origins", "attribution"]
 TITLES = {
     "env": "the machine",
     "torch": "PyTorch allocator marks against known sizes and torch's own history, 2 GiB ~1 ms spike, boundary cost",
@@ -24,7 +24,9 @@ TITLES = {
     "run": "`memprobe run --gpu-exact` over a PyTorch training run with phases",
     "oom": "a real PyTorch out-of-memory: observer and driver reports",
     "nvml": "NVML readings against nvidia-smi and torch",
-    "cpp": "libtorch C++ (`memprobe_torch.hpp`)",
+    "cpp": "libtorch C++ (`memprobe_torch.hpp`): exact windows and attribution",
+    "origins": "GPU memory by origin at a PyTorch + NCCL peak, against torch's reserved and NVML",
+    "attribution": "PyTorch tensors at each epoch's peak step and at an OOM, and their cost",
 }
 
 

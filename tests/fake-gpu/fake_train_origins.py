@@ -8,6 +8,10 @@ the caching allocator's last segment as the peak), hold and facts file.
 "reserved" is what the stand-in for torch's allocator obtained, summed
 here, as torch counts its own segments.
 
+FAKE_ORIGINS_DEFECT=overcount: the stand-in for torch's allocator obtains
+1 MiB it does not count in reserved (what an interposer over-counting
+torch's line by 1 MiB looks like to the validation, which must fail).
+
     fake_train_origins.py FACTS.json [--no-nccl]
     fake_train_origins.py --print-total [--no-nccl]   (what it holds at its peak)
 """
@@ -64,6 +68,8 @@ def main() -> None:
     for n in TORCH:
         held.append(torch_alloc(n))
         reserved += n
+    if os.environ.get("FAKE_ORIGINS_DEFECT") == "overcount":
+        held.append(torch_alloc(1 * MIB))
     time.sleep(1.5)
     facts = {"pid": os.getpid(), "nccl": not a.no_nccl, "reserved_at_peak": reserved,
              "allocated_at_peak": TORCH[-1], "held_bytes": TORCH[-1], "nvml_self_bytes": None,

@@ -82,7 +82,7 @@ def _dry(tmp_path: Path, parts: str, bundle: Path | None = None, *more: str, **e
     return r, doc, checks
 
 
-ALL = "env,torch,interpose,run,oom,nvml,cpp"
+ALL = "env,torch,interpose,run,oom,nvml,cpp,origins,attribution"
 
 
 def test_dry_run_runs_every_part_s_checks_on_the_fakes(tmp_path):
@@ -92,8 +92,13 @@ def test_dry_run_runs_every_part_s_checks_on_the_fakes(tmp_path):
     assert outcomes == {p: "passed" for p in ALL.split(",")}, outcomes
     assert doc["dry_run"] is True and doc["passed"] is True
     # Every part made its checks, all computed and passing.
-    for part in ("torch", "interpose", "run", "oom", "nvml", "cpp"):
+    for part in ("torch", "interpose", "run", "oom", "nvml", "cpp", "origins", "attribution"):
         assert checks[part] and all(checks[part].values()), (part, checks[part])
+    origins = doc["parts"]["origins"]["report"]["runs"]
+    assert set(origins["nccl"]["excess_by_origin"]) == {"NCCL", "cuBLAS"}, origins["nccl"]
+    assert set(origins["no_nccl"]["excess_by_origin"]) == {"cuBLAS"}, origins["no_nccl"]
+    assert any("spike line" in c for c in checks["attribution"]), checks["attribution"]
+    assert doc["parts"]["attribution"]["report"]["cost"]["snapshots"] > 0
     assert len(checks["oom"]) == 40 and len(checks["run"]) == 8, checks
     torch_checks = " ".join(checks["torch"])
     for what in ("known sizes", "negative control", "allocator history", "own reset binding", "native thread"):
@@ -233,3 +238,32 @@ def test_a_skipped_part_fails_the_run_unless_left_out(tmp_path):
     assert summary("torch,oom") == 1
     assert summary("torch") == 0
     assert summary("torch,nvml") == 1  # named, never run
+
+
+def test_an_allocator_line_1_mib_off_fails_the_origins_part(tmp_path):
+    # torch's stand-in holds 1 MiB beyond what it counts as reserved: the
+    # allocator's line no longer equals torch's figure, and the excess is
+    # no longer the other origins' sum.
+    r, doc, checks = _dry(tmp_path, "origins", None, FAKE_ORIGINS_DEFECT="overcount")
+    assert r.returncode == 1 and doc["parts"]["origins"]["outcome"] == "failed"
+    failed = " | ".join(_failed(checks["origins"]))
+    assert "equals torch.cuda.memory_reserved()" in failed and "the sum of the other origins" in failed, failed
+    assert "names NCCL" not in failed and "no NCCL line" not in failed, failed
+
+
+def test_nvml_that_reads_nothing_fails_the_origins_part(tmp_path):
+    r, doc, checks = _dry(tmp_path, "origins", None,
+                          MEMPROBE_DRY_RUN_NVML_EXTRA="device 0 procs_error NOT_SUPPORTED")
+    assert r.returncode == 1
+    failed = _failed(checks["origins"])
+    assert failed and all("context line" in c or "NVML" in c for c in failed), failed
+
+
+def test_a_history_that_lost_the_step_fails_the_attribution_part(tmp_path):
+    # A ring buffer of 8 entries cannot hold a step: the records say the
+    # history is incomplete and name nothing, and the checks fail rather
+    # than accept a guess.
+    r, doc, checks = _dry(tmp_path, "attribution", None, MEMPROBE_DRY_RUN_ARGS="--max-entries 8")
+    assert r.returncode == 1 and doc["parts"]["attribution"]["outcome"] == "failed"
+    failed = " | ".join(_failed(checks["attribution"]))
+    assert "history complete" in failed and "1 GiB tensor" in failed and "to the byte" in failed, failed
