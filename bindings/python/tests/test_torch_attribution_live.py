@@ -367,3 +367,35 @@ def test_notebook_a_table_per_cell(tmp_path, monkeypatch, capsys):
     check_sums(r, 18 << 20)
     assert r["stage"] == "cell" and r["blocks"][0]["bytes"] == 16 << 20
     assert r["blocks"][0]["frames"][0]["line"] == 1 and r["rest"] == {"bytes": 2 << 20, "blocks": 1, "unplaced_bytes": 0}
+
+
+def test_a_frameless_backward_block_is_named_by_its_module(fake, tmp_path):
+    import torch
+
+    import memprobe
+    from memprobe.integrations.torch import allocator_sources
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    src = allocator_sources(0, attribution=True)
+    t = memprobe.Tracker(src)
+    with t.epoch():
+        with t.step():
+            def during_backward(grad_inputs, grad_outputs):
+                # As autograd's C++ thread allocates inside a node: no
+                # Python frame at all.
+                fake.free(addr=fake.alloc(32 * MiB, frames=[]))
+
+            def first_layer_output(module, inputs, output):
+                # Hooked after memprobe's own hook on the node: runs once
+                # the backward of the first layer has begun.
+                output.grad_fn.register_hook(during_backward)
+
+            model[0].register_forward_hook(first_layer_output)
+            out = model(torch.randn(2, 4, requires_grad=True))
+            out.sum().backward()
+    t.close()
+    src.close()
+    r = read(tmp_path, "epoch-0-rank-0.json")
+    check_sums(r, 32 * MiB)
+    (block,) = r["blocks"]
+    assert block["frames"] == [] and block["module"] == "Sequential.0"

@@ -77,6 +77,8 @@ class ModuleTimeline:
                         name = f"{self._names.get(id(parent), type(parent).__name__)}.{key}"
                         break
             self._names[id(module)] = name
+        if len(stack) > 256:
+            stack.clear()  # forwards that raised left their modules: start over
         stack.append(module)
 
     def _forward_hook(self, module: Any, inputs: Any, output: Any) -> None:
