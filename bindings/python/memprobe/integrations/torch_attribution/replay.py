@@ -236,11 +236,11 @@ def replay_peak(
             relived[addr] = e
     at_peak: Dict[int, Block] = {}
     for addr, size in sizes.items():
-        e = relived.get(addr)
-        if e is None:
+        freed = relived.get(addr)
+        if freed is None:
             at_peak[addr] = live[addr]
         else:
-            at_peak[addr] = Block(int(addr), size, int(e.get("stream", 0) or 0), [], None, exact=False)
+            at_peak[addr] = Block(int(addr), size, int(freed.get("stream", 0) or 0), [], None, exact=False)
     live = at_peak
     # Frames of blocks allocated before the peak: found further back.
     pending = {a for a, b in live.items() if b.time_us is None}
