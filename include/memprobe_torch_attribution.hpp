@@ -446,7 +446,8 @@ template <class T> void json_opt(std::string &out, const std::optional<T> &v) {
     out += v ? std::to_string(*v) : "null";
 }
 
-inline std::string render(const RecordInfo &info, const Table &t, std::size_t frames_cap, std::size_t n_blocks) {
+inline std::string render(const RecordInfo &info, const Table &t, std::size_t frames_cap, std::size_t n_blocks,
+                          std::size_t n_segments = static_cast<std::size_t>(-1)) {
     std::string o = "{\"schema\":";
     json_string(o, SCHEMA);
     o += ",\"kind\":";
@@ -489,13 +490,14 @@ inline std::string render(const RecordInfo &info, const Table &t, std::size_t fr
     std::optional<std::uint64_t> rest = t.rest_bytes();
     if (rest) rest = *rest + moved_bytes;
     json_opt(o, rest);
-    o += ",\"blocks\":" + std::to_string(t.complete ? t.rest_blocks + (t.blocks.size() - shown) : 0) +
-         ",\"unplaced_bytes\":";
+    o += ",\"blocks\":";
+    o += t.complete ? std::to_string(t.rest_blocks + (t.blocks.size() - shown)) : "null";
+    o += ",\"unplaced_bytes\":";
     json_opt(o, t.complete ? t.unplaced : std::nullopt);
     o += "},\"segments\":";
     if (info.kind == "oom") {
         o += '[';
-        for (std::size_t i = 0; i < t.segments.size(); i++) {
+        for (std::size_t i = 0; i < std::min(n_segments, t.segments.size()); i++) {
             const Segment &s = t.segments[i];
             std::uint64_t allocated = 0;
             for (const SnapshotBlock &b : s.blocks)
@@ -512,11 +514,10 @@ inline std::string render(const RecordInfo &info, const Table &t, std::size_t fr
     o += t.complete ? "true" : "false";
     o += ",\"entries\":" + std::to_string(t.entries) + ",\"lost_entries\":";
     o += t.lost_entries ? "true" : "false";
-    o += ",\"reason\":";
-    if (t.complete)
-        o += "null";
-    else
+    if (!t.complete) {
+        o += ",\"reason\":";
         json_string(o, t.reason);
+    }
     char cost[32];
     std::snprintf(cost, sizeof cost, "%.3f", info.cost_ms);
     o += "},\"cost_ms\":";
@@ -529,7 +530,8 @@ inline std::string render(const RecordInfo &info, const Table &t, std::size_t fr
 
 /** The record as JSON, at most `limit` bytes: when larger, frames are cut
  *  (to 8, then 1, then none per block), then the smallest shown blocks move
- *  into "rest"; "truncated" says so. Sums stay exact. */
+ *  into "rest", then an OOM's segments are dropped; "truncated" says so.
+ *  Sums stay exact. */
 inline std::string to_json(const RecordInfo &info, const Table &t, std::size_t limit = MAX_RECORD_BYTES) {
     const std::size_t all_frames = static_cast<std::size_t>(-1);
     const std::size_t caps[] = {all_frames, 8, 1, 0};
@@ -542,9 +544,13 @@ inline std::string to_json(const RecordInfo &info, const Table &t, std::size_t l
     while (n > 0) {
         n--;
         std::string s = detail::render(info, t, 0, n);
-        if (s.size() + 8 <= limit || n == 0) return s + "true}";
+        if (s.size() + 8 <= limit) return s + "true}";
     }
-    return detail::render(info, t, 0, 0) + "true}";
+    // An OOM's segments last: halved until the record fits.
+    for (std::size_t segs = t.segments.size() / 2;; segs /= 2) {
+        std::string s = detail::render(info, t, 0, 0, segs);
+        if (s.size() + 8 <= limit || segs == 0) return s + "true}";
+    }
 }
 
 /** The file name of a record: epoch-<E>-rank-<R>.json, oom-<N>-rank-<R>.json. */

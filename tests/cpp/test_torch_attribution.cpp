@@ -386,10 +386,22 @@ static void records(const std::string &out) {
     CHECK(small.size() <= 4096 && small.find("\"blocks\":[]") == std::string::npos);
     at::write_record(out, "truncated-4k.json", small);
 
+    // An OOM with 5,000 segments: they are dropped last, the record fits.
+    big.oom(GIB, 0);
+    at::Table many = at::at_oom(big.history(), at::Counter::Allocated, 3);
+    for (int i = 0; i < 5000; i++) many.segments.push_back(at::Segment{static_cast<u64>(i) << 30, 2 * MIB, 0, {}});
+    at::RecordInfo oi;
+    oi.kind = "oom";
+    std::string oj = at::to_json(oi, many);
+    CHECK(oj.size() <= at::MAX_RECORD_BYTES && oj.find("\"truncated\":true}") != std::string::npos);
+    CHECK(oj.find("\"requested_bytes\":1073741824") != std::string::npos);
+    at::write_record(out, "oom-segments.json", oj);
+
     // An incomplete record: no blocks, rest.bytes null.
     at::Table lost = at::replay_to_peak(big.history(100), s2, big.peak_allocated);
     std::string lj = at::to_json(info, lost);
-    CHECK(lj.find("\"blocks\":[],\"rest\":{\"bytes\":null") != std::string::npos);
+    CHECK(lj.find("\"blocks\":[],\"rest\":{\"bytes\":null,\"blocks\":null") != std::string::npos);
+    CHECK(lj.find("\"reason\":") != std::string::npos && j.find("\"reason\":") == std::string::npos);
     at::write_record(out, "incomplete.json", lj);
 
     // Unwritable: a clear error naming the path, no partial file left.
