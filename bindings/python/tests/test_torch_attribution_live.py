@@ -245,11 +245,19 @@ def test_lightning_callback(fake, tmp_path):
     assert r["blocks"][0]["frames"][0] == {"file": HERE, "line": where["line"], "function": "training_step"}
 
 
-def test_accelerate_probe(fake, tmp_path):
+def test_accelerate_probe(fake, tmp_path, monkeypatch):
     require_module("accelerate", "accelerate")
     from memprobe.integrations.accelerate import MemprobeAccelerate
 
-    probe = MemprobeAccelerate(None, attribution=True)
+    class Accelerator:  # what the probe reads of one: where its project logs, and log()
+        logging_dir = None
+        project_dir = str(tmp_path / "project")
+
+        def log(self, values, step=None):
+            pass
+
+    monkeypatch.delenv("MEMPROBE_ATTRIBUTION_DIR")  # beside the project's logs then
+    probe = MemprobeAccelerate(Accelerator(), attribution=True)
     spike_line = 0
     with probe.train():
         for e in range(2):
@@ -263,12 +271,12 @@ def test_accelerate_probe(fake, tmp_path):
     alloc = att.devices[0]
     peaks = [[d[alloc].peak for d in steps[e * 4:(e + 1) * 4]] for e in range(2)]
     assert att.snapshots == new_peak_steps(peaks)
-    r = read(tmp_path, "epoch-1-rank-0.json")
+    r = json.loads((tmp_path / "project" / "memprobe-attribution" / "epoch-1-rank-0.json").read_text())
     check_sums(r, max(peaks[1]))
     assert r["blocks"][0]["frames"][0]["line"] == spike_line
 
 
-def test_transformers_callback(fake, tmp_path):
+def test_transformers_callback(fake, tmp_path, monkeypatch):
     tf = require_module("transformers", "transformers")
     require_module("accelerate", "accelerate")
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -297,6 +305,7 @@ def test_transformers_callback(fake, tmp_path):
     ids = torch.randint(0, 128, (12, 16), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": x, "labels": x} for x in ids]
     cb = MemprobeCallback(attribution=True)
+    monkeypatch.delenv("MEMPROBE_ATTRIBUTION_DIR")  # beside the Trainer's output then
     args = TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=4,
                              save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=100,
                              # AdamW asks CUDA about graph capture, which the fake's "initialised" misleads.
@@ -308,7 +317,8 @@ def test_transformers_callback(fake, tmp_path):
     alloc = att.devices[0]
     peaks = [[d[alloc].peak for d in steps[e * 3:(e + 1) * 3]] for e in range(2)]
     assert att.snapshots == new_peak_steps(peaks)
-    r = read(tmp_path, "epoch-1-rank-0.json")
+    assert att.files == [str(tmp_path / "out" / "memprobe-attribution" / f"epoch-{e}-rank-0.json") for e in (0, 1)]
+    r = json.loads((tmp_path / "out" / "memprobe-attribution" / "epoch-1-rank-0.json").read_text())
     check_sums(r, max(peaks[1]))
     assert r["step"] == 4 and r["blocks"][0]["bytes"] == SPIKE
     assert r["blocks"][0]["frames"][0] == {"file": HERE, "line": where["line"], "function": "hook"}

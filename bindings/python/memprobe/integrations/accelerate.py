@@ -58,7 +58,8 @@ chart, each rank named. ``oom_report="oom.json"`` (or a dict of
 an out-of-memory report naming the open phases when a CUDA allocation fails.
 ``attribution=True`` names the tensors live at each epoch's peak step and
 at every PyTorch out-of-memory error (``probe.attribution``; files per
-epoch: :mod:`memprobe.integrations.torch_attribution`).
+epoch in the accelerator's ``logging_dir`` (else ``project_dir``) under
+``memprobe-attribution``: :mod:`memprobe.integrations.torch_attribution`).
 
 Accelerate is imported only for the default cache release; the probe needs
 only the ``accelerator`` object given (any object with ``log(dict,
@@ -115,6 +116,10 @@ class MemprobeAccelerate(LoopViews):
             release_gc=release_gc,
             oom_report=oom_report,
             attribution=attribution,
+        )
+        # Attribution's records beside the project's logs, when it has any.
+        self.loop.attribution_beside(
+            getattr(accelerator, "logging_dir", None) or getattr(accelerator, "project_dir", None)
         )
         #: Steps ended so far.
         self.global_step = 0

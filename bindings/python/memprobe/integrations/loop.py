@@ -36,7 +36,9 @@ release shows in the next step's numbers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from ..sources import Source
@@ -181,6 +183,21 @@ class LoopPeaks:
     def tracker(self) -> Tracker:
         """The :class:`memprobe.Tracker` keeping the phases."""
         return self.phases.tracker
+
+    def attribution_beside(self, folder: Optional[str]) -> None:
+        """Attribution's records go to ``folder/memprobe-attribution`` (the
+        run's logs: Trainer's ``output_dir``, Accelerate's project) unless
+        the options name a directory (``MEMPROBE_ATTRIBUTION_DIR`` still
+        wins). Before the first phase only."""
+        if not folder or self._phases is not None:
+            return
+        from .torch_attribution import as_options
+
+        options = as_options(self.attribution_options)
+        if options is not None and options.directory is None:
+            self.attribution_options = dataclasses.replace(
+                options, directory=os.path.join(str(folder), "memprobe-attribution")
+            )
 
     def _add_release(self, t: Tracker) -> None:
         if self._release_added:

@@ -58,7 +58,8 @@ run's summary, JSON and chart, with its rank under a launcher.
 an out-of-memory report naming the open phases when a CUDA allocation fails.
 ``attribution=True`` names the tensors live at each epoch's peak step and
 at every PyTorch out-of-memory error (``callback.attribution``; files per
-epoch: :mod:`memprobe.integrations.torch_attribution`).
+epoch in ``<output_dir>/memprobe-attribution``:
+:mod:`memprobe.integrations.torch_attribution`).
 
 The callback puts itself first in the Trainer's callback list when
 training begins, so that the reporting callbacks see the keys it adds.
@@ -170,6 +171,7 @@ class MemprobeTrainerHooks(LoopViews):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._put_first()
         self._in_train = True
+        self.loop.attribution_beside(getattr(args, "output_dir", None))
         self.loop.stage_begin("train")
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
