@@ -1,9 +1,11 @@
 /*
  * memprobe_torch.hpp — exact GPU peaks from PyTorch's CUDA caching
- * allocator, for libtorch (C++) programs. Header-only; include it only when
- * building against libtorch (C++20 for libtorch >= 2.10), and link
- * libc10_cuda and libc10 besides libmemprobe. With libtorch >= 2.11 it
- * needs no CUDA header (see MEMPROBE_TORCH_DEVICE_ALLOCATOR below).
+ * allocator, for libtorch (C++) programs, and which tensors held each
+ * epoch's peak step (Attribution, below). Header-only; include it only when
+ * building against libtorch (C++17 up to libtorch 2.9, C++20 from 2.10, as
+ * libtorch itself requires), and link libc10_cuda and libc10 besides
+ * libmemprobe. With libtorch >= 2.11 the sources need no CUDA header (see
+ * MEMPROBE_TORCH_DEVICE_ALLOCATOR below); attribution always does.
  *
  * PyTorch keeps exact high-water marks of the bytes its allocator hands out
  * (allocated), holds from the driver (reserved) and keeps in active blocks
