@@ -32,7 +32,9 @@ Where the results are:
 - files, one per epoch, ``epoch-<E>-rank-<R>.json``, and one per PyTorch
   out-of-memory error, ``oom-<N>-rank-<R>.json`` (a second device of one
   process adds ``-device-<D>``), in ``$MEMPROBE_ATTRIBUTION_DIR`` (set by
-  ``memprobe run``) else ``AttributionOptions.directory`` else
+  ``memprobe run``) else ``AttributionOptions.directory`` else beside the
+  run's logs (Transformers: ``<output_dir>/memprobe-attribution``;
+  Accelerate: under its ``logging_dir`` or ``project_dir``) else
   ``./memprobe-attribution``; the format is :mod:`.record`'s
   (``memprobe.torch_attribution/1``): ``blocks`` (``bytes``, ``stream``,
   ``address``, ``frames`` — user files first, torch's and memprobe's left
