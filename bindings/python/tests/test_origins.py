@@ -64,7 +64,7 @@ from memprobe import origins
 before_oom = origins.at_oom()
 c = c_uint64()
 # Past the fake device's memory (FAKE_CUDA_MEMORY): out of memory (2).
-assert cu.cuMemAlloc_v2(byref(c), 1 << 40) == 2
+assert cu.cuMemAlloc_v2(byref(c), ctypes.c_size_t(1 << 40)) == 2
 oom = origins.at_oom()
 live = origins.live(0)
 peak = origins.at_peak(0)
