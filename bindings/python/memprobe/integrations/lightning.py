@@ -67,15 +67,17 @@ when ``MemprobeCallback`` is first used, never at ``import memprobe``.
 from __future__ import annotations
 
 import os
+import struct
+import sys
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from ..sources import Source
 from ..units import MiB
-from ..windows import Delta, deltas_of, peaks_of
+from ..windows import _DELTA_FIELDS, _DELTA_FORMAT, Delta, deltas_of
 from ._history import History, Record
 from ._lazy_class import LazyClass
 from ._ranks import RankMaxima
-from .phases import PhasePeaks, check_unit
+from .phases import PhasePeaks, TailCall, check_unit
 
 
 class MemprobeHooks:
@@ -114,14 +116,27 @@ class MemprobeHooks:
         self.prefix = prefix
         self.unit = check_unit(unit)
         self.prog_bar = prog_bar
-        self.keep_history = keep_history
         self._history = History()
         self._counts = {"step": 0, "epoch": 0, "validation": 0}
-        # The highest step peak per source since the last step log.
-        self._steps_peak: List[int] = []
+        # A step's record is the library's result array, appended as bytes
+        # (no Python object per step): to the history's steps when kept,
+        # else here until the next step log. The highest step peak since
+        # that log (steps_peak) is read from them at the log.
+        self._unkept = bytearray()
+        self._sink = self._unkept
+        # Offset in the history's steps of the first step since the last log.
+        self._log_from = 0
+        # How a record reads: one memprobe_delta per source (with the phases).
+        self._record: Optional[struct.Struct] = None
+        # The step's end when it runs on its own tail (PhasePeaks.tail_call).
+        self._tail: Optional[TailCall] = None
+        self._keep = False
+        self.keep_history = keep_history
         # Whether the step window's last boundary was the previous step's
         # end, with nothing measured apart since (no epoch, no validation):
-        # the next step then runs on from it, one boundary per step.
+        # the next step then runs on from it, one boundary per step. With
+        # lazy phases the batch start leaves it set, and the step's end is
+        # then the one library call.
         self._step_chained = False
         #: This rank, the world size and the maxima logged (several ranks).
         self.ranks = RankMaxima()
@@ -140,6 +155,7 @@ class MemprobeHooks:
             # leak trends and release policies see every one.
             self._phases = PhasePeaks(sources, oom_report=self.oom_report, attribution=self.attribution_options)
             self._attribution = self._phases.tracker.attribution or self._attribution
+            self._steps_setup(self._phases)
         return self._phases
 
     @property
@@ -147,6 +163,36 @@ class MemprobeHooks:
         """The tracker's :class:`~memprobe.integrations.torch_attribution.Attribution`
         (kept after teardown; None when off): ``attribution.epochs[E]``."""
         return self._attribution
+
+    def _steps_setup(self, phases: PhasePeaks) -> None:
+        """A new tracker's steps: how their records read, their one call."""
+        record = struct.Struct("=" + _DELTA_FORMAT * len(phases.sources))
+        if self._record is None or record.size != self._record.size:
+            # Other sources: the steps since the last log count no more.
+            self._log_from = len(self._history.steps)
+            del self._unkept[:]
+        self._record = record
+        self._tail = phases.tail_call("step")
+        if self._keep:
+            self._steps_begin()
+
+    def _steps_begin(self) -> None:
+        """The next step record kept in the history is step ``count``."""
+        assert self._record is not None
+        self._history.steps_begin("step", self._counts["step"], self._record.size, self._record.unpack_from)
+
+    @property
+    def keep_history(self) -> bool:
+        """Whether every ended phase is kept in :attr:`history`."""
+        return self._keep
+
+    @keep_history.setter
+    def keep_history(self, keep: bool) -> None:
+        keep = bool(keep)
+        if keep and not self._keep and self._record is not None:
+            self._steps_begin()  # steps were left out until now
+        self._keep = keep
+        self._sink = self._history.steps if keep else self._unkept
 
     @property
     def history(self) -> List[Record]:
@@ -254,40 +300,73 @@ class MemprobeHooks:
         # work) is in the step that follows it. The first step of an epoch,
         # or after a validation loop, starts here.
         if self._step_chained:
-            self._step_chained = False
-            self.phases.resume("step")
+            phases = self._phases or self.phases
+            phases.resume("step")
+            # Lazy phases tell the tracker nothing here (only an
+            # out-of-memory report reads an open step): the step still runs
+            # on its tail, and its end is the one call.
+            self._step_chained = phases.lazy
         else:
             self.phases.start("step")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *_: Any
     ) -> None:
-        # Per step only the boundary and plain bookkeeping; metrics are
-        # built at the logging interval alone.
-        # (Every lookup counts here: the hook runs cold, right after the
-        # model's work evicted the interpreter's caches.)
+        # Per step: the boundary (one library call when the step ran on the
+        # previous one's tail), its record appended as bytes and a count;
+        # no Python object is made, and metrics only at the logging
+        # interval. (Every lookup counts here: the hook runs cold, right
+        # after the model's work evicted the interpreter's caches.)
         log = self._should_log_step(trainer)
-        # The step's record is kept as read: Delta objects are made only
-        # when it is logged or the history is read.
-        raw = (self._phases or self.phases).end_raw("step")
+        tail = self._tail
+        out: Union[bytes, bytearray]
+        if self._step_chained and tail is not None:
+            fn, args, out, tracker, _ = tail
+            if tracker._flush:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            if fn(*args):
+                out = self._end_step()  # refused: the general way says why
+        else:
+            out = self._end_step()
+        self._sink += out
         counts = self._counts
         index = counts["step"]
         counts["step"] = index + 1
-        if self.keep_history:
-            self._history.add_raw("step", index, raw)
-        peaks = peaks_of(raw)
-        top = self._steps_peak
-        self._steps_peak = list(map(max, top, peaks)) if len(top) == len(peaks) else list(peaks)
         self._step_chained = True
         if log and pl_module is not None:
-            scale = MiB if self.unit == "MiB" else 1
-            # The maxima across ranks (one all-reduce; unchanged with one rank).
-            deltas, self._steps_peak = self.ranks.reduce("step", index, deltas_of(raw), self._steps_peak)
-            metrics = self.phases.metrics("step", deltas, prefix=self.prefix, unit=self.unit)
-            for name, peak in zip(self.phases.names(), self._steps_peak):
-                metrics[f"{self.prefix}{name}/steps_peak"] = peak / scale
-            self._steps_peak = []
-            self._log(pl_module, metrics, on_step=True)
+            self._log_step(pl_module, index, out)
+
+    def _end_step(self) -> bytes:
+        """The step's end the general way (a step its batch start began,
+        phases that are not lazy), its record as the library's bytes."""
+        raw = self.phases.end_raw("step")
+        assert self._record is not None
+        return self._record.pack(*raw)
+
+    def _log_step(self, pl_module: Any, index: int, out: Any) -> None:
+        """Logs step ``index`` (record ``out``) and the highest peak of the
+        steps since the previous log, then starts the next interval."""
+        record = self._record
+        assert record is not None
+        size, unpack = record.size, record.unpack_from
+        steps, unkept = self._history.steps, self._unkept
+        peaks: Any = None
+        for buf, start in ((steps, self._log_from), (unkept, 0)):
+            for at in range(start, len(buf), size):
+                p = unpack(buf, at)[2::_DELTA_FIELDS]
+                peaks = p if peaks is None else tuple(map(max, peaks, p))
+        scale = MiB if self.unit == "MiB" else 1
+        # The maxima across ranks (one all-reduce; unchanged with one rank).
+        deltas, steps_peak = self.ranks.reduce("step", index, deltas_of(record.unpack(out)), peaks or ())
+        metrics = self.phases.metrics("step", deltas, prefix=self.prefix, unit=self.unit)
+        for name, peak in zip(self.phases.names(), steps_peak):
+            metrics[f"{self.prefix}{name}/steps_peak"] = peak / scale
+        # What a reader of the history took is dropped from its steps.
+        self._history.trim()
+        self._log_from = len(steps)
+        del unkept[:]
+        self._log(pl_module, metrics, on_step=True)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._step_chained = False
@@ -324,6 +403,7 @@ class MemprobeHooks:
 
     def teardown(self, trainer: Any, pl_module: Any, stage: Optional[str] = None) -> None:
         self._step_chained = False
+        self._tail = None
         if self._phases is not None:
             self._phases.close()
             self._phases = None

@@ -13,19 +13,25 @@ being started, measures from its previous end — one boundary per step."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from ctypes import c_size_t
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from .._ffi import C
 from ..errors import WrongOrderError
 from ..sources import Source, as_sources, check_over
 from ..tracker import _END_TAIL, PhaseKind, Tracker, _kind
 from ..units import MiB
-from ..windows import Delta, RawDeltas, deltas_of
+from ..windows import Delta, RawDeltas, _result_array, deltas_of
 
 _METRIC_UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
 
 #: A tracker phase's kind and name as the C calls take them.
 Code = Tuple[int, Optional[bytes]]
+
+#: :meth:`PhasePeaks.tail_call`: the library function, its arguments, the
+#: result array it fills, the tracker (whose ``_flush`` says to flush the
+#: standard streams first) and what pins the array.
+TailCall = Tuple[Callable[..., int], Tuple[Any, ...], bytearray, Tracker, Any]
 
 #: A phase's name -> the tracker's (kind, name).
 _KINDS: Dict[str, Tuple[Any, Optional[str]]] = {
@@ -189,6 +195,26 @@ class PhasePeaks:
         """:meth:`end`, the ended interval as the boundary read it
         (:data:`memprobe.windows.RawDeltas`: no ``Delta`` built)."""
         return self._end(phase, into, since)
+
+    def tail_call(self, phase: str) -> TailCall:
+        """The one library call that :meth:`end_raw` makes for ``phase``
+        when it runs on its own tail (it ended or was marked, and has not
+        begun since but by a ``lazy`` :meth:`resume`) and ends now, made
+        ready once: a step's
+        hook calls ``fn(*args)`` itself, with no Python between it and the
+        library (a cold step paid several µs for the way through
+        :meth:`end_raw`). Status 0: the phase ended, its interval is in
+        ``out`` (``memprobe_delta`` per source: :data:`RawDeltas` once
+        unpacked), and these phases are as :meth:`end_raw` leaves them.
+        Else nothing changed: call :meth:`end_raw`, which says why (or ends
+        it as a custom phase). ``out`` is this call's own: one thread.
+        When ``tracker._flush`` is set, flush ``sys.stdout`` and
+        ``sys.stderr`` first, as the tracker does (a sink writes to them)."""
+        k, n = self._code(phase)
+        count = len(self.sources)
+        out, address, pin = _result_array(count)
+        t = self.tracker
+        return (_END_TAIL, (t._arg, k, n, k, n, None, address, c_size_t(count)), out, t, pin)
 
     def is_open(self, phase: str) -> bool:
         return phase in self._stack
