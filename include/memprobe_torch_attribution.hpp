@@ -186,12 +186,14 @@ inline std::vector<Frame> user_first(std::vector<Frame> frames) {
 
 namespace detail {
 
+/* A live block during the replay; its frames stay where the history keeps
+ * them (copied only for the blocks a table names). */
 struct Live {
     std::uint64_t bytes = 0;
     std::uint64_t requested = 0;
     std::uint64_t stream = 0;
     bool exact = false;
-    std::vector<Frame> frames;
+    const std::vector<Frame> *frames = nullptr;
 };
 using State = std::unordered_map<std::uint64_t, Live>;
 
@@ -203,7 +205,7 @@ inline State snapshot_state(const History &h, Counter c, std::uint64_t &sum) {
         std::uint64_t at = seg.address;
         for (const SnapshotBlock &b : seg.blocks) {
             if (c == Counter::Allocated ? b.allocated : b.active) {
-                s[at] = Live{b.bytes, b.requested, seg.stream, true, b.frames};
+                s[at] = Live{b.bytes, b.requested, seg.stream, true, &b.frames};
                 sum += b.bytes;
             }
             at += b.bytes;
@@ -233,7 +235,7 @@ inline bool undo(State &s, std::uint64_t &sum, const Event &e, Counter c, std::s
             why = "a free at " + std::to_string(e.address) + " while a later block lives there";
             return false;
         }
-        s[e.address] = Live{rounded(e.size), e.size, e.stream, false, e.frames};
+        s[e.address] = Live{rounded(e.size), e.size, e.stream, false, &e.frames};
         sum += rounded(e.size);
     }
     return true;
@@ -281,22 +283,23 @@ inline void fill(Table &t, const History &h, std::size_t point, State &s, std::u
         auto it = s.find(e.address);
         if (it == s.end()) continue;
         found++;
-        if (!e.frames.empty()) it->second.frames = e.frames;
+        if (!e.frames.empty()) it->second.frames = &e.frames;
     }
-    std::vector<Block> live;
+    std::vector<std::pair<std::uint64_t, const Live *>> live;
     live.reserve(s.size());
-    for (auto &[address, l] : s)
-        live.push_back(Block{l.bytes, l.requested, l.stream, address, l.exact, user_first(std::move(l.frames)), {}});
-    std::sort(live.begin(), live.end(), [](const Block &a, const Block &b) {
-        return a.bytes != b.bytes ? a.bytes > b.bytes : a.address < b.address;
+    for (const auto &kv : s) live.emplace_back(kv.first, &kv.second);
+    std::sort(live.begin(), live.end(), [](const auto &a, const auto &b) {
+        return a.second->bytes != b.second->bytes ? a.second->bytes > b.second->bytes : a.first < b.first;
     });
     t.live_bytes = sum;
     for (std::size_t i = 0; i < live.size(); i++) {
+        const Live &l = *live[i].second;
         if (i < top) {
-            t.blocks.push_back(std::move(live[i]));
+            t.blocks.push_back(Block{l.bytes, l.requested, l.stream, live[i].first, l.exact,
+                                     l.frames ? user_first(*l.frames) : std::vector<Frame>{}, {}});
         } else {
             t.rest_blocks++;
-            t.rest_block_bytes += live[i].bytes;
+            t.rest_block_bytes += l.bytes;
         }
     }
 }
