@@ -2,8 +2,9 @@
 //! (deploy/) is one the exporter emits, checked against a real scrape of
 //! an exporter with everything on: 8 fake GPUs with their processes, the
 //! host's RAM, a process, a limited cgroup, OOM kills, a tracker's ended
-//! steps and epochs with releases and a leak policy. A name with a colon
-//! must be a recording rule the rules file defines.
+//! steps and epochs with releases and a leak policy, a process's GPU
+//! memory by origin (a region as the interposer writes it). A name with a
+//! colon must be a recording rule the rules file defines.
 
 mod common;
 
@@ -16,7 +17,7 @@ use memprobe_core::{
     Source, SourceInfo, SourceKind, Tracker,
 };
 use memprobe_gpu::{GpuBackend, GpuConfig, Gpus};
-use memprobe_metrics::{Exporter, ExporterOptions};
+use memprobe_metrics::{Exporter, ExporterOptions, OriginsScope};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use yaml_rust2::{Yaml, YamlLoader};
@@ -238,6 +239,9 @@ fn scraped_names() -> BTreeSet<String> {
         dir: dir.clone(),
     }))
     .unwrap();
+    let regions = dir.join("regions");
+    let _region = origins_region(&regions);
+    e.set_gpu_origins(OriginsScope::Regions(regions)).unwrap();
     e.add_source(&Source::system_ram().unwrap()).unwrap();
     e.add_source(&Source::process().unwrap()).unwrap();
     e.add_source(&Source::from_sampler(Box::new(LimitedCgroup)))
@@ -264,6 +268,57 @@ fn scraped_names() -> BTreeSet<String> {
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| l.split(['{', ' ']).next().unwrap().to_owned())
         .collect()
+}
+
+/// A region of this process in `dir`, as the interposer writes one, with
+/// 3 MiB from NCCL on GPU 0; unmapped when dropped.
+struct OriginsRegion(*mut libc::c_void);
+
+impl Drop for OriginsRegion {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `origins_region`.
+        unsafe { libc::munmap(self.0, memprobe_interpose_reader::layout::LAYOUT_SIZE) };
+    }
+}
+
+fn origins_region(dir: &Path) -> OriginsRegion {
+    use memprobe_interpose_reader::layout::{
+        Layout, FLAG_COUNTING, FLAG_ORIGINS, FLAG_SHARED, LAYOUT_SIZE,
+    };
+    use std::os::unix::io::AsRawFd;
+    std::fs::create_dir_all(dir).unwrap();
+    let pid = std::process::id();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.join(pid.to_string()))
+        .unwrap();
+    f.set_len(LAYOUT_SIZE as u64).unwrap();
+    // SAFETY: a shared mapping of the whole file, zero bytes: a valid
+    // (empty) layout.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LAYOUT_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(m, libc::MAP_FAILED);
+    // SAFETY: mapped above, atomics only.
+    let l = unsafe { &*m.cast::<Layout>() };
+    l.init(
+        pid,
+        memprobe_interpose_reader::liveness::start_time(pid),
+        FLAG_COUNTING | FLAG_SHARED | FLAG_ORIGINS,
+    );
+    let o = l.claim_origin(b"/usr/lib/libnccl.so.2", b"ncclCommInitRank", 0, 0, false);
+    l.add_from(o, 0, 3 << 20);
+    OriginsRegion(m)
 }
 
 #[test]
