@@ -409,3 +409,28 @@ def test_a_frameless_backward_block_is_named_by_its_module(fake, tmp_path):
     check_sums(r, 32 * MiB)
     (block,) = r["blocks"]
     assert block["frames"] == [] and block["module"] == "Sequential.0"
+
+
+def test_two_devices_the_highest_peak_takes_the_plain_name(monkeypatch, tmp_path):
+    require_module("torch", "torch")
+    import memprobe
+    from memprobe.integrations.torch import allocator_sources
+
+    fake = FakeCuda(devices=2)
+    fake.install(monkeypatch)
+    monkeypatch.setenv("MEMPROBE_ATTRIBUTION_DIR", str(tmp_path / "attribution"))
+    src = allocator_sources(None, reserved=False, attribution=True)
+    t = memprobe.Tracker(src)
+    with t.epoch():
+        with t.step():
+            fake.alloc(4 * MiB, device=0)
+            fake.alloc(16 * MiB, device=1)
+    att = t.attribution
+    t.close()
+    src.close()
+    assert att.snapshots == 1  # one snapshot covers both devices
+    assert sorted(os.listdir(tmp_path / "attribution")) == ["epoch-0-rank-0-device-0.json", "epoch-0-rank-0.json"]
+    main, other = read(tmp_path, "epoch-0-rank-0.json"), read(tmp_path, "epoch-0-rank-0-device-0.json")
+    assert (main["device"], other["device"]) == (1, 0) and att.epochs[0] == main
+    check_sums(main, 16 * MiB)
+    check_sums(other, 4 * MiB)

@@ -30,8 +30,9 @@ Where the results are:
   ``records``, ``files``, ``snapshots`` (count), ``cost_ms`` (their total
   time), ``lines``;
 - files, one per epoch, ``epoch-<E>-rank-<R>.json``, and one per PyTorch
-  out-of-memory error, ``oom-<N>-rank-<R>.json`` (a second device of one
-  process adds ``-device-<D>``), in ``$MEMPROBE_ATTRIBUTION_DIR`` (set by
+  out-of-memory error, ``oom-<N>-rank-<R>.json`` (a process measuring
+  several devices names the one with the epoch's highest peak so and adds
+  ``-device-<D>`` for the others), in ``$MEMPROBE_ATTRIBUTION_DIR`` (set by
   ``memprobe run``) else ``AttributionOptions.directory`` else beside the
   run's logs (Transformers: ``<output_dir>/memprobe-attribution``;
   Accelerate: under its ``logging_dir`` or ``project_dir``) else

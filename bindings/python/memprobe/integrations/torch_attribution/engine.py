@@ -208,15 +208,14 @@ class Attribution:
         self._epoch = index + 1
         if not best:
             return
-        many = len(self.devices) > 1
-        top: Optional[Dict[str, Any]] = None
-        for device in sorted(best):
-            peak, record = best[device]
+        # The device with the highest peak takes the contract's name (what
+        # memprobe run reads); another device of this process adds its own.
+        first = max(sorted(best), key=lambda d: best[d][0])
+        for device in [first] + [d for d in sorted(best) if d != first]:
+            record = best[device][1]
             record["epoch"] = index
-            self._write(record, "epoch_peak", index, device if many else None)
-            if top is None or peak > (top["peak_bytes"] or 0):
-                top = record
-        assert top is not None
+            self._write(record, "epoch_peak", index, None if device == first else device)
+        top = best[first][1]
         self.epochs[index] = top
         line = summary_line(top)
         self.lines.append(line)

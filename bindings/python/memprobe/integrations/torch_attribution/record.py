@@ -173,7 +173,8 @@ def write(record: Dict[str, Any], path: str) -> str:
 
 
 def file_name(kind: str, index: int, rank_: int, device: Optional[int] = None) -> str:
-    """``epoch-<E>-rank-<R>.json`` / ``oom-<N>-rank-<R>.json``; a second
-    device of one process adds ``-device-<D>``."""
+    """``epoch-<E>-rank-<R>.json`` / ``oom-<N>-rank-<R>.json``; the other
+    devices of a process that measures several add ``-device-<D>`` (the
+    device with the epoch's highest peak keeps the plain name)."""
     base = f"{'epoch' if kind == 'epoch_peak' else 'oom'}-{index}-rank-{rank_}"
     return f"{base}-device-{device}.json" if device is not None else f"{base}.json"
