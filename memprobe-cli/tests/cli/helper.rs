@@ -125,8 +125,8 @@ fn child() {
         }
         // PyTorch's DataLoader buffers as the kernel sees them: a file of
         // SHM MiB in /dev/shm named torch_<pid>_..., mapped shared and
-        // touched, ANON MiB of the command's own, and 2 workers that map
-        // the buffer too; all held HOLD ms.
+        // touched, 2 workers that map the buffer too, then ANON MiB of the
+        // command's own; all held HOLD ms.
         "shm-buffers" => {
             let (shm, anon, hold) = (num(1) as usize, num(2) as usize, num(3));
             let path = format!("/dev/shm/torch_{}_memprobe_test_0", std::process::id());
@@ -159,15 +159,18 @@ fn child() {
                 }
             };
             map_all();
-            let _own = touch(anon);
             let pids: Vec<_> = (0..2)
                 .map(|_| {
                     fork(|| {
                         map_all();
-                        sleep_ms(hold);
+                        sleep_ms(hold + 300);
                     })
                 })
                 .collect();
+            // The workers have mapped the buffer: the tree's peak (the
+            // command's own memory on top) comes after.
+            sleep_ms(300);
+            let _own = touch(anon);
             sleep_ms(hold);
             wait_all(&pids);
             let _ = std::fs::remove_file(&path);

@@ -61,7 +61,7 @@ pub(crate) struct Exit {
 
 /// The run JSON's `exit_hwm`: whether exit records were had, and what
 /// they did.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub(crate) struct ExitHwmReport {
     pub(crate) source: &'static str,
     pub(crate) available: bool,
@@ -75,6 +75,20 @@ pub(crate) struct ExitHwmReport {
     /// Times the socket overflowed (records lost; those processes keep
     /// what samples read).
     pub(crate) overflows: u64,
+}
+
+impl Default for ExitHwmReport {
+    /// None had (a recording that never sampled).
+    fn default() -> Self {
+        ExitHwmReport {
+            source: "taskstats",
+            available: false,
+            reason: None,
+            processes: 0,
+            raised: 0,
+            overflows: 0,
+        }
+    }
 }
 
 /// The registered socket.
