@@ -3,6 +3,12 @@
 //! memory: at most [`MAX_LINES`] processes are followed (a newcomer larger
 //! than the smallest followed one replaces it) and each line is thinned to
 //! at most [`MAX_POINTS`] points, neighbours merged keeping their maximum.
+//!
+//! A line gets a point at each sample where its process moved; a process
+//! that read the same over several ticks gets, when it moves again (or
+//! ends, or the run ends), one point at the last of those ticks with the
+//! value it held: the same line as a point at every tick, drawn from its
+//! change points.
 
 use super::pid_map::PidMap;
 use serde::Serialize;
@@ -23,6 +29,8 @@ pub(crate) struct Line {
     merged: u64,
     pending: Option<(u64, u64)>,
     pending_count: u64,
+    /// The last sample pushed.
+    last: (u64, u64),
 }
 
 impl Line {
@@ -34,10 +42,20 @@ impl Line {
             merged: 1,
             pending: None,
             pending_count: 0,
+            last: (0, 0),
+        }
+    }
+
+    /// The value held since the last push, as of tick `t` (unmoved since).
+    fn held_until(&mut self, t: u64) {
+        let (lt, lv) = self.last;
+        if lt < t && (self.pending.is_some() || !self.points.is_empty()) {
+            self.push(t, lv);
         }
     }
 
     fn push(&mut self, t: u64, rss: u64) {
+        self.last = (t, rss);
         self.peak = self.peak.max(rss);
         self.pending = Some(match self.pending {
             Some((t0, v)) => (t0, v.max(rss)),
@@ -79,10 +97,17 @@ pub(crate) struct ProcessLines {
 }
 
 impl ProcessLines {
-    /// Folds in one sample of `pid` at `t` (ns since spawn).
-    pub(crate) fn observe(&mut self, pid: u32, rss: u64, t: u64) {
+    /// Folds in one sample of `pid` at `t` (ns since spawn) where it moved;
+    /// `prev`: the tick before, until which it held its last value (`t`
+    /// itself: nothing held).
+    pub(crate) fn observe(&mut self, pid: u32, rss: u64, t: u64, prev: u64) {
         let at = match self.live.get(&pid) {
-            Some(&i) => i,
+            Some(&i) => {
+                if prev < t {
+                    self.lines[i].held_until(prev);
+                }
+                i
+            }
             None if self.lines.len() < MAX_LINES => {
                 self.lines.push(Line::new(pid));
                 self.followed += 1;
@@ -116,9 +141,19 @@ impl ProcessLines {
         self.lines[at].push(t, rss);
     }
 
-    /// `pid` exited: a later process with its number gets a line of its own.
-    pub(crate) fn exited(&mut self, pid: u32) {
-        self.live.remove(&pid);
+    /// `pid` exited, alive until tick `last`: a later process with its
+    /// number gets a line of its own.
+    pub(crate) fn exited(&mut self, pid: u32, last: u64) {
+        if let Some(i) = self.live.remove(&pid) {
+            self.lines[i].held_until(last);
+        }
+    }
+
+    /// The run ended at tick `last`: every live line holds its value to it.
+    pub(crate) fn close(&mut self, last: u64) {
+        for &i in self.live.values() {
+            self.lines[i].held_until(last);
+        }
     }
 
     /// The lines, largest peak first.
@@ -196,7 +231,7 @@ mod tests {
                 } else {
                     u64::from(p) << 20
                 };
-                pl.observe(1000 + p, rss, t);
+                pl.observe(1000 + p, rss, t, t.saturating_sub(1));
             }
         }
         let lines = pl.largest();
@@ -207,8 +242,31 @@ mod tests {
         assert!(lines.iter().all(|l| l.points().count() <= MAX_POINTS + 1));
         assert!(pl.followed >= MAX_LINES as u64);
         // A reused pid after an exit starts a new line.
-        pl.exited(1099);
-        pl.observe(1099, 1 << 41, 20_000);
+        pl.exited(1099, 10_000);
+        pl.observe(1099, 1 << 41, 20_000, 19_999);
         assert_eq!(pl.largest()[0].points().count(), 1);
+    }
+
+    /// Fed only the ticks where the process moved, a line has the points
+    /// that draw the same steps as a point at every tick.
+    #[test]
+    fn change_points_draw_the_same_line() {
+        let v = [1u64, 1, 1, 1, 5, 5, 5, 2, 2, 2];
+        let mut pl = ProcessLines::default();
+        for (t, &x) in v.iter().enumerate() {
+            let t = t as u64;
+            if t == 0 || v[t as usize - 1] != x {
+                pl.observe(7, x, t, t.saturating_sub(1));
+            }
+        }
+        pl.exited(7, 9);
+        let pts: Vec<_> = pl.largest()[0].points().collect();
+        assert_eq!(pts, [(0, 1), (3, 1), (4, 5), (6, 5), (7, 2), (9, 2)]);
+        // A process still alive at the end holds its value to the last tick.
+        let mut pl = ProcessLines::default();
+        pl.observe(8, 3, 0, 0);
+        pl.close(50);
+        let pts: Vec<_> = pl.largest()[0].points().collect();
+        assert_eq!(pts, [(0, 3), (50, 3)]);
     }
 }

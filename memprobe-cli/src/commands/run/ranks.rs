@@ -407,10 +407,10 @@ mod tests {
                 tree_pss: None,
                 tree_uss: None,
             });
-            rec.lines.observe(500, 100 * MIB, t);
-            rec.lines.observe(501, 400 * MIB, t);
+            rec.lines.observe(500, 100 * MIB, t, t);
+            rec.lines.observe(501, 400 * MIB, t, t);
             rec.lines
-                .observe(502, if at == 2 { 612 * MIB } else { 420 * MIB }, t);
+                .observe(502, if at == 2 { 612 * MIB } else { 420 * MIB }, t, t);
         }
         rec.processes = vec![
             process(500, 1, "torchrun", 100 * MIB),

@@ -294,6 +294,9 @@ pub(crate) struct Recording {
     /// Processes that ended at the last few ticks: pid -> when seen gone,
     /// for an exit record that arrives after the tick that saw the end.
     recently_ended: PidMap<u64>,
+    /// The time of the last point added: the tick before the one being
+    /// folded in.
+    last_tick_ns: u64,
 }
 
 /// At most this many process records are kept; beyond, the record with the
@@ -303,6 +306,12 @@ pub(crate) const MAX_PROCESS_RECORDS: usize = 4096;
 impl Recording {
     /// Folds in one sample of `pid` at `now`: its resident set, and its
     /// status when it was read at this sample (always at its first).
+    /// Only samples where something moved need folding in: a process whose
+    /// `statm` reads as at the tick before has the same resident set, so
+    /// its record's figures stand; when it was last seen is settled when it
+    /// ends (the tick before the one that saw it gone) or at
+    /// [`finish`](Recording::finish), and its line gets the point before a
+    /// change (see [`ProcessLines::observe`]).
     /// Returns whether the sample is the process's largest yet (its kinds
     /// `kinds` then kept as at its peak).
     pub(crate) fn observe(
@@ -330,7 +339,7 @@ impl Recording {
                 processes: None,
             }));
         }
-        self.lines.observe(pid, rss, now);
+        self.lines.observe(pid, rss, now, self.last_tick_ns);
         new_peak
     }
 
@@ -387,10 +396,12 @@ impl Recording {
     /// caught as a zombie, and keeps its record, dropping the smallest
     /// exited one when too many are kept.
     pub(crate) fn exited(&mut self, pid: u32, now: u64, wait_status: Option<i32>) {
-        self.lines.exited(pid);
+        // Alive at the tick before (a member read then), gone at this one.
+        self.lines.exited(pid, self.last_tick_ns);
         let Some(mut record) = self.live.remove(&pid) else {
             return;
         };
+        record.last_seen_ns = record.last_seen_ns.max(self.last_tick_ns);
         record.exited = true;
         record.ended_ns = Some(now);
         record.wait_status = wait_status;
@@ -421,6 +432,7 @@ impl Recording {
     /// Appends one sample's point.
     pub(crate) fn add_point(&mut self, p: Point) {
         self.samples += 1;
+        self.last_tick_ns = p.t_ns;
         self.max_processes = self.max_processes.max(p.processes);
         if self.tree_peak.map_or(true, |(v, _)| p.tree_rss > v) {
             self.tree_peak = Some((p.tree_rss, p.t_ns));
@@ -430,7 +442,12 @@ impl Recording {
 
     /// Ends recording: every process record, in order of discovery.
     pub(crate) fn finish(&mut self) {
-        self.processes.extend(self.live.drain().map(|(_, r)| r));
+        let last = self.last_tick_ns;
+        self.lines.close(last);
+        self.processes.extend(self.live.drain().map(|(_, mut r)| {
+            r.last_seen_ns = r.last_seen_ns.max(last);
+            r
+        }));
         self.processes.sort_by_key(|r| (r.first_seen_ns, r.pid));
     }
 

@@ -340,10 +340,10 @@ impl State {
             x.drain(|e| rec.exit_hwm(e.tgid, e.hwm, now));
             rec.forget_ended_before(now.saturating_sub(EXIT_RECORD_GRACE_NS));
         }
-        for (pid, seen) in &tree.processes {
+        for (pid, seen) in tree.processes.iter().filter(|(_, s)| s.moved) {
             let peak = self
                 .rec
-                .observe(*pid, seen.rss, seen.status.as_ref(), seen.kinds, now);
+                .observe(*pid, seen.rss, seen.status.as_deref(), seen.kinds, now);
             if let (true, Some(k)) = (peak, self.kinds.as_mut()) {
                 k.peak(*pid);
             }

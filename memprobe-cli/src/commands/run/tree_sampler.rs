@@ -91,7 +91,12 @@ impl Feed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Seen {
     pub(crate) rss: u64,
-    pub(crate) status: Option<ProcessStatus>,
+    /// Boxed: read at few ticks, and the tick's list stays small.
+    pub(crate) status: Option<Box<ProcessStatus>>,
+    /// Whether anything of it may have changed since the tick before: its
+    /// `statm` moved, or its status was read. An unmoved process's records
+    /// need no update (see [`super::recording::Recording::observe`]).
+    pub(crate) moved: bool,
     /// Its resident set by kind as of its last `status` read (which is at
     /// this tick whenever `statm` moved; see [`super::host_kinds`]).
     pub(crate) kinds: Option<RssKinds>,
@@ -241,7 +246,7 @@ impl TreeSampler {
             {
                 *reads += 1;
                 m.status_tick = tick;
-                StatusFile::open(pid).read(buf)
+                StatusFile::open(pid).read(buf).map(Box::new)
             } else {
                 None
             };
@@ -254,7 +259,16 @@ impl TreeSampler {
             }
             m.peak = m.peak.max(rss);
             let kinds = m.kinds;
-            reading.processes.push((pid, Seen { rss, status, kinds }));
+            let moved = moved || status.is_some();
+            reading.processes.push((
+                pid,
+                Seen {
+                    rss,
+                    status,
+                    moved,
+                    kinds,
+                },
+            ));
             true
         });
         for &pid in &reading.exited {
@@ -333,7 +347,8 @@ impl TreeSampler {
             m,
             Seen {
                 rss: s.rss,
-                status: Some(s),
+                status: Some(Box::new(s)),
+                moved: true,
                 kinds,
             },
         ))
