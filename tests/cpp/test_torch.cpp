@@ -162,6 +162,48 @@ int main() {
     mt::attribution::History h = mt::detail::history_of(empty, 0, 10, 0);
     mt::attribution::Table tb = mt::attribution::replay_to_peak(h, 1, 0);
     CHECK(tb.complete && tb.blocks.empty() && tb.rest_bytes() == std::optional<std::uint64_t>(0));
+#if !MEMPROBE_TORCH_DEVICE_ALLOCATOR
+    {
+        // torch's own snapshot types (as libtorch 2.5 ... 2.10 declare
+        // them) through history_of: device 1 left out, streams and times
+        // carried, the block live at the snapshot exact, the freed one from
+        // its entry.
+        namespace cca = c10::cuda::CUDACachingAllocator;
+        cca::SnapshotInfo info;
+        cca::SegmentInfo seg;
+        seg.device = 0;
+        seg.address = 0x10000000;
+        seg.total_size = 4 * MIB;
+        seg.stream = reinterpret_cast<cudaStream_t>(0x77);
+        cca::BlockInfo kept, rest;
+        kept.size = MIB;
+        kept.requested_size = MIB - 100;
+        kept.allocated = kept.active = true;
+        rest.size = 3 * MIB;
+        seg.blocks = {kept, rest};
+        cca::SegmentInfo other = seg;
+        other.device = 1;
+        info.segments = {seg, other};
+        info.device_traces.resize(2);
+        auto entry = [&](cca::TraceEntry::Action a, std::size_t addr, std::size_t size, std::int64_t t) {
+            cca::TraceEntry e(a, 0, addr, size, seg.stream, 0);
+            e.time_.t_ = static_cast<time_t>(t);
+            info.device_traces[0].push_back(e);
+        };
+        entry(cca::TraceEntry::ALLOC, 0x10000000, MIB - 100, 100);
+        entry(cca::TraceEntry::ALLOC, 0x10100000, 2 * MIB, 200);
+        entry(cca::TraceEntry::FREE_REQUESTED, 0x10100000, 2 * MIB, 300);
+        entry(cca::TraceEntry::FREE_COMPLETED, 0x10100000, 2 * MIB, 301);
+        info.device_traces[1].push_back(cca::TraceEntry(cca::TraceEntry::ALLOC, 1, 0x90000000, MIB, nullptr, 0));
+        mt::attribution::History th = mt::detail::history_of(info, 0, 100, 50);
+        CHECK(th.segments.size() == 1 && th.events.size() == 4 && th.recording_since_us == 50);
+        CHECK(th.events[1].stream == 0x77 && th.events[2].time_us == 300 &&
+              th.events[3].action == mt::attribution::Action::FreeCompleted);
+        mt::attribution::Table tt = mt::attribution::replay_to_peak(th, 150, 3 * MIB);
+        CHECK(tt.complete && tt.blocks.size() == 2 && tt.blocks[0].bytes == 2 * MIB && !tt.blocks[0].exact);
+        CHECK(tt.blocks[1].bytes == MIB && tt.blocks[1].exact && tt.moment_us == 200);
+    }
+#endif
 #else
     std::printf("attribution: not built (no CUDA runtime headers)\n");
 #endif
