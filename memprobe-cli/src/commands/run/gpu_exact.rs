@@ -25,7 +25,8 @@
 //! interposer sees) leaves the tree's counter, and its final figures are
 //! kept before its file is removed.
 
-use crate::commands::run::tree_origins::{self, Member, Spans, TreeOrigins};
+use crate::commands::run::gpu_origins::OriginsAtPeak;
+use crate::commands::run::tree_origins::{self, Found, Member, Spans, TreeOrigins};
 use crate::gpu_readings::GpuReading;
 use memprobe_interpose_reader::{self as interpose, tree_counter, Counter, Mark, Region};
 use serde::Serialize;
@@ -316,6 +317,81 @@ impl ExactRecord {
     }
 }
 
+/// The tree's breakdowns by origin (tree_origins.rs says how they are
+/// known).
+impl ExactRecord {
+    /// What held the tree's exact peak on device `d`, or why that is not
+    /// known (`Ok(None)`: the tree never used the device).
+    pub(crate) fn origins_at_tree_peak(
+        &self,
+        d: usize,
+    ) -> Result<Option<TreeOrigins>, &'static str> {
+        let peak = self.tree_peak.get(d).copied().unwrap_or(0);
+        if peak == 0 {
+            return Ok(None);
+        }
+        // One process held it all: the others held nothing then. The
+        // lowest pid first: a tie of two processes is either's moment.
+        if let Some(p) = self
+            .processes
+            .iter()
+            .find(|p| p.peak.get(d).copied() == Some(peak))
+        {
+            let o = p
+                .origins_at_peak
+                .get(d)
+                .cloned()
+                .flatten()
+                .filter(|o| o.peak_bytes == peak)
+                .ok_or(tree_origins::NOT_KEPT)?;
+            let at_s = (o.at_mono_ns > 0 && self.t0_mono_ns > 0)
+                .then(|| o.at_mono_ns.saturating_sub(self.t0_mono_ns) as f64 / 1e9);
+            return Ok(Some(TreeOrigins {
+                origins: o,
+                at_s,
+                found: Found::OneProcess,
+                pid: Some(p.pid),
+                phase: None,
+            }));
+        }
+        let (span, t) = self
+            .tree_spans
+            .get(d)
+            .and_then(|s| s.at(peak, 0, u64::MAX))
+            .ok_or(tree_origins::NOT_SEEN)?;
+        Ok(Some(TreeOrigins {
+            origins: OriginsAtPeak {
+                peak_bytes: span.total,
+                by_origin: span.by_origin.clone(),
+                at_mono_ns: 0,
+            },
+            at_s: Some(t as f64 / 1e9),
+            found: Found::AtTick,
+            pid: None,
+            phase: None,
+        }))
+    }
+
+    /// The memory NVML shows for the tree's processes on device `d` beyond
+    /// what the interposer counted: the sum of each process's context
+    /// figure (sampled at the last tick NVML listed it); `None` when a
+    /// process that used the device has none.
+    pub(crate) fn tree_context(&self, d: usize) -> Option<u64> {
+        let users: Vec<_> = self
+            .processes
+            .iter()
+            .filter(|p| p.peak.get(d).is_some_and(|&b| b > 0))
+            .collect();
+        if users.is_empty() {
+            return None;
+        }
+        users
+            .iter()
+            .map(|p| p.context.get(d).copied().flatten())
+            .sum()
+    }
+}
+
 /// What the run's interposed processes held, exactly.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ExactRecord {
@@ -600,7 +676,7 @@ impl GpuExactReport {
                     .filter_map(|p| Some((p.peak.get(d).copied()?, p.pid)))
                     .filter(|(b, _)| *b > 0)
                     .max_by_key(|(b, pid)| (*b, std::cmp::Reverse(*pid)));
-                let at = tree_origins::at_tree_peak(rec, d);
+                let at = rec.origins_at_tree_peak(d);
                 ExactDeviceReport {
                     index: d as u32,
                     tree_peak_bytes: rec.tree_peak.get(d).copied().unwrap_or(0),
@@ -609,7 +685,7 @@ impl GpuExactReport {
                     max_process_pid: top.map(|t| t.1),
                     origins_at_tree_peak: at.clone().ok().flatten(),
                     origins_at_tree_peak_unknown: at.err(),
-                    context_bytes: tree_origins::tree_context(rec, d),
+                    context_bytes: rec.tree_context(d),
                 }
             })
             .collect();

@@ -16,7 +16,7 @@ use super::gpu_origins::OriginsAtPeak;
 use super::phase_log::{Phase, PhaseLog, SourceRecord, StepAggregate, StepPeak};
 use super::ranks::{self, RankFields, RankSpreadReport, RankedPeak, SenderRanks};
 use super::timeline::{max_opt, Timeline};
-use super::tree_origins::{self, Spans, TreeOrigins};
+use super::tree_origins::{Spans, TreeOrigins};
 use serde::Serialize;
 
 fn s(ns: u64) -> f64 {
@@ -246,7 +246,7 @@ impl<'a> Series<'a> {
                 })
                 .collect();
             let at_tree_peak = (0..rec.tree_peak.len())
-                .map(|d| tree_origins::at_tree_peak(rec, d).ok().flatten())
+                .map(|d| rec.origins_at_tree_peak(d).ok().flatten())
                 .collect();
             (
                 series,

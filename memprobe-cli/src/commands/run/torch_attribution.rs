@@ -307,7 +307,7 @@ fn record(v: &Value, kind: &str, n: u64, rank: u64, file: &str) -> Result<TorchR
     } else if !blocks.is_empty() || rest.bytes.is_some() {
         return Err("incomplete history but blocks listed (they would be a guess)".into());
     }
-    blocks.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    blocks.sort_by_key(|b| std::cmp::Reverse(b.bytes));
     let mut truncated = v["truncated"].as_bool().unwrap_or(false);
     if blocks.len() > MAX_BLOCKS {
         let folded = blocks.split_off(MAX_BLOCKS);

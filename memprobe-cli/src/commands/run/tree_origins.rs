@@ -33,7 +33,6 @@
 //! others counted in [`Spans::dropped`]; a span has at most
 //! [`MAX_LINES`] origin lines (the rest in one "other origins" line).
 
-use crate::commands::run::gpu_exact::ExactRecord;
 use crate::commands::run::gpu_origins::{named, OriginLine, OriginsAtPeak};
 use memprobe_interpose_reader::origins::{PeakOrigins, MAX_ORIGINS, OVERFLOW_LIBRARY};
 use memprobe_interpose_reader::{Counter, Region};
@@ -253,76 +252,6 @@ pub(crate) const NOT_SEEN: &str =
 /// Why no process breakdown exists where one process held the peak.
 pub(crate) const NOT_KEPT: &str =
     "the interposer kept no breakdown (origins off, MEMPROBE_GPU_ORIGINS=off)";
-
-/// The tree's breakdown at its exact peak on device `d`, or why there is
-/// none (`Ok(None)`: the tree never used the device).
-pub(crate) fn at_tree_peak(
-    rec: &ExactRecord,
-    d: usize,
-) -> Result<Option<TreeOrigins>, &'static str> {
-    let peak = rec.tree_peak.get(d).copied().unwrap_or(0);
-    if peak == 0 {
-        return Ok(None);
-    }
-    // The lowest pid first: a tie of two processes is either's moment.
-    if let Some(p) = rec
-        .processes
-        .iter()
-        .find(|p| p.peak.get(d).copied() == Some(peak))
-    {
-        let o = p
-            .origins_at_peak
-            .get(d)
-            .cloned()
-            .flatten()
-            .filter(|o| o.peak_bytes == peak)
-            .ok_or(NOT_KEPT)?;
-        let at_s = (o.at_mono_ns > 0 && rec.t0_mono_ns > 0)
-            .then(|| o.at_mono_ns.saturating_sub(rec.t0_mono_ns) as f64 / 1e9);
-        return Ok(Some(TreeOrigins {
-            origins: o,
-            at_s,
-            found: Found::OneProcess,
-            pid: Some(p.pid),
-            phase: None,
-        }));
-    }
-    let (span, t) = rec
-        .tree_spans
-        .get(d)
-        .and_then(|s| s.at(peak, 0, u64::MAX))
-        .ok_or(NOT_SEEN)?;
-    Ok(Some(TreeOrigins {
-        origins: OriginsAtPeak {
-            peak_bytes: span.total,
-            by_origin: span.by_origin.clone(),
-            at_mono_ns: 0,
-        },
-        at_s: Some(t as f64 / 1e9),
-        found: Found::AtTick,
-        pid: None,
-        phase: None,
-    }))
-}
-
-/// The memory NVML shows for the tree's processes on device `d` beyond
-/// what the interposer counted: the sum of each process's context figure
-/// (sampled at the last tick NVML listed it); `None` when a process that
-/// used the device has none.
-pub(crate) fn tree_context(rec: &ExactRecord, d: usize) -> Option<u64> {
-    let users: Vec<_> = rec
-        .processes
-        .iter()
-        .filter(|p| p.peak.get(d).is_some_and(|&b| b > 0))
-        .collect();
-    if users.is_empty() {
-        return None;
-    }
-    users
-        .iter()
-        .map(|p| p.context.get(d).copied().flatten())
-        .sum()
-}
 
 #[cfg(test)]
 mod tests {
