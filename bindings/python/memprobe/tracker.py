@@ -308,9 +308,21 @@ class Tracker(Owned):
         if options is None:
             return
         att = Attribution(options, self._sources)
-        if att.active:
-            self.attribution = att
-            self.add_callback_sink(att.on_record)
+        if not att.active:
+            return
+        self.attribution = att
+
+        # A sink of its own, not add_callback_sink's: it runs at every step,
+        # and reads the library's record as it is (no PhaseRecord, no Delta).
+        def on_record(rec_p: Any, deltas_p: Any, _n: int, _ud: Any) -> None:
+            try:
+                att.on_record(rec_p.contents, deltas_p)
+            except BaseException as e:  # noqa: BLE001 - cannot cross the library
+                self._errors.append(e)
+
+        cb = _ffi.memprobe_record_fn(on_record)
+        check(C.memprobe_tracker_add_callback_sink(self._handle, cb, None))
+        self._keep.append(cb)
 
     @property
     def sources(self) -> Tuple[Source, ...]:

@@ -140,18 +140,21 @@ class Attribution:
 
     # --- the tracker's observer ----------------------------------------------------
 
-    def on_record(self, record: Any) -> None:
-        """The tracker's callback sink: every ended phase."""
+    def on_record(self, record: Any, deltas: Any = None) -> None:
+        """Every ended phase: a :class:`memprobe.PhaseRecord`, or the
+        library's own record and delta array as its callback gives them
+        (``deltas``: read only at the devices' sources, no object built for
+        the others: this runs at every step)."""
         if not self.active:
             return
         try:
             kind = int(record.kind)
             if kind == 0:
-                self._step(record)
+                self._step(record, record.deltas if deltas is None else deltas)
             elif kind == 1:
                 self._epoch_end(int(record.index))
-            elif kind == 4 and self.cell_phase is not None and record.name == self.cell_phase:
-                self._step(record)
+            elif kind == 4 and self.cell_phase is not None and _name(record.name) == self.cell_phase:
+                self._step(record, record.deltas if deltas is None else deltas)
                 self._epoch_end(self._epoch)
         except Exception as e:  # noqa: BLE001 - never stop the training
             self._failed(e)
@@ -161,10 +164,10 @@ class Attribution:
         if len(self.errors) == 1:
             warnings.warn(AttributionWarning(f"attribution failed: {type(e).__name__}: {e}"), stacklevel=2)
 
-    def _step(self, rec: Any) -> None:
+    def _step(self, rec: Any, deltas: Any) -> None:
         new: List[Tuple[int, int]] = []
         for device, i in self.devices.items():
-            peak = int(rec.deltas[i].peak)
+            peak = int(deltas[i].peak)
             best = self._best.get(device)
             if best is None or peak > best[0]:
                 new.append((device, peak))
@@ -295,6 +298,10 @@ class Attribution:
                 self._torch.cuda.memory._record_memory_history(enabled=None)
             except Exception as e:  # noqa: BLE001
                 self.errors.append(e)
+
+
+def _name(name: Any) -> str:
+    return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
 
 
 def _frames_from_trace(blocks: List[Block], trace: List[Dict[str, Any]]) -> None:
