@@ -152,16 +152,21 @@ pub(crate) struct TorchRecord {
     pub(crate) cost_ms: Option<f64>,
 }
 
-/// What a file's name says it is: (kind, number, rank).
-fn parse_name(name: &str) -> Option<(&'static str, u64, u64)> {
+/// What a file's name says it is: (kind, number, rank, device). A process
+/// measuring several devices adds `-device-<D>` for all but one.
+fn parse_name(name: &str) -> Option<(&'static str, u64, u64, Option<u64>)> {
     let stem = name.strip_suffix(".json")?;
     let (kind, rest) = if let Some(r) = stem.strip_prefix("epoch-") {
         ("epoch_peak", r)
     } else {
         ("oom", stem.strip_prefix("oom-")?)
     };
-    let (n, rank) = rest.split_once("-rank-")?;
-    Some((kind, n.parse().ok()?, rank.parse().ok()?))
+    let (n, rest) = rest.split_once("-rank-")?;
+    let (rank, device) = match rest.split_once("-device-") {
+        Some((r, d)) => (r, Some(d.parse().ok()?)),
+        None => (rest, None),
+    };
+    Some((kind, n.parse().ok()?, rank.parse().ok()?, device))
 }
 
 /// The records in `dir` (files modified before `since` left out), ordered
@@ -171,13 +176,14 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
     let Ok(entries) = std::fs::read_dir(dir) else {
         return (Vec::new(), warnings);
     };
-    let mut files: Vec<(&'static str, u64, u64, PathBuf, String)> = entries
+    type Named = (&'static str, u64, u64, Option<u64>, PathBuf, String);
+    let mut files: Vec<Named> = entries
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_str()?.to_owned();
             // Temporary names and anything else: not records.
-            let (kind, n, rank) = parse_name(&name)?;
-            Some((kind, rank, n, e.path(), name))
+            let (kind, n, rank, device) = parse_name(&name)?;
+            Some((kind, rank, n, device, e.path(), name))
         })
         .collect();
     files.sort();
@@ -189,7 +195,7 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
         files.truncate(MAX_FILES);
     }
     let mut records = Vec::new();
-    for (kind, rank, n, path, name) in files {
+    for (kind, rank, n, device, path, name) in files {
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
             Err(e) => {
@@ -211,7 +217,7 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
         let parsed = std::fs::read(&path)
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
-            .and_then(|v| record(&v, kind, n, rank, &name));
+            .and_then(|v| record(&v, (kind, n, rank, device), &name));
         match parsed {
             Ok(r) => records.push(r),
             Err(e) => warnings.push(format!("{name}: {e}")),
@@ -256,7 +262,11 @@ fn block(v: &Value) -> Result<Block, String> {
 }
 
 /// A record from its JSON, checked against the contract.
-fn record(v: &Value, kind: &str, n: u64, rank: u64, file: &str) -> Result<TorchRecord, String> {
+fn record(
+    v: &Value,
+    (kind, n, rank, device): (&str, u64, u64, Option<u64>),
+    file: &str,
+) -> Result<TorchRecord, String> {
     if v["schema"] != SCHEMA {
         return Err(format!("not a {SCHEMA} record"));
     }
@@ -274,6 +284,12 @@ fn record(v: &Value, kind: &str, n: u64, rank: u64, file: &str) -> Result<TorchR
         return Err(format!(
             "epoch {} in a file named for epoch {n}",
             v["epoch"]
+        ));
+    }
+    if let Some(d) = device.filter(|&d| uint(v, "device").ok().flatten() != Some(d)) {
+        return Err(format!(
+            "device {} in a file named for device {d}",
+            v["device"]
         ));
     }
     let mut blocks = v["blocks"]
@@ -500,6 +516,12 @@ mod tests {
         w("epoch-7-rank-1.json", &e7);
         // A name that says another epoch than the record.
         w("epoch-8-rank-0.json", &epoch(9, &[], 0, 0));
+        // A second device of the same process and epoch, named so; and one
+        // whose name and content disagree.
+        let mut dev1 = epoch(0, &[(4096, "train.py")], 0, 4096);
+        dev1["device"] = 1.into();
+        w("epoch-0-rank-0-device-1.json", &dev1);
+        w("epoch-0-rank-0-device-2.json", &dev1);
         let mut oom = epoch(0, &[(2 << 30, "train.py")], 0, 0);
         oom["kind"] = "oom".into();
         oom["peak_bytes"] = Value::Null;
@@ -512,13 +534,17 @@ mod tests {
             names,
             vec![
                 "epoch-0-rank-0.json",
+                "epoch-0-rank-0-device-1.json",
                 "epoch-2-rank-0.json",
                 "epoch-7-rank-1.json",
                 "oom-0-rank-0.json"
             ],
             "{warnings:#?}"
         );
-        assert_eq!(warnings.len(), 5, "{warnings:#?}");
+        assert_eq!(warnings.len(), 6, "{warnings:#?}");
+        assert!(warnings
+            .iter()
+            .any(|w| w == "epoch-0-rank-0-device-2.json: device 1 in a file named for device 2"));
         assert!(warnings
             .iter()
             .any(|w| w == "epoch-8-rank-0.json: epoch 9 in a file named for epoch 8"));
@@ -546,17 +572,18 @@ mod tests {
         );
         assert_eq!(label(e0, false), "torch epoch 0");
         assert_eq!(
-            summary(&records[1]),
+            summary(&records[2]),
             "step 812, train, GPU 0 4.00 KiB: blocks unknown: torch's history lost entries the replay needed"
         );
-        let e7 = &records[2];
+        assert_eq!(records[1].device, Some(1));
+        let e7 = &records[3];
         assert_eq!(e7.blocks.len(), MAX_BLOCKS);
         assert!(e7.truncated);
         assert_eq!((e7.rest.blocks, e7.rest.bytes), (5, Some(1000 + 2000 + 5)));
         let kept: u64 = e7.blocks.iter().map(|b| b.bytes).sum();
         assert_eq!(Some(kept + e7.rest.bytes.unwrap()), e7.peak_bytes);
         assert_eq!(label(e7, true), "torch epoch 7 rank 1");
-        assert!(summary(&records[3])
+        assert!(summary(&records[4])
             .starts_with("asked 1.00 GiB (step 812, train, GPU 0): 2.00 GiB train.py:42 forward"));
         std::fs::remove_dir_all(&d).unwrap();
     }
