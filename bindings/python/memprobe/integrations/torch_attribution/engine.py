@@ -304,7 +304,7 @@ def _name(name: Any) -> str:
     return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
 
 
-def _frames_from_trace(blocks: List[Block], trace: List[Dict[str, Any]]) -> None:
+def _frames_from_trace(blocks: List[Block], trace: Sequence[Dict[str, Any]]) -> None:
     want = {b.address: b for b in blocks if b.time_us is None}
     for e in reversed(trace):
         if not want:

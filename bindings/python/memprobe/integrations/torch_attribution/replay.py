@@ -122,10 +122,11 @@ def live_blocks(snapshot: Dict[str, Any], device: int) -> Dict[int, Block]:
     return out
 
 
-def device_trace(snapshot: Dict[str, Any], device: int) -> List[Dict[str, Any]]:
+def device_trace(snapshot: Dict[str, Any], device: int) -> Sequence[Dict[str, Any]]:
+    """``device``'s history, oldest first (the snapshot's own list: read, never changed)."""
     traces = snapshot.get("device_traces") or []
     if 0 <= device < len(traces):
-        return list(traces[device] or [])
+        return traces[device] or []
     return []
 
 
