@@ -223,7 +223,7 @@ fn each_epoch_keeps_what_held_its_own_peak() {
         by_name(at),
         vec![("libfake_nccl.so".into(), 16), ("the program".into(), 8)]
     );
-    assert_eq!(at["phase"], "epoch 2", "{at:#}");
+    assert_eq!(at["phase"], "epoch 2 / step 0", "{at:#}");
     let epochs: Vec<&Value> = v["phases"]
         .as_array()
         .unwrap()
@@ -249,10 +249,23 @@ fn each_epoch_keeps_what_held_its_own_peak() {
         assert_eq!(b["peak_bytes"], peak * MIB, "{e:#}");
         assert_eq!(by_name(b), split, "{e:#}");
     }
+    // The step around the spike (shorter than a tick) has it too: the
+    // tree's peak fell inside it.
+    let step = v["phase_channel"]["peaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["source"] == "gpu_exact:0")
+        .unwrap_or_else(|| panic!("no peak step: {:#}", v["phase_channel"]));
+    assert_eq!(step["label"], "epoch 2 / step 0", "{step:#}");
+    assert_eq!(
+        by_name(&step["gpu_origins_at_peak"][0]),
+        vec![("libfake_nccl.so".into(), 16), ("the program".into(), 8)]
+    );
     let text = String::from_utf8_lossy(&o.stderr);
     let l = line(&text, "  at GPU 0's peak");
     assert!(
-        l.contains("24.0 MiB in epoch 2: libfake_nccl.so 16.0 MiB, the program 8.00 MiB;"),
+        l.contains("24.0 MiB in epoch 2 / step 0: libfake_nccl.so 16.0 MiB, the program 8.00 MiB;"),
         "{l}"
     );
     // The chart's GPU peak says what held it.

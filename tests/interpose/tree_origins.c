@@ -17,7 +17,7 @@
  *              epoch 0 holds 8 from the program; epoch 1 adds 4 from
  *              libfake_nccl (12); epoch 2 frees them, holds 8 and spikes 16
  *              from libfake_nccl for microseconds (24: the process's and
- *              the tree's peak)
+ *              the tree's peak) inside its step 0
  */
 #include "cuda_api.h"
 
@@ -93,6 +93,26 @@ static void epoch_end(unsigned index, unsigned long long started) {
     send_msg(m);
 }
 
+/* One step around the spike, its record saying the process's exact peak
+ * (as memprobe's gpu_exact source would). */
+static void step(unsigned index, unsigned long long started, unsigned long long held,
+                 unsigned long long peak) {
+    char m[1024];
+    snprintf(m, sizeof m,
+             "{\"v\":1,\"ev\":\"begin\",\"pid\":%d,\"tracker\":1,\"seq\":%u,\"dropped\":0,"
+             "\"kind\":\"step\",\"name\":\"step\",\"index\":%u,\"depth\":1,\"t_ns\":%llu}",
+             (int)getpid(), seq++, index, started);
+    send_msg(m);
+    snprintf(m, sizeof m,
+             "{\"v\":1,\"ev\":\"end\",\"pid\":%d,\"tracker\":1,\"seq\":%u,\"dropped\":0,"
+             "\"kind\":\"step\",\"name\":\"step\",\"index\":%u,\"depth\":1,\"started_ns\":%llu,"
+             "\"ended_ns\":%llu,\"next\":false,\"releases\":0,\"sources\":[{\"name\":\"gpu_exact:0\","
+             "\"kind\":\"gpu_exact\",\"fidelity\":\"exact\",\"used_start\":%llu,\"used_end\":%llu,"
+             "\"peak\":%llu,\"delta_used\":0,\"delta_peaked\":%llu}],\"truncated\":false}",
+             (int)getpid(), seq++, index, started, now_ns(), held, held, peak, peak - held);
+    send_msg(m);
+}
+
 static void open_channel(void) {
     const char *path = getenv("MEMPROBE_RUN_CHANNEL");
     if (!path || strlen(path) >= sizeof chan_to.sun_path) {
@@ -154,7 +174,9 @@ int main(int argc, char **argv) {
         t = epoch_begin(2);
         put(1, buffers);
         pause_ms(HOLD_MS / 3);
+        unsigned long long st = now_ns();
         put(1, get(1, 16));
+        step(0, st, 8 * MIB, 24 * MIB);
         pause_ms(HOLD_MS);
         epoch_end(2, t);
         put(0, model);

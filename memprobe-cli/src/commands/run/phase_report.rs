@@ -146,6 +146,11 @@ pub(crate) struct PeakReport {
     pub(crate) phase: Option<usize>,
     pub(crate) start_s: f64,
     pub(crate) end_s: f64,
+    /// With `--gpu-exact`, for a step: per device ordinal, what held the
+    /// tree's GPU memory at its highest inside the step, where that moment
+    /// is known (tree_origins.rs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) gpu_origins_at_peak: Option<Vec<Option<OriginsAtPeak>>>,
 }
 
 /// Steps ended outside any kept phase of one tracker.
@@ -274,6 +279,30 @@ impl<'a> Series<'a> {
         }
     }
 
+    /// For a step (usually shorter than a tick): per device, what held the
+    /// tree's highest inside `[start, end]`: a tick's, or the tree's peak's
+    /// own when that moment falls inside.
+    fn step_origins(&self, start: u64, end: u64) -> Option<Vec<Option<OriginsAtPeak>>> {
+        let (e, b) = self.exact.as_ref()?;
+        let lo = self.times.partition_point(|&t| t < start);
+        let hi = self.times.partition_point(|&t| t <= end);
+        let in_step = |t: f64| (start as f64 / 1e9..=end as f64 / 1e9).contains(&t);
+        Some(
+            e.iter()
+                .enumerate()
+                .map(|(d, g)| match g.max(lo, hi).filter(|&p| p > 0) {
+                    Some(peak) => b.at(d, peak, start, end),
+                    None => b
+                        .at_tree_peak
+                        .get(d)?
+                        .as_ref()
+                        .filter(|o| o.at_s.is_some_and(in_step))
+                        .map(|o| o.origins.clone()),
+                })
+                .collect(),
+        )
+    }
+
     fn within(&self, start: u64, end: u64) -> IntervalReport {
         let lo = self.times.partition_point(|&t| t < start);
         let hi = self.times.partition_point(|&t| t <= end);
@@ -398,6 +427,7 @@ pub(crate) fn build(
                 phase: p.within,
                 start_s: s(p.step.start_ns),
                 end_s: s(p.step.end_ns),
+                gpu_origins_at_peak: series.step_origins(p.step.start_ns, p.step.end_ns),
             }
         })
         .collect();
@@ -519,6 +549,8 @@ fn phase_peak(log: &PhaseLog, i: usize, p: &Phase, d: &SourceRecord) -> PeakRepo
         phase: Some(i),
         start_s: s(p.start_ns),
         end_s: s(p.end_ns.unwrap_or(p.start_ns)),
+        // A phase's own breakdown is in `phases[].run`.
+        gpu_origins_at_peak: None,
     }
 }
 
