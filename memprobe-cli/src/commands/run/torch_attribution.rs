@@ -4,9 +4,9 @@
 //! `epoch-<E>-rank-<R>.json`, and per OOM, `oom-<N>-rank-<R>.json`).
 //!
 //! `memprobe run` names the directory in `MEMPROBE_ATTRIBUTION_DIR` for the
-//! command: a private one it makes before the spawn (0700, beside the run's
-//! other private files) and removes at the end, since everything worth
-//! keeping goes into the run's JSON; or the user's own, when the variable
+//! command: a private one it makes before the spawn (0700, in the temporary
+//! directory: records are files, not shared memory) and removes at the end,
+//! since everything worth keeping goes into the run's outputs; or the user's own, when the variable
 //! is already set (then memprobe reads only the files written during the
 //! run, and leaves them). At the end it reads the records: a file that is
 //! not a record, too large, or whose blocks do not add up is skipped with a
