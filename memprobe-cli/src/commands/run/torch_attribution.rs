@@ -118,7 +118,8 @@ pub(crate) struct Block {
 pub(crate) struct Rest {
     /// Null when the history lost entries (never guessed).
     pub(crate) bytes: Option<u64>,
-    pub(crate) blocks: u64,
+    /// Null, like `bytes`, when the history lost entries.
+    pub(crate) blocks: Option<u64>,
 }
 
 /// Whether torch's history held everything the replay needed.
@@ -127,6 +128,8 @@ pub(crate) struct History {
     pub(crate) complete: bool,
     pub(crate) entries: u64,
     pub(crate) lost_entries: bool,
+    /// Why the replay could not name blocks, as the writer said.
+    pub(crate) reason: Option<String>,
 }
 
 /// One record as the run's JSON keeps it.
@@ -303,10 +306,11 @@ fn record(
         complete: h["complete"].as_bool().ok_or("no \"history.complete\"")?,
         entries: uint(h, "entries")?.unwrap_or(0),
         lost_entries: h["lost_entries"].as_bool().unwrap_or(false),
+        reason: h["reason"].as_str().map(str::to_owned),
     };
     let mut rest = Rest {
         bytes: uint(&v["rest"], "bytes")?,
-        blocks: uint(&v["rest"], "blocks")?.unwrap_or(0),
+        blocks: uint(&v["rest"], "blocks")?,
     };
     let peak = uint(v, "peak_bytes")?;
     if history.complete {
@@ -327,7 +331,7 @@ fn record(
     let mut truncated = v["truncated"].as_bool().unwrap_or(false);
     if blocks.len() > MAX_BLOCKS {
         let folded = blocks.split_off(MAX_BLOCKS);
-        rest.blocks += folded.len() as u64;
+        rest.blocks = Some(rest.blocks.unwrap_or(0) + folded.len() as u64);
         rest.bytes = rest
             .bytes
             .map(|b| b + folded.iter().map(|f| f.bytes).sum::<u64>());
@@ -371,7 +375,13 @@ pub(crate) fn place(b: &Block) -> String {
 /// `BYTES place, ...` of a record's `n` largest blocks, then its rest.
 pub(crate) fn top_blocks(r: &TorchRecord, n: usize) -> String {
     if !r.history.complete {
-        return "blocks unknown: torch's history lost entries the replay needed".into();
+        return format!(
+            "blocks unknown: {}",
+            r.history
+                .reason
+                .as_deref()
+                .unwrap_or("torch's history lost entries the replay needed")
+        );
     }
     let mut parts: Vec<String> = r
         .blocks
@@ -381,7 +391,7 @@ pub(crate) fn top_blocks(r: &TorchRecord, n: usize) -> String {
         .collect();
     let hidden = &r.blocks[n.min(r.blocks.len())..];
     let rest_bytes = r.rest.bytes.unwrap_or(0) + hidden.iter().map(|b| b.bytes).sum::<u64>();
-    let rest_blocks = r.rest.blocks + hidden.len() as u64;
+    let rest_blocks = r.rest.blocks.unwrap_or(0) + hidden.len() as u64;
     if rest_blocks > 0 {
         parts.push(format!(
             "rest {} in {rest_blocks} block{}",
@@ -579,7 +589,10 @@ mod tests {
         let e7 = &records[3];
         assert_eq!(e7.blocks.len(), MAX_BLOCKS);
         assert!(e7.truncated);
-        assert_eq!((e7.rest.blocks, e7.rest.bytes), (5, Some(1000 + 2000 + 5)));
+        assert_eq!(
+            (e7.rest.blocks, e7.rest.bytes),
+            (Some(5), Some(1000 + 2000 + 5))
+        );
         let kept: u64 = e7.blocks.iter().map(|b| b.bytes).sum();
         assert_eq!(Some(kept + e7.rest.bytes.unwrap()), e7.peak_bytes);
         assert_eq!(label(e7, true), "torch epoch 7 rank 1");

@@ -64,7 +64,7 @@
   }
   // A PyTorch attribution record's top blocks as words.
   function blockWords(r, n) {
-    if (!r.history.complete) return "blocks unknown: torch's history lost entries";
+    if (!r.history.complete) return "blocks unknown: " + (r.history.reason || "torch's history lost entries");
     var w = r.blocks.slice(0, n).map(function (b) {
       var f = b.frames[0];
       var at = f ? f.file.split("/").pop() + ":" + f.line + " " + f.function : (b.module ? "backward of " + b.module : "no frame");
