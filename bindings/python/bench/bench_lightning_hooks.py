@@ -11,6 +11,7 @@ between the model's work. It also times an empty callback the same way
 wall time of the runs with and without the callback.
 
     python bench/bench_lightning_hooks.py [--rounds 5] [--steps 400] [--hidden 384]
+                                          [--together] [--against DIR]
 
 Per step: the sum of the two hooks of that step, in wall time and in CPU
 time of the training thread (which, unlike wall time, leaves out the time
@@ -19,14 +20,24 @@ the figure to read); the tables give the median and the 90th percentile
 over the steady steps (after a warm-up) of every run, the mean, and the
 median's share of a 4 ms step (the target's yardstick). Figures:
 docs/bindings-benchmarks.md.
+
+``--against DIR``: DIR holds another memprobe package (``DIR/memprobe``,
+e.g. an older commit's ``bindings/python``), loaded beside this one under
+another name over the same library; one more fit per round runs the two
+callbacks side by side, the order of their hooks alternating by round. Runs
+of one package in separate processes differ by as much as two packages do
+on a shared machine; side by side, in the same steps, they do not.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
+import importlib.util
 import logging
 import os
+import sys
 import statistics
 import tempfile
 import time
@@ -120,6 +131,22 @@ class _Several(list):  # type: ignore[type-arg]
     """Several callbacks for one fit (in this order)."""
 
 
+def other_callback(folder: str) -> type:
+    """``MemprobeCallback`` of the memprobe package in ``folder``, imported
+    as ``memprobe_against`` (its imports inside are relative)."""
+    pkg = os.path.join(os.path.abspath(folder), "memprobe")
+    spec = importlib.util.spec_from_file_location(
+        "memprobe_against", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
+    )
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against {folder}: no memprobe package in it")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["memprobe_against"] = module
+    spec.loader.exec_module(module)
+    cls: type = importlib.import_module("memprobe_against.integrations.lightning").MemprobeCallback
+    return cls
+
+
 def fit(cb: Any, steps: int, hidden: int, data: Any, root: str, name: str) -> float:
     timer = StepTimer(warmup=WARMUP)
     extra = list(cb) if isinstance(cb, _Several) else ([cb] if cb is not None else [])
@@ -155,7 +182,10 @@ def main() -> None:
     ap.add_argument("--together", action="store_true",
                     help="also run one fit per round with the one- and two-boundary callbacks side by side "
                          "(same steps, same machine state; the order of their hooks alternates by round)")
+    ap.add_argument("--against", metavar="DIR",
+                    help="also run one fit per round with this package's callback and DIR/memprobe's side by side")
     args = ap.parse_args()
+    against = timed(other_callback(args.against)) if args.against else None
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -165,10 +195,11 @@ def main() -> None:
         torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
         batch_size=args.batch,
     )
-    hooks: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
-    hooks_cpu: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
-    hooks_cpu_nogc: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
-    in_gc: Dict[str, List[int]] = {"empty": [], "defaults": [], "one": [], "two": []}
+    keys = ("empty", "defaults", "one", "two", "this", "against")
+    hooks: Dict[str, List[int]] = {k: [] for k in keys}
+    hooks_cpu: Dict[str, List[int]] = {k: [] for k in keys}
+    hooks_cpu_nogc: Dict[str, List[int]] = {k: [] for k in keys}
+    in_gc: Dict[str, List[int]] = {k: [] for k in keys}
     wall: Dict[str, List[float]] = {"without": [], "defaults": []}
     TimedEmpty, TimedMemprobe = timed(Empty), timed(MemprobeCallback)
     with tempfile.TemporaryDirectory() as root:
@@ -200,11 +231,22 @@ def main() -> None:
                     hooks_cpu[k].extend(per_step(cb, cpu=True))
                     hooks_cpu_nogc[k].extend(per_step(cb, cpu=True, without_gc=True))
                     in_gc[k].extend(x > 0 for x in cb.gc_ns[WARMUP:])
+            if against is not None:
+                pair = {"this": TimedMemprobe(), "against": against()}
+                names = ["this", "against"] if r % 2 == 0 else ["against", "this"]
+                fit(_Several([pair[k] for k in names]), args.steps, args.hidden, data, root, "against")
+                for k, cb in pair.items():
+                    hooks[k].extend(per_step(cb))
+                    hooks_cpu[k].extend(per_step(cb, cpu=True))
+                    hooks_cpu_nogc[k].extend(per_step(cb, cpu=True, without_gc=True))
+                    in_gc[k].extend(x > 0 for x in cb.gc_ns[WARMUP:])
     step = statistics.median(wall["without"])
     print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f} at the end; {args.rounds} rounds x {args.steps} steps "
           f"(hooks of the steps after {WARMUP})")
     print(describe(memprobe))
+    if args.against:
+        print(f"side by side with: {os.path.join(os.path.abspath(args.against), 'memprobe')}")
     print(f"median step without the callback: {step * 1e3:.3f} ms")
     # Wall time counts the time the scheduler gives other processes in the
     # middle of a hook (a loaded machine); the thread's CPU time does not.
@@ -218,6 +260,8 @@ def main() -> None:
         rows = [("empty", "empty Callback (timer floor)"), ("defaults", "MemprobeCallback() (defaults)")]
         if args.together:
             rows += [("one", "side by side: one boundary (defaults)"), ("two", "side by side: two boundaries (before)")]
+        if against is not None:
+            rows += [("this", "side by side: this package"), ("against", "side by side: --against's")]
         for name, label in rows:
             ns = sorted(table[name])
             med, p90, mean = statistics.median(ns), ns[int(len(ns) * 0.9)], statistics.fmean(ns)

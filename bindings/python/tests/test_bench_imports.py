@@ -74,6 +74,8 @@ def test_torch_benchmarks_measure_the_installed_package(layout):
     assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
     r = bench(tree, "bench_lightning_hooks.py", "--help", env={"PYTHONPATH": str(site)})
     assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
+    r = bench(tree, "bench_lightning_parts.py", "--help", env={"PYTHONPATH": str(site)})
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
     r = bench(tree, "bench_hf_hooks.py", "--help", env={"PYTHONPATH": str(site)})
     assert r.returncode == 0 and "usage:" in r.stdout, r.stdout + r.stderr
     require_module("IPython", "ipython")
