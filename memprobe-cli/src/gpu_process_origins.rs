@@ -7,7 +7,7 @@
 use crate::gpu_readings::GpuReading;
 use crate::units;
 use memprobe_interpose_reader::origin_names::familiar_name;
-use memprobe_interpose_reader::{default_dir, processes, Counter, Region};
+use memprobe_interpose_reader::{all_region_dirs, processes, Counter, Region};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -98,16 +98,16 @@ fn regions(dir: &Path) -> BTreeMap<u32, Arc<Region>> {
 }
 
 /// Fills each listed process's origins on its device, where its region is
-/// in the regions directory (`MEMPROBE_GPU_EXACT_DIR`, else the default).
-/// The device is matched by the CUDA ordinal: a process started with
-/// another `CUDA_VISIBLE_DEVICES` than this one numbers its devices
-/// otherwise, so its origins are shown only where its value is the same.
+/// in a regions directory (`MEMPROBE_GPU_EXACT_DIR` when set, else the
+/// default one and every `memprobe run --gpu-exact`'s). The device is
+/// matched by the CUDA ordinal: a process started with another
+/// `CUDA_VISIBLE_DEVICES` than this one numbers its devices otherwise, so
+/// its origins are shown only where its value is the same.
 pub(crate) fn fill(gpus: &mut [GpuReading]) {
-    fill_from(gpus, &default_dir());
-}
-
-pub(crate) fn fill_from(gpus: &mut [GpuReading], dir: &Path) {
-    let found = regions(dir);
+    let mut found = BTreeMap::new();
+    for dir in all_region_dirs() {
+        found.extend(regions(&dir));
+    }
     if found.is_empty() {
         return;
     }

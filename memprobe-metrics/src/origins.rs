@@ -13,7 +13,7 @@
 use crate::text::{Exposition, Type};
 use memprobe_interpose_reader::origin_names::familiar_name;
 use memprobe_interpose_reader::origins::{OriginBytes, OVERFLOW_LIBRARY};
-use memprobe_interpose_reader::{processes, Counter, Region};
+use memprobe_interpose_reader::{all_region_dirs, processes, Counter, Region};
 use std::path::PathBuf;
 
 /// Origins with a series of their own per process and device; the rest
@@ -34,6 +34,10 @@ pub enum OriginsScope {
     InProcess,
     /// Every live process with a region in this directory (`pid` label).
     Regions(PathBuf),
+    /// Every live process with a region in any of this user's regions
+    /// directories ([`memprobe_interpose_reader::all_region_dirs`]: every
+    /// `memprobe run --gpu-exact`'s too), with `pid`.
+    AllRegions,
 }
 
 /// One process's live bytes by origin, per device.
@@ -69,19 +73,28 @@ pub(crate) fn read(scope: &OriginsScope) -> Vec<ProcessOrigins> {
             .and_then(|r| read_region(None, &r))
             .into_iter()
             .collect(),
-        OriginsScope::Regions(dir) => {
-            let mut entries = processes(dir).unwrap_or_default();
-            entries.retain(|e| e.alive);
-            entries.sort_by_key(|e| e.pid);
-            entries
-                .into_iter()
-                .filter_map(|e| {
-                    let r = Region::open_path(&e.path).ok()?;
-                    read_region(Some(e.pid), &r)
-                })
-                .collect()
-        }
+        OriginsScope::Regions(dir) => of_dirs(std::slice::from_ref(dir)),
+        OriginsScope::AllRegions => of_dirs(&all_region_dirs()),
     }
+}
+
+/// Every live process with a region in `dirs`, by pid (a pid in two
+/// directories, a run's and the default, counts once).
+fn of_dirs(dirs: &[PathBuf]) -> Vec<ProcessOrigins> {
+    let mut entries: Vec<_> = dirs
+        .iter()
+        .flat_map(|d| processes(d).unwrap_or_default())
+        .filter(|e| e.alive)
+        .collect();
+    entries.sort_by_key(|e| e.pid);
+    entries.dedup_by_key(|e| e.pid);
+    entries
+        .into_iter()
+        .filter_map(|e| {
+            let r = Region::open_path(&e.path).ok()?;
+            read_region(Some(e.pid), &r)
+        })
+        .collect()
 }
 
 /// The series of one process on one device: familiar names summed, the

@@ -85,8 +85,9 @@ pub(crate) fn main(args: ServeArgs) -> i32 {
     };
     let added = Source::system_ram().and_then(|ram| e.add_source(&ram));
     // Every process counted by the interposer on this machine: its GPU
-    // memory by origin (the regions' directory, MEMPROBE_GPU_EXACT_DIR).
-    let origins = memprobe_metrics::OriginsScope::Regions(memprobe_interpose_reader::default_dir());
+    // memory by origin (MEMPROBE_GPU_EXACT_DIR, or the default directory
+    // and every `memprobe run --gpu-exact`'s).
+    let origins = memprobe_metrics::OriginsScope::AllRegions;
     let added = added.and_then(|()| e.set_gpu_origins(origins));
     if let Err(err) = added.and_then(|()| add_machine(&e)) {
         crate::say::say!("memprobe: warning: {}", err.message());

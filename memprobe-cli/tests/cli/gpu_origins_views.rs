@@ -149,9 +149,14 @@ struct Holder {
 
 impl Holder {
     fn start(tag: &str) -> Holder {
+        let regions = scratch(tag).join("regions");
+        Holder::start_in(tag, regions)
+    }
+
+    /// With its region in `regions`.
+    fn start_in(tag: &str, regions: PathBuf) -> Holder {
         let b = built();
         let dir = scratch(tag);
-        let regions = dir.join("regions");
         let mut child = Command::new(&b.program)
             .env("LD_PRELOAD", &b.interposer)
             .env("LD_LIBRARY_PATH", &b.libs)
@@ -254,6 +259,29 @@ fn gpus_names_who_holds_each_process_memory() {
          libfake_cublas.so 3.00 MiB, 1 more 1.00 MiB",
         "{text}"
     );
+}
+
+#[test]
+fn gpus_finds_a_process_of_a_memprobe_run_without_being_told_where() {
+    // A directory named as `memprobe run --gpu-exact` names its own.
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let run = std::env::temp_dir().join(memprobe_interpose_reader::run_dir_name(
+        uid,
+        4_000_000_000 + std::process::id() % 1_000_000,
+    ));
+    let h = Holder::start_in("gpus-run", run.clone());
+    let o = h
+        .memprobe(&["gpus", "--json"])
+        .env_remove("MEMPROBE_GPU_EXACT_DIR")
+        .output()
+        .unwrap();
+    drop(h);
+    let _ = std::fs::remove_dir_all(&run);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let origins = &v["gpus"][0]["processes"][0]["origins"];
+    assert_eq!(origins["held_bytes"], 14 * MIB, "{v:#}");
 }
 
 #[test]

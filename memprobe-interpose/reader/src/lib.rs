@@ -32,6 +32,7 @@ pub mod origin_names;
 pub mod origins;
 mod reader;
 mod reclaim;
+mod region_dirs;
 pub mod stacks;
 pub mod tree_counter;
 
@@ -40,3 +41,4 @@ pub use reader::{
     Region, DIR_ENV, REGION_SYMBOL, SWITCH_ENV,
 };
 pub use reclaim::reclaim_dead;
+pub use region_dirs::{all_region_dirs, run_dir_name};

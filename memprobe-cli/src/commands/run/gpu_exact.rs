@@ -152,7 +152,7 @@ fn run_dir() -> PathBuf {
     };
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    base.join(format!("memprobe-run-{uid}-{}", std::process::id()))
+    base.join(interpose::run_dir_name(uid, std::process::id()))
 }
 
 /// The interposer set up for one run; the directory is removed on drop.
