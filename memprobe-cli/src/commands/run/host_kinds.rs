@@ -106,6 +106,9 @@ pub(crate) struct Detail {
     /// reading, and `newest_ns` its newest).
     pub(crate) taken_ns: u64,
     pub(crate) newest_ns: u64,
+    /// The process's resident set when it was asked for: while it reads
+    /// the same, the reading stands for the process as it is.
+    pub(crate) rss: u64,
     /// `None` where `smaps_rollup` has no PSS by kind (before Linux 5.9).
     pub(crate) pss: Option<PssKinds>,
     /// The largest groups first; the last one "others" when there were more.
@@ -255,7 +258,7 @@ pub(crate) struct KindsReader {
 /// The reading thread's two ends.
 #[derive(Debug)]
 struct Worker {
-    ask: mpsc::Sender<(u32, u64)>,
+    ask: mpsc::Sender<(u32, u64, u64)>,
     done: mpsc::Receiver<Done>,
 }
 
@@ -330,7 +333,7 @@ impl KindsReader {
             return out;
         }
         let pid = self.pending.swap_remove(i);
-        if self.ask(pid, now) {
+        if self.ask(pid, now, rss_of(pid)) {
             self.busy = true;
             self.last_read.insert(pid, now);
         }
@@ -357,18 +360,18 @@ impl KindsReader {
     }
 
     /// Sends a request to the reading thread (started at the first).
-    fn ask(&mut self, pid: u32, now: u64) -> bool {
+    fn ask(&mut self, pid: u32, now: u64, rss: u64) -> bool {
         if self.thread.is_none() {
-            let (req_tx, req_rx) = mpsc::channel::<(u32, u64)>();
+            let (req_tx, req_rx) = mpsc::channel::<(u32, u64, u64)>();
             let (done_tx, done_rx) = mpsc::channel::<Done>();
             let started = std::thread::Builder::new()
                 .name("memprobe-kinds".into())
                 .spawn(move || {
                     let mut buf = Vec::new();
                     // Ends when the sampler drops its sender.
-                    for (pid, now) in req_rx {
+                    for (pid, now, rss) in req_rx {
                         let cpu0 = thread_cpu_ns();
-                        let detail = read_detail(pid, now, &mut buf);
+                        let detail = read_detail(pid, now, &mut buf).map(|d| Detail { rss, ..d });
                         let cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
                         if done_tx
                             .send(Done {
@@ -392,7 +395,7 @@ impl KindsReader {
         }
         self.thread
             .as_ref()
-            .is_some_and(|w| w.ask.send((pid, now)).is_ok())
+            .is_some_and(|w| w.ask.send((pid, now, rss)).is_ok())
     }
 
     /// Waits up to `timeout` for the read in flight, asking for no other
@@ -445,6 +448,7 @@ fn read_detail(pid: u32, now: u64, buf: &mut Vec<u8>) -> Option<Detail> {
     Some(Detail {
         taken_ns: now,
         newest_ns: now,
+        rss: 0,
         pss,
         mappings,
     })
@@ -457,26 +461,34 @@ fn read_into(path: &str, buf: &mut Vec<u8>) -> Option<usize> {
     Some(buf.len())
 }
 
-/// The tree's detail at `now`: the latest details of its live processes,
-/// summed by mapping name; `processes` (with a detail, alive).
+/// The tree's detail for its peak at `peak`: the latest details of its
+/// live processes (each with the process's resident set now), summed by
+/// mapping name; `processes` (with a detail, alive). A reading of a
+/// process whose resident set is the same now as when it was read held
+/// across the peak: it counts as taken at the peak.
 pub(crate) fn compose<'a>(
-    details: impl Iterator<Item = Option<&'a Detail>>,
-    now: u64,
+    details: impl Iterator<Item = (Option<&'a Detail>, u64)>,
+    peak: u64,
 ) -> (Detail, (u32, u32)) {
     let mut groups: Vec<MappingGroup> = Vec::new();
     let mut index: std::collections::HashMap<&str, usize> = Default::default();
     let mut pss: Option<PssKinds> = Some(PssKinds::default());
     let (mut with, mut alive) = (0u32, 0u32);
-    let (mut oldest, mut newest) = (now, 0);
+    let (mut oldest, mut newest) = (u64::MAX, 0);
     let mut all: Vec<&Detail> = Vec::new();
-    for d in details {
+    for (d, rss) in details {
         alive += 1;
         let Some(d) = d else {
             continue;
         };
         with += 1;
-        oldest = oldest.min(d.taken_ns);
-        newest = newest.max(d.newest_ns);
+        let (taken, latest) = if d.rss == rss {
+            (peak, peak)
+        } else {
+            (d.taken_ns, d.newest_ns)
+        };
+        oldest = oldest.min(taken);
+        newest = newest.max(latest);
         all.push(d);
         pss = match (pss, d.pss) {
             (Some(mut a), Some(b)) => {
@@ -508,8 +520,9 @@ pub(crate) fn compose<'a>(
     // "others" of each process stays one group: sorted with the rest.
     (
         Detail {
-            taken_ns: oldest,
-            newest_ns: newest.max(oldest),
+            taken_ns: oldest.min(peak),
+            newest_ns: newest.max(oldest.min(peak)),
+            rss: 0,
             pss: pss.filter(|_| with > 0),
             mappings: top(groups),
         },
@@ -780,6 +793,7 @@ VmFlags: rd ex mr mw me sd
         let d = |t: u64, rss: u64| Detail {
             taken_ns: t,
             newest_ns: t,
+            rss: t,
             pss: Some(PssKinds {
                 pss_bytes: rss,
                 ..PssKinds::default()
@@ -792,7 +806,7 @@ VmFlags: rd ex mr mw me sd
             }],
         };
         let (a, b) = (d(10, 100), d(20, 50));
-        let (tree, n) = compose([Some(&a), None, Some(&b)].into_iter(), 30);
+        let (tree, n) = compose([(Some(&a), 0), (None, 0), (Some(&b), 0)].into_iter(), 30);
         assert_eq!(n, (2, 3));
         assert_eq!(
             (tree.taken_ns, tree.newest_ns),
@@ -801,5 +815,10 @@ VmFlags: rd ex mr mw me sd
         );
         assert_eq!(tree.mappings[0].rss_bytes, 150);
         assert_eq!(tree.pss.unwrap().pss_bytes, 150);
+        // `a` has not moved since it was read: it held across the peak.
+        let (tree, _) = compose([(Some(&a), 10), (Some(&b), 0)].into_iter(), 30);
+        assert_eq!((tree.taken_ns, tree.newest_ns), (20, 30));
+        let (tree, _) = compose([(Some(&a), 10)].into_iter(), 30);
+        assert_eq!((tree.taken_ns, tree.newest_ns), (30, 30));
     }
 }

@@ -359,11 +359,13 @@ impl Recording {
         }
     }
 
-    /// The live processes' latest detail readings (None: none yet).
-    pub(crate) fn live_details(&self) -> impl Iterator<Item = Option<&Detail>> {
-        self.live
-            .values()
-            .map(|r| r.kinds_at_peak.as_ref().and_then(|k| k.detail.as_ref()))
+    /// The live processes' latest detail readings (None: none yet), each
+    /// with the process's resident set now.
+    pub(crate) fn live_details(&self) -> impl Iterator<Item = (Option<&Detail>, u64)> {
+        self.live.values().map(|r| {
+            let d = r.kinds_at_peak.as_ref().and_then(|k| k.detail.as_ref());
+            (d, r.last_rss)
+        })
     }
 
     /// The exit record of `pid` (its high-water mark `hwm` at exit)

@@ -298,13 +298,23 @@ impl State {
         };
         for (pid, d) in reader.tick(now, |pid| rec.last_rss(pid)) {
             rec.put_detail(pid, d);
+            // A reading asked for at the tree's peak arrives after the
+            // composition at that tick: compose again with it.
+            self.tree_kinds_due |= rec.tree_kinds.is_some();
         }
         let gap = u64::try_from(host_kinds::MIN_GAP.as_nanos()).unwrap_or(u64::MAX);
         if self.tree_kinds_due && self.tree_composed_ns.map_or(true, |t| now >= t + gap) {
-            let (d, n) = host_kinds::compose(rec.live_details(), now);
+            let peak = rec.tree_kinds.as_ref().map_or(now, |t| t.at_ns);
+            let (d, n) = host_kinds::compose(rec.live_details(), peak);
+            // Kept only when nearer the peak than the one it would replace
+            // (a process's reading at a later peak of its own is not).
+            let far =
+                |d: &host_kinds::Detail| peak.abs_diff(d.taken_ns).max(peak.abs_diff(d.newest_ns));
             if let Some(t) = rec.tree_kinds.as_mut() {
-                t.detail = Some(d);
-                t.processes = Some(n);
+                if t.detail.as_ref().map_or(true, |old| far(&d) <= far(old)) {
+                    t.detail = Some(d);
+                    t.processes = Some(n);
+                }
             }
             self.tree_kinds_due = false;
             self.tree_composed_ns = Some(now);
