@@ -46,7 +46,9 @@ compared
     A sampler's "(N ticks missed: ...)" note is dropped (it depends on the
     machine's load). Lines that describe the host rather than memprobe's answer — the
     summary's ``container`` and ``GPUs`` rows, whose content depends on the
-    machine's cgroup and drivers — are compared by their label alone. Python
+    machine's cgroup and drivers — are compared by their label alone, and so
+    is the ``RAM by kind`` row (its units and how near the peak its mappings
+    were read follow the kernel's accounting and the machine's load). Python
     warnings (``file:line: XWarning: ...`` and the source line printed after
     it) are left out: whether one shows depends on the host (memprobe.gpu's
     note without a GPU) and on the warning filters.
@@ -164,7 +166,7 @@ def parse(path: Path) -> List[Block]:
 MISSED_TICKS = re.compile(r"\s*\(\d+ ticks? missed[^)]*\)")
 # A Python warning as the warnings module prints it: "file:line: XWarning: ...".
 PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
-HOST_LINES = re.compile(r"^\s*(container \(cgroup v\d\)|container|GPUs)\b")
+HOST_LINES = re.compile(r"^\s*(container \(cgroup v\d\)|container|GPUs|RAM by kind)\b")
 
 
 def mask(text: str) -> List[str]:

@@ -116,4 +116,7 @@ def test_masking_keeps_words_and_drops_what_varies():
         "peak # MiB pid # at <path>"
     ]
     assert docs_test.mask("  container (cgroup v2) 3 GiB, limit none") == ["<host:container>"]
+    assert docs_test.mask("  RAM by kind  at the tree's sampled RAM peak 643 MiB: anon 640 MiB, shmem 0 B") == [
+        "<host:RAM>"
+    ]
     assert docs_test.mask("x.py:3: NoGPUWarning: none\n  with t:\nkept") == ["kept"]
