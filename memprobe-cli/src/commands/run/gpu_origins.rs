@@ -4,7 +4,7 @@
 //! docs/attribution.md), with the memory no driver call shows beside it.
 
 use crate::units;
-use memprobe_interpose_reader::origins::{PeakOrigins, OVERFLOW_LIBRARY, UNKNOWN_LIBRARY};
+use memprobe_interpose_reader::origins::PeakOrigins;
 use memprobe_interpose_reader::{Counter, Region};
 use serde::Serialize;
 
@@ -39,28 +39,9 @@ pub(crate) fn name_of(library: &str, program: Option<&str>) -> String {
     let file = library.rsplit('/').next().unwrap_or(library);
     // The loader names the program by its path or by argv[0]: the file
     // names are compared.
-    if program.is_some_and(|p| p.rsplit('/').next() == Some(file)) {
-        return "the program".into();
-    }
-    let known: [(&str, &str); 9] = [
-        ("libc10_cuda.so", "PyTorch caching allocator"),
-        ("libtorch_cuda.so", "PyTorch (libtorch_cuda)"),
-        ("libnccl.so", "NCCL"),
-        ("libcublasLt.so", "cuBLASLt"),
-        ("libcublas.so", "cuBLAS"),
-        ("libcudnn", "cuDNN"),
-        ("libcufft.so", "cuFFT"),
-        ("libcusparse.so", "cuSPARSE"),
-        ("libcudart.so", "CUDA runtime"),
-    ];
-    if let Some((_, name)) = known.iter().find(|(p, _)| file.starts_with(p)) {
-        return (*name).into();
-    }
-    match library {
-        UNKNOWN_LIBRARY => "code the loader cannot place".into(),
-        OVERFLOW_LIBRARY => "other origins".into(),
-        _ => file.into(),
-    }
+    let is_program = program.is_some_and(|p| p.rsplit('/').next() == Some(file));
+    // The names every view shares (gpus, watch, the exporter, OOM reports).
+    memprobe_interpose_reader::origin_names::familiar_name(library, is_program)
 }
 
 /// A breakdown read from a region, with the summary's names.
@@ -174,6 +155,7 @@ pub(crate) fn summary_in(p: &OriginsAtPeak, context: Option<u64>, place: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memprobe_interpose_reader::origins::{OVERFLOW_LIBRARY, UNKNOWN_LIBRARY};
 
     fn line(library: &str, bytes: u64) -> OriginLine {
         OriginLine {
