@@ -183,7 +183,8 @@ def main() -> None:
                     help="also run one fit per round with the one- and two-boundary callbacks side by side "
                          "(same steps, same machine state; the order of their hooks alternates by round)")
     ap.add_argument("--against", metavar="DIR",
-                    help="also run one fit per round with this package's callback and DIR/memprobe's side by side")
+                    help="also run one fit per round with this package's callback and DIR/memprobe's side by side "
+                         "(an even --rounds: each called first as often)")
     args = ap.parse_args()
     against = timed(other_callback(args.against)) if args.against else None
 
@@ -195,7 +196,7 @@ def main() -> None:
         torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
         batch_size=args.batch,
     )
-    keys = ("empty", "defaults", "one", "two", "this", "against")
+    keys = ("empty", "defaults", "one", "two", "this", "against", "this 1st", "against 2nd", "against 1st", "this 2nd")
     hooks: Dict[str, List[int]] = {k: [] for k in keys}
     hooks_cpu: Dict[str, List[int]] = {k: [] for k in keys}
     hooks_cpu_nogc: Dict[str, List[int]] = {k: [] for k in keys}
@@ -236,9 +237,11 @@ def main() -> None:
                 names = ["this", "against"] if r % 2 == 0 else ["against", "this"]
                 fit(_Several([pair[k] for k in names]), args.steps, args.hidden, data, root, "against")
                 for k, cb in pair.items():
-                    hooks[k].extend(per_step(cb))
-                    hooks_cpu[k].extend(per_step(cb, cpu=True))
-                    hooks_cpu_nogc[k].extend(per_step(cb, cpu=True, without_gc=True))
+                    # The hooks called first run colder: each order apart too.
+                    for key in (k, f"{k} {'1st' if names[0] == k else '2nd'}"):
+                        hooks[key].extend(per_step(cb))
+                        hooks_cpu[key].extend(per_step(cb, cpu=True))
+                        hooks_cpu_nogc[key].extend(per_step(cb, cpu=True, without_gc=True))
                     in_gc[k].extend(x > 0 for x in cb.gc_ns[WARMUP:])
     step = statistics.median(wall["without"])
     print(f"Lightning {pl.__version__}, torch {torch.__version__}, 1 torch thread, {os.cpu_count()} CPUs, "
@@ -262,6 +265,7 @@ def main() -> None:
             rows += [("one", "side by side: one boundary (defaults)"), ("two", "side by side: two boundaries (before)")]
         if against is not None:
             rows += [("this", "side by side: this package"), ("against", "side by side: --against's")]
+            rows += [(k, f"  {k.split()[0]}, hooks called {k.split()[1]}") for k in keys[6:] if table[k]]
         for name, label in rows:
             ns = sorted(table[name])
             med, p90, mean = statistics.median(ns), ns[int(len(ns) * 0.9)], statistics.fmean(ns)
