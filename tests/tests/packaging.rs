@@ -111,6 +111,10 @@ fn install_lays_out_library_links_headers_and_package_files() {
     if root().join("include/memprobe.hpp").exists() {
         assert!(p.join("include/memprobe.hpp").is_file());
     }
+    // memprobe_torch.hpp includes the attribution header beside it.
+    for h in ["memprobe_torch.hpp", "memprobe_torch_attribution.hpp"] {
+        assert!(p.join("include").join(h).is_file(), "{h} not installed");
+    }
     let pc = std::fs::read_to_string(lib.join("pkgconfig/memprobe.pc")).unwrap();
     assert!(pc.contains(&format!("\nVersion: {VERSION}\n")), "{pc}");
     assert!(pc.contains(&format!("prefix={}\n", p.display())), "{pc}");
