@@ -72,12 +72,18 @@ def main() -> None:
     time.sleep(0.9)
     facts = {"pid": os.getpid(), "nccl": group, "reserved_at_peak": reserved, "allocated_at_peak": allocated,
              "held_bytes": held.numel(), "nvml_self_bytes": nvml, "torch": torch.__version__,
-             "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if group else None}
+             "nccl_version": nccl_version() if group else None}
     with open(a.facts, "w") as f:
         json.dump(facts, f)
-    # The group is left to the exit: destroying it would free NCCL's
-    # buffers before memprobe's last NVML sample, which the context line
-    # is read from.
+    # Out without tearing anything down: destroying the group or torch's
+    # cache would free memory through the driver before memprobe's last
+    # NVML sample of this process, which the context line is read from.
+    os._exit(0)
+
+
+def nccl_version():
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 if __name__ == "__main__":
