@@ -4,7 +4,6 @@
 //! that device by origin — the library that asked for them — as the top
 //! [`TOP`] origins and one line for the rest.
 
-use crate::gpu_readings::GpuReading;
 use crate::units;
 use memprobe_interpose_reader::origin_names::familiar_name;
 use memprobe_interpose_reader::{all_region_dirs, processes, Counter, Region};
@@ -97,30 +96,37 @@ fn regions(dir: &Path) -> BTreeMap<u32, Arc<Region>> {
         .collect()
 }
 
-/// Fills each listed process's origins on its device, where its region is
-/// in a regions directory (`MEMPROBE_GPU_EXACT_DIR` when set, else the
-/// default one and every `memprobe run --gpu-exact`'s). The device is
-/// matched by the CUDA ordinal: a process started with another
-/// `CUDA_VISIBLE_DEVICES` than this one numbers its devices otherwise, so
-/// its origins are shown only where its value is the same.
-pub(crate) fn fill(gpus: &mut [GpuReading]) {
-    let mut found = BTreeMap::new();
-    for dir in all_region_dirs() {
-        found.extend(regions(&dir));
-    }
-    if found.is_empty() {
-        return;
-    }
-    let mine = std::env::var_os("CUDA_VISIBLE_DEVICES");
-    for g in gpus.iter_mut() {
-        for p in &mut g.processes {
-            let Some(r) = found.get(&p.pid) else {
-                continue;
-            };
-            if same_devices(p.pid, mine.as_deref()) {
-                p.origins = of_region(r, g.index);
-            }
+/// The regions of every process the interposer counts, found in a regions
+/// directory (`MEMPROBE_GPU_EXACT_DIR` when set, else the default one and
+/// every `memprobe run --gpu-exact`'s).
+pub(crate) struct Counted {
+    regions: BTreeMap<u32, Arc<Region>>,
+    mine: Option<std::ffi::OsString>,
+}
+
+impl Counted {
+    /// Finds them now.
+    pub(crate) fn find() -> Counted {
+        let mut regions = BTreeMap::new();
+        for dir in all_region_dirs() {
+            regions.extend(self::regions(&dir));
         }
+        Counted {
+            regions,
+            mine: std::env::var_os("CUDA_VISIBLE_DEVICES"),
+        }
+    }
+
+    /// What process `pid` holds on CUDA device `device` by origin; `None`
+    /// when it is not counted, keeps no origins, or numbers its devices
+    /// otherwise than this process (its `CUDA_VISIBLE_DEVICES` differs: the
+    /// ordinals would not match).
+    pub(crate) fn of(&self, pid: u32, device: u32) -> Option<ProcessOrigins> {
+        let r = self.regions.get(&pid)?;
+        if !same_devices(pid, self.mine.as_deref()) {
+            return None;
+        }
+        of_region(r, device)
     }
 }
 

@@ -104,6 +104,17 @@ pub(crate) fn read_gpus() -> Result<Vec<GpuReading>, String> {
     }
 }
 
+/// Fills in, for each process the interposer counts, what it holds on its
+/// device by origin ([`crate::gpu_process_origins`]; `gpus`, `watch`).
+pub(crate) fn name_origins(gpus: &mut [GpuReading]) {
+    let counted = crate::gpu_process_origins::Counted::find();
+    for g in gpus.iter_mut() {
+        for p in &mut g.processes {
+            p.origins = counted.of(p.pid, g.index);
+        }
+    }
+}
+
 /// Devices, then each device's processes.
 pub(crate) fn table(gpus: &[GpuReading]) -> String {
     if gpus.is_empty() {

@@ -31,7 +31,7 @@ pub(crate) fn main(args: GpusArgs) -> i32 {
     let taken_at_unix_s = units::unix_now_s();
     let (gpus, unavailable) = match gpu_readings::read_gpus() {
         Ok(mut g) => {
-            crate::gpu_process_origins::fill(&mut g);
+            gpu_readings::name_origins(&mut g);
             (g, BTreeMap::new())
         }
         Err(why) if args.json => (Vec::new(), BTreeMap::from([("gpus".to_string(), why)])),

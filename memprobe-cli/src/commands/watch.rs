@@ -109,7 +109,7 @@ fn write_failed(e: &io::Error) -> i32 {
 /// terminal.
 fn frame(probes: &mut Probes, args: &WatchArgs, size: Option<(usize, usize)>) -> String {
     let mut r = probes.read();
-    crate::gpu_process_origins::fill(&mut r.gpus);
+    gpu_readings::name_origins(&mut r.gpus);
     let mut out = format!(
         "--- memprobe watch {} --- every {} (Ctrl-C to quit)\n\n",
         units::time_of_day(r.taken_at_unix_s),

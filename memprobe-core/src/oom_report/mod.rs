@@ -29,13 +29,11 @@
 //!
 //! One file per concern: `model.rs` (the report), `arming.rs` (options and
 //! the reporter's state machine), `destinations.rs` (where a report goes,
-//! the caller's callback), `held.rs` (what held the memory, by origin),
-//! `json.rs` and `summary.rs` (its two renderings, each with its method of
-//! the report).
+//! the caller's callback), `json.rs` and `summary.rs` (its two renderings,
+//! each with its method of the report).
 
 mod arming;
 mod destinations;
-mod held;
 mod json;
 mod model;
 mod summary;
@@ -45,11 +43,11 @@ mod tests;
 pub(crate) use arming::{configure, report};
 pub use arming::{OomOutcome, OomReportOptions, OomReporter, OomStatus};
 pub use destinations::OomCallback;
-pub use held::{OomHeldBasis, OomHeldByOrigin, OomOriginBytes};
 pub use model::{
     CacheFigures, CacheLine, FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice,
-    OomGpuMemory, OomGpuProcess, OomGpuProvider, OomLocation, OomProcessList, OomTrigger,
-    OomTriggers, OpenPhase, OpenSource, OutOfMemoryReport,
+    OomGpuMemory, OomGpuProcess, OomGpuProvider, OomHeldBasis, OomHeldByOrigin, OomLocation,
+    OomOriginBytes, OomProcessList, OomTrigger, OomTriggers, OpenPhase, OpenSource,
+    OutOfMemoryReport,
 };
 
 /// Ended phases kept for a report unless told otherwise.

@@ -41,6 +41,9 @@ const OFF: u32 = 2;
 static MODE: AtomicU32 = AtomicU32::new(UNSET);
 /// This library's load address (its own frames are skipped).
 static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
+/// Frames kept per call path (`stacks[:N]`); 0: no paths. Stored before
+/// MODE, like OWN_BASE.
+static STACK_DEPTH: AtomicUsize = AtomicUsize::new(0);
 
 const URC_NO_REASON: c_int = 0;
 const URC_NORMAL_STOP: c_int = 4;
@@ -94,7 +97,7 @@ pub(crate) fn enabled() -> bool {
             };
             let off = matches!(v.as_slice(), b"off" | b"0" | b"false" | b"no" | b"disabled");
             if let Some(d) = stack_depth(&v) {
-                crate::stack::set_depth(d);
+                STACK_DEPTH.store(d, Relaxed);
             }
             let mut info: libc::Dl_info = unsafe_zeroed_info();
             // SAFETY: dladdr writes `info`; the address is this function's.
@@ -104,6 +107,16 @@ pub(crate) fn enabled() -> bool {
             MODE.store(if off { OFF } else { ON }, Release);
             !off
         }
+    }
+}
+
+/// Frames kept per call path (`MEMPROBE_GPU_ORIGINS=stacks[:N]`, see
+/// `stack.rs`); 0 when paths are not kept (or origins are off).
+pub(crate) fn stack_depth_kept() -> usize {
+    if enabled() {
+        STACK_DEPTH.load(Relaxed)
+    } else {
+        0
     }
 }
 

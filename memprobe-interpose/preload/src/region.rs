@@ -300,8 +300,9 @@ fn create(dir: Option<&CString>, pid: u32) -> *mut Layout {
 
 /// Says in the region how deep the paths kept are, when they are.
 fn keep_stacks(l: &Layout) {
-    if crate::origin::enabled() && crate::stack::depth() > 0 {
-        l.keep_stacks(crate::stack::depth());
+    let depth = crate::origin::stack_depth_kept();
+    if depth > 0 {
+        l.keep_stacks(depth);
     }
 }
 

@@ -13,7 +13,6 @@ use crate::table::Table;
 use shm::layout::{Layout, MAX_STACK_DEPTH};
 use shm::stacks::NO_STACK;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// Path hash -> stack slot + 1.
 static PATHS: Table = Table::new(12);
@@ -21,8 +20,6 @@ static PATHS: Table = Table::new(12);
 static STACK_OF: Table = Table::new(20);
 /// Frames walked at most before the origin is found.
 const MAX_WALK: u32 = 64;
-/// Frames kept per path (0: stacks off), set with the origins' mode.
-static DEPTH: AtomicUsize = AtomicUsize::new(0);
 
 const URC_NO_REASON: c_int = 0;
 const URC_NORMAL_STOP: c_int = 4;
@@ -35,14 +32,9 @@ extern "C" {
     fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
 }
 
-/// Keeps paths of `depth` frames (called once, when the mode is read).
-pub(crate) fn set_depth(depth: usize) {
-    DEPTH.store(depth.min(MAX_STACK_DEPTH), Release);
-}
-
 /// Frames kept per path; 0 when stacks are off.
 pub(crate) fn depth() -> usize {
-    DEPTH.load(Acquire)
+    crate::origin::stack_depth_kept().min(MAX_STACK_DEPTH)
 }
 
 struct Walk<'a> {
