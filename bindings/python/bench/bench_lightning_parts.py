@@ -7,6 +7,8 @@ each variant times its two per-step hooks (``on_train_batch_start`` +
 cold between the model's work:
 
 - ``empty``: a ``Callback`` that does nothing (the timer's floor);
+- ``getpid``: one trivial system call from Python (``os.getpid``): what
+  any system call costs there, cold;
 - ``syscalls``: the three system calls an RSS boundary makes, from Python,
   no memprobe call: ``getrusage``, ``5`` written to
   ``/proc/self/clear_refs``, a read of ``/proc/self/statm``;
@@ -64,6 +66,13 @@ class _OnTail(MemprobeCallback):  # type: ignore[misc, valid-type]
         self._call = (fn, args)
 
 
+class _Getpid(hooks_bench.Empty):
+    """One trivial system call."""
+
+    def on_train_batch_end(self, *a: Any) -> None:
+        os.getpid()
+
+
 class _Syscalls(hooks_bench.Empty):
     """The boundary's three system calls, no library call."""
 
@@ -87,6 +96,7 @@ class _Syscalls(hooks_bench.Empty):
 
 VARIANTS = {
     "empty": hooks_bench.timed(hooks_bench.Empty),
+    "getpid": hooks_bench.timed(_Getpid),
     "syscalls": hooks_bench.timed(_Syscalls),
     "call": hooks_bench.timed(_OnTail),
     "defaults": hooks_bench.timed(MemprobeCallback),
