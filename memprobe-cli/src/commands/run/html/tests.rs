@@ -276,7 +276,9 @@ fn in_a_browser_every_panel_draws_zooms_shows_peaks_and_toggles() {
         "the phase's GPU peak by origin: {tip}"
     );
     assert!(
-        tip.contains("torch peak step 812: 1.00 GiB = 1.00 GiB train.py:42 forward, rest 160 B in 3 blocks"),
+        tip.contains(
+            "torch peak step 812: 1.00 GiB = 1.00 GiB train.py:42 forward, rest 160 B in 3 blocks"
+        ),
         "the epoch's peak step: {tip}"
     );
     assert_eq!(r["origins"], 2, "{r}");
