@@ -138,6 +138,9 @@ pub(crate) struct TorchRecord {
     /// `epoch_peak` or `oom`.
     pub(crate) kind: String,
     pub(crate) file: String,
+    /// The number in the file's name: the epoch, or the OOM's count.
+    #[serde(skip)]
+    pub(crate) number: u64,
     pub(crate) rank: u64,
     pub(crate) epoch: Option<u64>,
     pub(crate) step: Option<u64>,
@@ -340,6 +343,7 @@ fn record(
     Ok(TorchRecord {
         kind: kind.into(),
         file: file.into(),
+        number: n,
         rank,
         epoch: uint(v, "epoch")?,
         step: uint(v, "step")?,
@@ -444,7 +448,7 @@ pub(crate) fn label(r: &TorchRecord, ranks: bool) -> String {
         String::new()
     };
     match r.kind.as_str() {
-        "oom" => format!("torch OOM{rank}"),
+        "oom" => format!("torch OOM {}{rank}", r.number),
         _ => format!(
             "torch epoch {}{rank}",
             r.epoch.map_or_else(|| "?".into(), |e| e.to_string())
@@ -596,6 +600,7 @@ mod tests {
         let kept: u64 = e7.blocks.iter().map(|b| b.bytes).sum();
         assert_eq!(Some(kept + e7.rest.bytes.unwrap()), e7.peak_bytes);
         assert_eq!(label(e7, true), "torch epoch 7 rank 1");
+        assert_eq!(label(&records[4], false), "torch OOM 0");
         assert!(summary(&records[4])
             .starts_with("asked 1.00 GiB (step 812, train, GPU 0): 2.00 GiB train.py:42 forward"));
         std::fs::remove_dir_all(&d).unwrap();
