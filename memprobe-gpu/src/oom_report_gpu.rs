@@ -14,9 +14,10 @@ use crate::GpuBackend;
 use memprobe_core::oom_report::{
     FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice, OomGpuMemory, OomGpuProcess,
     OomGpuProvider, OomHeldBasis, OomHeldByOrigin, OomLocation, OomOriginBytes, OomProcessList,
-    OomTrigger,
+    OomStackBytes, OomTrigger,
 };
 use memprobe_interpose_reader::origins::PeakOrigins;
+use memprobe_interpose_reader::stacks::StackBytes;
 use memprobe_interpose_reader::{Counter, Region};
 
 /// The GPU part of out-of-memory reports, over a set of GPUs (the
@@ -179,7 +180,9 @@ fn held_by_origin(region: &Region, failed: &FailedAllocation) -> Result<OomHeldB
         if let Some((c, b)) = region.oom_origins() {
             let same = counter_of(failed.location).map_or(true, |want| want == c);
             if same {
-                return Ok(held(location_of(c), OomHeldBasis::AtFailure, b));
+                let stacks = region.oom_stacks().map(|s| s.by_stack);
+                let basis = OomHeldBasis::AtFailure;
+                return Ok(held(location_of(c), basis, b, stacks.unwrap_or_default()));
             }
         }
     }
@@ -191,11 +194,24 @@ fn held_by_origin(region: &Region, failed: &FailedAllocation) -> Result<OomHeldB
         at_ns: memprobe_core::monotonic_ns(),
         by_origin,
     };
-    Ok(held(failed.location, OomHeldBasis::AtReport, live))
+    let stacks = region.live_by_stack(c);
+    Ok(held(failed.location, OomHeldBasis::AtReport, live, stacks))
 }
 
-fn held(location: OomLocation, basis: OomHeldBasis, p: PeakOrigins) -> OomHeldByOrigin {
+fn held(
+    location: OomLocation,
+    basis: OomHeldBasis,
+    p: PeakOrigins,
+    stacks: Vec<StackBytes>,
+) -> OomHeldByOrigin {
     OomHeldByOrigin {
+        by_stack: stacks
+            .into_iter()
+            .map(|s| OomStackBytes {
+                frames: s.stack.frames,
+                bytes: s.bytes,
+            })
+            .collect(),
         location,
         basis,
         at_ns: p.at_ns,

@@ -223,8 +223,13 @@ static void interposed(void) {
      * inside the failing call. */
     CHECK(has(report, "\"held_by_origin\":{\"available\":true,\"reason\":null,\"basis\":\"at_failure\",\"location\":\"device\",\"device\":0,"));
     CHECK(has(report, "\"held_bytes\":6442450944,\"origins\":[{\"name\":\"the program\","));
-    CHECK(has(report, "\"program\":true,\"bytes\":6442450944}]"));
+    CHECK(has(report, "\"program\":true,\"bytes\":6442450944}],\"stacks\":[{\"frames\":[\"test_oom_driver"));
+    /* Two call sites of the program, two paths: the 5 GiB, then the base. */
+    CHECK(has(report, "\"bytes\":5368709120},{\"frames\":[\"test_oom_driver"));
+    CHECK(has(report, "\"bytes\":1073741824}],\"context_and_unseen_bytes\":"));
     CHECK(has(last_summary, "held on GPU 0 when it failed: 6.00 GiB: the program 6.00 GiB; CUDA context and unseen"));
+    CHECK(has(last_summary, "\n    5.00 GiB test_oom_driver"));
+    CHECK(has(last_summary, "\n    1.00 GiB test_oom_driver"));
     origins_at_oom(0, 6 * GIB);
     CHECK(cu_mem_free(p) == 0);
 

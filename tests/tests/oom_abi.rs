@@ -92,6 +92,12 @@ fn run_mode(mode: &str, interposed: bool, how: How, out: &Path) -> Output {
             "MEMPROBE_GPU_EXACT".into(),
             if mode == "off" { "off" } else { "" }.into(),
         ),
+        // The interposed run keeps call paths of one frame: the report
+        // names them beside the origins.
+        (
+            "MEMPROBE_GPU_ORIGINS".into(),
+            if mode == "interposed" { "stacks:1" } else { "" }.into(),
+        ),
     ];
     let mut env: Vec<(&str, &str)> = owned
         .iter()

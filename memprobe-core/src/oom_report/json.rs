@@ -150,6 +150,15 @@ fn held_json(out: &mut String, r: &OutOfMemoryReport) {
         }),
         None => out.push_str("[]"),
     }
+    key(out, false, "stacks");
+    match h {
+        Some(h) => json::list(out, &h.by_stack, |o, b| {
+            o.push_str("{\"frames\":");
+            json::list(o, &b.frames, |o, f| json::string(o, f));
+            let _ = write!(o, ",\"bytes\":{}}}", b.bytes);
+        }),
+        None => out.push_str("[]"),
+    }
     let context = r.context_and_unseen();
     key(out, false, "context_and_unseen_bytes");
     opt_u64(out, context.as_ref().ok().copied());

@@ -46,7 +46,7 @@ pub use destinations::OomCallback;
 pub use model::{
     CacheFigures, CacheLine, FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice,
     OomGpuMemory, OomGpuProcess, OomGpuProvider, OomHeldBasis, OomHeldByOrigin, OomLocation,
-    OomOriginBytes, OomProcessList, OomTrigger, OomTriggers, OpenPhase, OpenSource,
+    OomOriginBytes, OomProcessList, OomStackBytes, OomTrigger, OomTriggers, OpenPhase, OpenSource,
     OutOfMemoryReport,
 };
 

@@ -486,6 +486,19 @@ pub struct OomHeldByOrigin {
     pub held_bytes: u64,
     /// Largest first.
     pub by_origin: Vec<OomOriginBytes>,
+    /// The same bytes by call path, largest first, where the interposer
+    /// keeps paths (`MEMPROBE_GPU_ORIGINS=stacks[:N]`); empty otherwise.
+    pub by_stack: Vec<OomStackBytes>,
+}
+
+/// The bytes one call path held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomStackBytes {
+    /// `library!symbol` (or `library+0xOFFSET`), innermost first: the
+    /// origin's frame, then its callers.
+    pub frames: Vec<String>,
+    /// Bytes it held.
+    pub bytes: u64,
 }
 
 impl OutOfMemoryReport {

@@ -256,7 +256,22 @@ fn held_line(s: &mut String, r: &OutOfMemoryReport) {
         }
     }
     s.push('\n');
+    for p in h.by_stack.iter().take(TOP_STACKS) {
+        let _ = writeln!(s, "    {} {}", bytes(p.bytes), p.frames.join(" < "));
+    }
+    if h.by_stack.len() > TOP_STACKS {
+        let rest = &h.by_stack[TOP_STACKS..];
+        let _ = writeln!(
+            s,
+            "    {} in {} more paths",
+            bytes(rest.iter().map(|p| p.bytes).sum()),
+            rest.len()
+        );
+    }
 }
+
+/// Call paths named under the line of origins; the rest are summed.
+const TOP_STACKS: usize = 3;
 
 fn delta_note(d: &SourceDelta) -> String {
     let sign = if d.delta_used < 0 { "-" } else { "+" };

@@ -353,6 +353,15 @@ impl OomGpuProvider for FakeOrigins {
             at_ns: 42,
             held_bytes: by_origin.iter().map(|o| o.bytes).sum(),
             by_origin,
+            by_stack: (0..5u64)
+                .map(|i| OomStackBytes {
+                    frames: vec![
+                        "libc10_cuda.so!malloc".to_owned(),
+                        format!("train!layer{i}"),
+                    ],
+                    bytes: (5 - i) * MIB,
+                })
+                .collect(),
         })
     }
 }
@@ -390,6 +399,13 @@ fn what_held_the_device_is_named_by_origin_with_the_context_beside_it() {
         "{doc}"
     );
     assert!(doc.contains("\"symbol\":\"ncclCommInit\\\"Rank\""), "{doc}");
+    assert!(
+        doc.contains(&format!(
+            "\"stacks\":[{{\"frames\":[\"libc10_cuda.so!malloc\",\"train!layer0\"],\"bytes\":{}}},",
+            5 * MIB
+        )),
+        "{doc}"
+    );
     // FakeGpu's NVML says this process holds 12 GiB.
     let context = (12 << 30) - held;
     assert!(
@@ -404,7 +420,11 @@ fn what_held_the_device_is_named_by_origin_with_the_context_beside_it() {
         text.contains(
             "  held on GPU 0 at the report: 9.81 GiB: PyTorch caching allocator 8.79 GiB, \
              NCCL 600 MiB, cuBLASLt 330 MiB, the program 50.0 MiB, libmine.so 40.0 MiB, \
-             2 more 30.0 MiB; CUDA context and unseen 2.19 GiB (NVML minus counted)\n"
+             2 more 30.0 MiB; CUDA context and unseen 2.19 GiB (NVML minus counted)\n\
+             \x20   5.00 MiB libc10_cuda.so!malloc < train!layer0\n\
+             \x20   4.00 MiB libc10_cuda.so!malloc < train!layer1\n\
+             \x20   3.00 MiB libc10_cuda.so!malloc < train!layer2\n\
+             \x20   3.00 MiB in 2 more paths\n"
         ),
         "{text}"
     );
@@ -429,7 +449,7 @@ fn without_origins_or_nvml_the_report_says_why() {
         doc.contains(
             "\"held_by_origin\":{\"available\":false,\"reason\":\"this GPU provider names no \
              origins\",\"basis\":null,\"location\":null,\"device\":null,\"at_monotonic_ns\":null,\
-             \"held_bytes\":null,\"origins\":[],\"context_and_unseen_bytes\":null,\
+             \"held_bytes\":null,\"origins\":[],\"stacks\":[],\"context_and_unseen_bytes\":null,\
              \"context_and_unseen_reason\":\"no breakdown by origin\"}"
         ),
         "{doc}"
