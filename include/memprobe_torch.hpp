@@ -554,6 +554,11 @@ public:
         std::lock_guard<std::mutex> g(state_->lock);
         return state_->attributor->last();
     }
+    /** One line for the last record written (a log line per epoch). */
+    std::string last_line() const {
+        std::lock_guard<std::mutex> g(state_->lock);
+        return state_->attributor->last_line();
+    }
     /** The path of the last OOM record the observer wrote, if any. */
     std::optional<std::string> last_oom() const {
         std::lock_guard<std::mutex> g(state_->lock);

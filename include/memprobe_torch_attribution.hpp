@@ -556,6 +556,41 @@ inline std::string to_json(const RecordInfo &info, const Table &t, std::size_t l
     }
 }
 
+/** One line for a record (a log line per epoch, as the Python side
+ *  logs): its peak, the step, the top three blocks, the rest. */
+inline std::string summary_line(const RecordInfo &info, const Table &t) {
+    auto mib = [](std::optional<std::uint64_t> b) {
+        if (!b) return std::string("?");
+        char buf[40];
+        std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(*b) / (1 << 20));
+        return std::string(buf);
+    };
+    auto num = [](const std::optional<std::int64_t> &v) { return v ? std::to_string(*v) : std::string("?"); };
+    std::string head = info.kind == "oom"
+                           ? "memprobe: out of memory asking " + mib(t.requested) + " on cuda:" + std::to_string(info.device)
+                           : "memprobe: epoch " + num(info.epoch) + " peak " + mib(info.peak_bytes) + " on cuda:" +
+                                 std::to_string(info.device) + " at step " + num(info.step);
+    if (!t.complete) return head + ": blocks unknown (" + t.reason + ")";
+    std::string out = head + ": ";
+    for (std::size_t i = 0; i < t.blocks.size() && i < 3; i++) {
+        const Block &b = t.blocks[i];
+        out += mib(b.bytes) + " ";
+        if (!b.frames.empty()) {
+            const Frame &f = b.frames.front();
+            const std::size_t slash = f.file.find_last_of('/');
+            out += (slash == std::string::npos ? f.file : f.file.substr(slash + 1)) + ":" + std::to_string(f.line) +
+                   " " + f.function;
+        } else {
+            out += b.module ? *b.module : "no frame";
+        }
+        out += ", ";
+    }
+    std::uint64_t shown = 0;
+    for (std::size_t i = 3; i < t.blocks.size(); i++) shown += t.blocks[i].bytes;
+    return out + "rest " + mib(*t.rest_bytes() + shown) + " in " +
+           std::to_string(t.rest_blocks + (t.blocks.size() > 3 ? t.blocks.size() - 3 : 0)) + " blocks";
+}
+
 /** The file name of a record: epoch-<E>-rank-<R>.json, oom-<N>-rank-<R>.json. */
 inline std::string file_name(const std::string &kind, std::int64_t n, int rank) {
     return (kind == "oom" ? "oom-" : "epoch-") + std::to_string(n) + "-rank-" + std::to_string(rank) + ".json";
@@ -683,6 +718,8 @@ public:
     std::size_t snapshots() const noexcept { return snapshots_; }
     /** The last table made. */
     const std::optional<Table> &last() const noexcept { return last_; }
+    /** summary_line() of the last record written (for the program's log). */
+    const std::string &last_line() const noexcept { return last_line_; }
     /** Where records go now. */
     std::string dir() const { return record_dir(o_.dir); }
     const Options &options() const noexcept { return o_; }
@@ -691,6 +728,7 @@ private:
     std::string write(RecordInfo &info, const Table &t, std::chrono::steady_clock::time_point t0,
                       const std::string &name) {
         info.cost_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        last_line_ = summary_line(info, t);
         return write_record(dir(), name, to_json(info, t));
     }
 
@@ -702,6 +740,7 @@ private:
     std::size_t snapshots_ = 0;
     std::int64_t ooms_ = 0;
     std::optional<Table> last_;
+    std::string last_line_;
 };
 
 }  // namespace memprobe::torch::attribution

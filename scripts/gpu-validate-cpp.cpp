@@ -206,7 +206,7 @@ int main(int argc, char **argv) {
                     spike_peak = r.deltas[0].peak;
                     spike_step = static_cast<long long>(r.phase.index);
                 }
-                attr.step_ended(e, r);
+                if (attr.step_ended(e, r)) std::fprintf(stderr, "%s\n", attr.last_line().c_str());
             }
             at.end(memprobe::PhaseKind::Epoch);
         }

@@ -403,6 +403,15 @@ static void records(const std::string &out) {
     CHECK(lj.find("\"blocks\":[],\"rest\":{\"bytes\":null,\"blocks\":null") != std::string::npos);
     CHECK(lj.find("\"reason\":") != std::string::npos && j.find("\"reason\":") == std::string::npos);
     at::write_record(out, "incomplete.json", lj);
+    CHECK(at::summary_line(info, lost).find(": blocks unknown (torch's history (a ring buffer of 100 entries)") !=
+          std::string::npos);
+    at::RecordInfo ti;
+    ti.epoch = 4;
+    ti.step = 9;
+    ti.peak_bytes = bt.live_bytes;
+    const std::string line = at::summary_line(ti, bt);
+    CHECK(line.rfind("memprobe: epoch 4 peak ", 0) == 0 && line.find(" at step 9: ") != std::string::npos);
+    CHECK(line.find(" in 1997 blocks") != std::string::npos);
 
     // Unwritable: a clear error naming the path, no partial file left.
     bool threw = false;
@@ -445,8 +454,11 @@ static void attributor(const std::string &out) {
     std::string e1 = slurp(out + "/run/epoch-1-rank-3.json");
     CHECK(e1.find("\"step\":6,") != std::string::npos && e1.find("\"line\":112") != std::string::npos);
     CHECK(e1.find("\"peak_bytes\":52428800") != std::string::npos);
+    CHECK(a.last_line() == "memprobe: epoch 2 peak 4.0 MiB on cuda:0 at step 11: 4.0 MiB loop.cpp:123 step, "
+                           "rest 0.0 MiB in 0 blocks");
     sim.oom(GIB, 0);
     CHECK(a.out_of_memory(2, 11) == out + "/run/oom-0-rank-3.json");
+    CHECK(a.last_line() == "memprobe: out of memory asking 1024.0 MiB on cuda:0: rest 0.0 MiB in 0 blocks");
     CHECK(a.out_of_memory() == out + "/run/oom-1-rank-3.json");
     CHECK(a.snapshots() == 10);
     ::unsetenv("MEMPROBE_ATTRIBUTION_DIR");
