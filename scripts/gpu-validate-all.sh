@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
         --parts) PARTS=$2; shift 2 ;;
         --part-limit) PART_LIMIT=$2; shift 2 ;;
         --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         -*) echo "gpu-validate-all: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) break ;;
     esac
