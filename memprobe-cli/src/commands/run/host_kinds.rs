@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 /// compositions of the tree's).
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(250);
 /// The detail reads' share of one core, at most, over the run.
-pub(crate) const BUDGET_SHARE: f64 = 0.001;
+pub(crate) const BUDGET_SHARE: f64 = 0.0005;
 /// The most a quiet start lends the reads ahead (one big process's read
 /// may overdraw it; later reads then wait until it is paid back).
-const BUDGET_CAP: Duration = Duration::from_millis(5);
+const BUDGET_CAP: Duration = Duration::from_millis(2);
 /// Mappings kept per reading (the rest summed as "others").
 pub(crate) const TOP_MAPPINGS: usize = 8;
 
@@ -58,26 +58,48 @@ impl RssKinds {
 }
 
 /// `RssAnon`, `RssFile` and `RssShmem` of a `/proc/<pid>/status` text
-/// (Linux 4.5 and later); `None` without them.
+/// (Linux 4.5 and later); `None` without them. Read at every `status`
+/// read of a moving process: it walks the lines only up to `RssShmem`
+/// (about the 20th of 55), comparing each line's first bytes.
 pub(crate) fn rss_kinds_from_status(text: &[u8]) -> Option<RssKinds> {
-    Some(RssKinds {
-        anon: kib_field(text, b"RssAnon:")?,
-        file: kib_field(text, b"RssFile:")?,
-        shmem: kib_field(text, b"RssShmem:")?,
-    })
+    let (mut anon, mut file) = (None, None);
+    for line in text.split(|&c| c == b'\n') {
+        if line.first() != Some(&b'R') {
+            continue;
+        }
+        if let Some(v) = line.strip_prefix(b"RssAnon:") {
+            anon = kib(v);
+        } else if let Some(v) = line.strip_prefix(b"RssFile:") {
+            file = kib(v);
+        } else if let Some(v) = line.strip_prefix(b"RssShmem:") {
+            return Some(RssKinds {
+                anon: anon?,
+                file: file?,
+                shmem: kib(v)?,
+            });
+        }
+    }
+    None
+}
+
+/// "   123 kB" as bytes.
+fn kib(v: &[u8]) -> Option<u64> {
+    let digits = v.trim_ascii().split(|&c| c == b' ').next()?;
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    digits
+        .iter()
+        .try_fold(0u64, |n, &c| {
+            n.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+        })?
+        .checked_mul(1024)
 }
 
 /// The first `key value kB` line's value, bytes.
 fn kib_field(text: &[u8], key: &[u8]) -> Option<u64> {
     let at = text.windows(key.len()).position(|w| w == key)?;
-    let rest = &text[at + key.len()..];
-    let line = rest.split(|&c| c == b'\n').next()?;
-    let digits = line.trim_ascii().split(|&c| c == b' ').next()?;
-    std::str::from_utf8(digits)
-        .ok()?
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(1024)
+    kib(text[at + key.len()..].split(|&c| c == b'\n').next()?)
 }
 
 /// Memory of the mappings that share one name.
@@ -228,8 +250,8 @@ pub(crate) struct KindsCost {
     pub(crate) reads: u64,
     pub(crate) read_ms_total: f64,
     pub(crate) read_ms_max: f64,
-    /// Ticks where a process waited for a detail read because the budget
-    /// was spent.
+    /// Ticks where processes waited for a detail read (due or soon due)
+    /// because the budget was spent.
     pub(crate) deferred: u64,
     pub(crate) budget_percent_of_a_core: f64,
 }
@@ -313,6 +335,11 @@ impl KindsReader {
         if self.pending.is_empty() || self.busy {
             return out;
         }
+        if self.allowance_ns <= 0 {
+            // Whether or not one is due yet: the budget decides first.
+            self.cost.deferred += 1;
+            return out;
+        }
         let gap = u64::try_from(MIN_GAP.as_nanos()).unwrap_or(u64::MAX);
         let due = self
             .pending
@@ -328,10 +355,6 @@ impl KindsReader {
         let Some(i) = due else {
             return out;
         };
-        if self.allowance_ns <= 0 {
-            self.cost.deferred += 1;
-            return out;
-        }
         let pid = self.pending.swap_remove(i);
         if self.ask(pid, now, rss_of(pid)) {
             self.busy = true;
@@ -777,12 +800,12 @@ VmFlags: rd ex mr mw me sd
         r.peak(me);
         reads += step(&mut r, 100 * ms);
         assert_eq!(reads, 1, "within MIN_GAP: waits");
-        // 200 ms earn 0.2 ms of reading: still overdrawn.
+        // 200 ms earn 0.1 ms of reading: still overdrawn.
         r.allowance_ns = -300_000;
         reads += step(&mut r, 300 * ms);
         assert_eq!(reads, 1, "out of budget: waits");
         assert!(r.cost().deferred >= 1);
-        // 0.1 % of a second earns 1 ms of reading: enough for one.
+        // 0.05 % of a second earns 0.5 ms of reading: enough for one.
         reads += step(&mut r, 1300 * ms);
         assert_eq!(reads, 2);
         assert!(r.pending.is_empty());
