@@ -17,6 +17,13 @@
 //! are this very binary, re-executed with `MEMPROBE_BENCH_SLEEPERS=N:S`.
 //! `MEMPROBE_BENCH_BASELINE=PATH` also measures another `memprobe` binary
 //! (an older build) in the same run, for a before/after under one load.
+//!
+//! Then the cost of keeping each peak's memory by kind (`host_kinds.rs`):
+//! 16 processes whose peaks rise for 10 s (each touches 128 KiB more every
+//! 25 ms: every few ticks a new peak of every process), `memprobe run` with
+//! and without `--no-host-kinds`, alternately, medians of the same
+//! repeats; the goal is at most 0.2 % of a core more.
+//! `MEMPROBE_BENCH_KINDS=N:S` changes the size and length (`0:0`: skip).
 #[path = "support/median.rs"]
 mod median;
 
@@ -28,6 +35,57 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SLEEPERS_ENV: &str = "MEMPROBE_BENCH_SLEEPERS";
+const GROWERS_ENV: &str = "MEMPROBE_BENCH_GROWERS";
+/// What each grower adds, and how often.
+const GROW_STEP: usize = 128 << 10;
+const GROW_EVERY: Duration = Duration::from_millis(25);
+
+/// Child mode: this process and `n - 1` forked children each grow by
+/// [`GROW_STEP`] every [`GROW_EVERY`] for `secs` (their peaks keep rising).
+fn growers(n: usize, secs: f64) {
+    let grow = || {
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < secs {
+            // SAFETY: a fresh anonymous mapping, touched page by page and
+            // kept to the end.
+            unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    GROW_STEP,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if p != libc::MAP_FAILED {
+                    for off in (0..GROW_STEP).step_by(4096) {
+                        p.cast::<u8>().add(off).write_volatile(1);
+                    }
+                }
+            }
+            std::thread::sleep(GROW_EVERY);
+        }
+    };
+    let mut pids = Vec::new();
+    for _ in 1..n {
+        // SAFETY: the child only maps, touches, sleeps and exits.
+        match unsafe { libc::fork() } {
+            0 => {
+                grow();
+                // SAFETY: ends the forked child without the parent's handlers.
+                unsafe { libc::_exit(0) };
+            }
+            pid if pid > 0 => pids.push(pid),
+            _ => panic!("fork: {}", std::io::Error::last_os_error()),
+        }
+    }
+    grow();
+    for pid in pids {
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+}
 
 /// Child mode: this process and `n - 1` forked children sleep `secs`.
 fn sleepers(n: usize, secs: f64) {
@@ -72,18 +130,32 @@ struct Run {
 
 /// `memprobe run` over `n` sleepers.
 fn probed(memprobe: &str, me: &str, n: usize, secs: f64, interval_ms: u64, json: &str) -> Run {
+    probed_with(
+        memprobe,
+        me,
+        (SLEEPERS_ENV, n, secs),
+        &[],
+        interval_ms,
+        json,
+    )
+}
+
+/// `memprobe run` with `opts` over `n` processes of child mode `mode`.
+fn probed_with(
+    memprobe: &str,
+    me: &str,
+    (mode, n, secs): (&str, usize, f64),
+    opts: &[&str],
+    interval_ms: u64,
+    json: &str,
+) -> Run {
+    let interval = format!("{interval_ms}ms");
+    let mut args = vec!["run", "--no-live", "--interval", &interval, "--json", json];
+    args.extend_from_slice(opts);
+    args.extend(["--", me]);
     let st = Command::new(memprobe)
-        .args([
-            "run",
-            "--no-live",
-            "--interval",
-            &format!("{interval_ms}ms"),
-            "--json",
-            json,
-            "--",
-            me,
-        ])
-        .env(SLEEPERS_ENV, format!("{n}:{secs}"))
+        .args(&args)
+        .env(mode, format!("{n}:{secs}"))
         .stderr(Stdio::null())
         .status()
         .expect("run memprobe");
@@ -195,6 +267,11 @@ fn main() {
         sleepers(n.parse().expect("N"), secs.parse().expect("seconds"));
         return;
     }
+    if let Ok(spec) = std::env::var(GROWERS_ENV) {
+        let (n, secs) = spec.split_once(':').expect("N:SECONDS");
+        growers(n.parse().expect("N"), secs.parse().expect("seconds"));
+        return;
+    }
     // `cargo bench` passes --bench; a test run (`cargo test --benches`)
     // does not: nothing to measure then.
     if !std::env::args().any(|a| a == "--bench") {
@@ -286,6 +363,48 @@ fn main() {
             }
             println!();
         }
+    }
+    let (kn, ks) = std::env::var("MEMPROBE_BENCH_KINDS")
+        .ok()
+        .and_then(|v| {
+            let (n, s) = v.split_once(':')?;
+            Some((n.parse().ok()?, s.parse().ok()?))
+        })
+        .unwrap_or((16usize, 10.0f64));
+    if kn > 0 {
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for i in 0..repeats {
+            let one = |opts: &[&str]| {
+                probed_with(memprobe, me, (GROWERS_ENV, kn, ks), opts, interval_ms, json)
+            };
+            if i % 2 == 0 {
+                with.push(one(&[]));
+                without.push(one(&["--no-host-kinds"]));
+            } else {
+                without.push(one(&["--no-host-kinds"]));
+                with.push(one(&[]));
+            }
+        }
+        let _ = std::fs::remove_file(json);
+        let m = |v: &[Run]| median(&mut v.iter().map(|r| r.cpu_per_wall).collect::<Vec<_>>());
+        let (w, wo) = (m(&with), m(&without));
+        println!();
+        println!(
+            "host kinds: {kn} processes whose peaks rise for {ks} s, --interval {interval_ms}ms, \
+             medians of {repeats}"
+        );
+        println!(
+            "  memprobe CPU with kinds {:.2} %, without (--no-host-kinds) {:.2} %: \
+             {:+.3} % of a core (goal <= 0.2); each run's pair: {}",
+            w * 100.0,
+            wo * 100.0,
+            (w - wo) * 100.0,
+            with.iter()
+                .zip(&without)
+                .map(|(a, b)| format!("{:+.3}", (a.cpu_per_wall - b.cpu_per_wall) * 100.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     println!(
         "machine: nproc {}, kernel {}, {}",
