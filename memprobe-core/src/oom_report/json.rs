@@ -89,6 +89,14 @@ fn document(r: &OutOfMemoryReport) -> String {
     opt_u64(&mut out, counts.map(|c| c.not_counted_bytes));
     out.push('}');
     held_json(&mut out, r);
+    let live = r.failed.live_blocks.as_ref();
+    key(&mut out, false, "live_blocks");
+    match live {
+        Some(Ok(l)) => out.push_str(&l.json),
+        _ => out.push_str("null"),
+    }
+    key(&mut out, false, "live_blocks_error");
+    opt_str(&mut out, live.and_then(|l| l.as_ref().err()).map(String::as_str));
     key(&mut out, false, "caches");
     json::list(&mut out, &r.caches(), |o, c| {
         let _ = write!(o, "{{\"device\":{}", c.device);

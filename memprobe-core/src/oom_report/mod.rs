@@ -30,11 +30,13 @@
 //! One file per concern: `model.rs` (the report), `arming.rs` (options and
 //! the reporter's state machine), `destinations.rs` (where a report goes,
 //! the caller's callback), `json.rs` and `summary.rs` (its two renderings,
-//! each with its method of the report).
+//! each with its method of the report), `live_blocks.rs` (a framework's
+//! table of what was live, checked and embedded).
 
 mod arming;
 mod destinations;
 mod json;
+mod live_blocks;
 mod model;
 mod summary;
 #[cfg(test)]
@@ -43,6 +45,9 @@ mod tests;
 pub(crate) use arming::{configure, report};
 pub use arming::{OomOutcome, OomReportOptions, OomReporter, OomStatus};
 pub use destinations::OomCallback;
+pub use live_blocks::{
+    Fragmentation, LiveBlock, LiveBlocks, LIVE_BLOCKS_SCHEMA, MAX_LIVE_BLOCKS_BYTES, TOP_BLOCKS,
+};
 pub use model::{
     CacheFigures, CacheLine, FailedAllocation, OomDriverCount, OomDriverCounts, OomGpuDevice,
     OomGpuMemory, OomGpuProcess, OomGpuProvider, OomHeldBasis, OomHeldByOrigin, OomLocation,

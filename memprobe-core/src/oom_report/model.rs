@@ -4,6 +4,7 @@
 //! would free.
 
 use super::unix_ns;
+use super::LiveBlocks;
 use crate::phase::PhaseKind;
 use crate::record::Record;
 use crate::sample::{monotonic_ns, PeakFidelity, SourceInfo, SourceKind};
@@ -114,6 +115,10 @@ pub struct FailedAllocation {
     pub driver_oom_failures: Option<u64>,
     /// Framework caches, per device, as the reporter gives them.
     pub caches: Vec<CacheFigures>,
+    /// What the framework had live at the failure (a torch attribution
+    /// record), or why the one given was refused; `None`: none given.
+    /// Set with [`FailedAllocation::set_live_blocks_json`].
+    pub live_blocks: Option<std::result::Result<LiveBlocks, String>>,
 }
 
 impl FailedAllocation {
@@ -136,7 +141,18 @@ impl FailedAllocation {
             device_free_bytes: None,
             driver_oom_failures: None,
             caches: Vec::new(),
+            live_blocks: None,
         }
+    }
+
+    /// Gives the framework's table of what was live (a torch attribution
+    /// record of kind `oom`, `memprobe.torch_attribution/1`, at most
+    /// [`MAX_LIVE_BLOCKS_BYTES`](super::MAX_LIVE_BLOCKS_BYTES)). A record
+    /// that is not valid JSON, lacks the schema or is too large is kept out
+    /// of the report, which says why (`live_blocks_error`): never an error
+    /// here, so that the failure's report is never lost.
+    pub fn set_live_blocks_json(&mut self, json: &str) {
+        self.live_blocks = Some(LiveBlocks::from_json(json));
     }
 }
 

@@ -163,6 +163,7 @@ fn text(r: &OutOfMemoryReport) -> String {
         let _ = writeln!(s, "  driver counts: unavailable ({why})");
     }
     held_line(&mut s, r);
+    live_lines(&mut s, r);
     for c in r.caches() {
         let releasable = c
             .releasable_bytes
@@ -186,6 +187,44 @@ fn text(r: &OutOfMemoryReport) -> String {
         );
     }
     s
+}
+
+/// The framework's largest live blocks at the failure and its
+/// fragmentation by segment, when it gave its table.
+fn live_lines(s: &mut String, r: &OutOfMemoryReport) {
+    let l = match &r.failed.live_blocks {
+        None => return,
+        Some(Err(why)) => {
+            let _ = writeln!(s, "  live blocks: left out ({why})");
+            return;
+        }
+        Some(Ok(l)) => l,
+    };
+    let _ = write!(s, "  live blocks ({} listed", l.block_count);
+    if let Some(asked) = l.requested_bytes {
+        let _ = write!(s, "; {} asked", bytes(asked));
+    }
+    s.push_str("):\n");
+    for b in &l.top {
+        let _ = writeln!(
+            s,
+            "    {:>10} {}",
+            bytes(b.bytes),
+            b.site.as_deref().unwrap_or("no frame")
+        );
+    }
+    if let Some(f) = l.fragmentation {
+        let _ = writeln!(
+            s,
+            "  fragmentation: {} reserved in {} segments, {} allocated, {} free \
+             (reserved - allocated); at most {} free in one segment",
+            bytes(f.reserved_bytes),
+            f.segments,
+            bytes(f.allocated_bytes),
+            bytes(f.reserved_bytes - f.allocated_bytes),
+            bytes(f.largest_free_bytes)
+        );
+    }
 }
 
 /// Origins named in the summary's line; the rest are summed.

@@ -506,3 +506,72 @@ fn without_origins_or_nvml_the_report_says_why() {
         }
     }
 }
+
+#[test]
+fn the_live_blocks_table_is_embedded_or_left_out_with_why() {
+    let record = r#"{"schema": "memprobe.torch_attribution/1", "kind": "oom", "rank": 0,
+        "requested_bytes": 2147483648,
+        "blocks": [{"bytes": 1073741824, "stream": 0, "address": 1,
+                    "frames": [{"file": "train.py", "line": 42, "function": "forward"}]},
+                   {"bytes": 4096, "stream": 0, "address": 2, "frames": []}],
+        "rest": {"bytes": 0, "blocks": 0},
+        "segments": [{"address": 1, "bytes": 1610612736, "allocated": 1073745920, "stream": 0}],
+        "history": {"complete": true, "entries": 2, "lost_entries": false}}"#;
+    let cases: [(&str, Option<&str>); 3] = [
+        (record, None),
+        ("{\"schema\":", Some("not JSON: unexpected end")),
+        (
+            "{\"schema\":\"memprobe.other/1\"}",
+            Some("schema is \\\"memprobe.other/1\\\""),
+        ),
+    ];
+    for (given, refused) in cases {
+        let json = Buf::default();
+        let summary = Buf::default();
+        let mut t = tracker();
+        t.set_oom_report(Some(OomReportOptions {
+            json_writer: Some(Box::new(json.clone())),
+            summary_writer: Some(Box::new(summary.clone())),
+            ..OomReportOptions::default()
+        }))
+        .unwrap();
+        let mut f = FailedAllocation::new(
+            OomTrigger::Caller,
+            OomLocation::Device(0),
+            Some(2 << 30),
+            "torch",
+        );
+        f.set_live_blocks_json(given);
+        assert_eq!(t.report_oom(f).unwrap(), OomOutcome::Written);
+        let doc = json.text();
+        let v: serde_json::Value = serde_json::from_str(doc.trim_end()).expect(&doc);
+        let text = summary.text();
+        match refused {
+            None => {
+                let l = &v["live_blocks"];
+                assert_eq!(l["schema"], "memprobe.torch_attribution/1");
+                assert_eq!(l["requested_bytes"], 2147483648u64);
+                assert_eq!(l["blocks"][0]["frames"][0]["line"], 42);
+                assert_eq!(l["segments"][0]["allocated"], 1073745920u64);
+                assert!(v["live_blocks_error"].is_null());
+                assert!(
+                    text.contains("  live blocks (2 listed; 2.00 GiB asked):\n")
+                        && text.contains("  1.00 GiB train.py:42 forward\n")
+                        && text.contains("  4.00 KiB no frame\n")
+                        && text.contains(
+                            "  fragmentation: 1.50 GiB reserved in 1 segments, 1.00 GiB \
+                             allocated, 512 MiB free (reserved - allocated); at most 512 MiB \
+                             free in one segment\n"
+                        ),
+                    "{text}"
+                );
+            }
+            Some(why) => {
+                assert!(v["live_blocks"].is_null());
+                let e = v["live_blocks_error"].as_str().unwrap();
+                assert!(doc.contains(why), "{doc}");
+                assert!(text.contains(&format!("  live blocks: left out ({e})\n")), "{text}");
+            }
+        }
+    }
+}
