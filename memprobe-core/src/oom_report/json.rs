@@ -96,7 +96,10 @@ fn document(r: &OutOfMemoryReport) -> String {
         _ => out.push_str("null"),
     }
     key(&mut out, false, "live_blocks_error");
-    opt_str(&mut out, live.and_then(|l| l.as_ref().err()).map(String::as_str));
+    opt_str(
+        &mut out,
+        live.and_then(|l| l.as_ref().err()).map(String::as_str),
+    );
     key(&mut out, false, "caches");
     json::list(&mut out, &r.caches(), |o, c| {
         let _ = write!(o, "{{\"device\":{}", c.device);

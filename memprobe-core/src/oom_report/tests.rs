@@ -570,7 +570,10 @@ fn the_live_blocks_table_is_embedded_or_left_out_with_why() {
                 assert!(v["live_blocks"].is_null());
                 let e = v["live_blocks_error"].as_str().unwrap();
                 assert!(doc.contains(why), "{doc}");
-                assert!(text.contains(&format!("  live blocks: left out ({e})\n")), "{text}");
+                assert!(
+                    text.contains(&format!("  live blocks: left out ({e})\n")),
+                    "{text}"
+                );
             }
         }
     }
