@@ -192,6 +192,15 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
             Some((kind, rank, n, device, e.path(), name))
         })
         .collect();
+    // A user's directory keeps earlier runs' files: they leave before the
+    // bound, so that they never crowd out this run's.
+    if let Some(s) = since {
+        files.retain(|f| {
+            std::fs::metadata(&f.4)
+                .and_then(|m| m.modified())
+                .map_or(true, |m| m >= s)
+        });
+    }
     files.sort();
     if files.len() > MAX_FILES {
         warnings.push(format!(
@@ -202,26 +211,7 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
     }
     let mut records = Vec::new();
     for (kind, rank, n, device, path, name) in files {
-        let meta = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) => {
-                warnings.push(format!("{name}: {e}"));
-                continue;
-            }
-        };
-        if since.is_some_and(|s| meta.modified().is_ok_and(|m| m < s)) {
-            continue;
-        }
-        if meta.len() > MAX_FILE_BYTES {
-            warnings.push(format!(
-                "{name}: {} is over the records' bound of {}",
-                units::bytes(meta.len()),
-                units::bytes(MAX_FILE_BYTES)
-            ));
-            continue;
-        }
-        let parsed = std::fs::read(&path)
-            .map_err(|e| e.to_string())
+        let parsed = read_bounded(&path)
             .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()))
             .and_then(|v| record(&v, (kind, n, rank, device), &name));
         match parsed {
@@ -230,6 +220,37 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
         }
     }
     (records, warnings)
+}
+
+/// A record file's bytes, at most [`MAX_FILE_BYTES`]. Only a regular file:
+/// a FIFO given a record's name would block the read forever. The bound
+/// holds on what is read, not on a size seen before, since a file may grow.
+fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: opening a FIFO with no writer would block before the
+    // check below could refuse it.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{} is over the records' bound of {}",
+            units::bytes(meta.len().max(bytes.len() as u64)),
+            units::bytes(MAX_FILE_BYTES)
+        ));
+    }
+    Ok(bytes)
 }
 
 fn uint(v: &Value, key: &str) -> Result<Option<u64>, String> {
@@ -618,6 +639,52 @@ mod tests {
         assert!(read_dir(&d, Some(later)).0.is_empty());
         assert_eq!(read_dir(&d, None).0.len(), 1);
         assert!(d.exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn earlier_runs_files_never_crowd_out_this_runs() {
+        let d = scratch("crowd");
+        for e in 0..=MAX_FILES as u64 {
+            let old = epoch(e, &[], 0, 0).to_string();
+            std::fs::write(d.join(format!("epoch-{e}-rank-0.json")), old).unwrap();
+        }
+        let since = SystemTime::now() + std::time::Duration::from_secs(1);
+        // This run's record sorts after every earlier one.
+        let new = d.join("epoch-5000-rank-0.json");
+        std::fs::write(&new, epoch(5000, &[], 0, 0).to_string()).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&new)
+            .unwrap()
+            .set_modified(since + std::time::Duration::from_secs(1))
+            .unwrap();
+        let (records, warnings) = read_dir(&d, Some(since));
+        let names: Vec<&str> = records.iter().map(|r| r.file.as_str()).collect();
+        assert_eq!(names, vec!["epoch-5000-rank-0.json"], "{warnings:#?}");
+        // Read whole, the same directory is bounded and says so.
+        let (records, warnings) = read_dir(&d, None);
+        assert_eq!(records.len(), MAX_FILES, "{warnings:#?}");
+        assert!(
+            warnings.iter().any(|w| w.contains("the first 1024 read")),
+            "{warnings:#?}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_named_as_a_record_is_refused_not_waited_on() {
+        let d = scratch("fifo");
+        let path = d.join("epoch-0-rank-0.json");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (records, warnings) = read_dir(&d, None);
+        assert!(records.is_empty());
+        assert_eq!(
+            warnings,
+            vec!["epoch-0-rank-0.json: not a regular file".to_string()]
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
