@@ -179,6 +179,35 @@ def test_without_allocator_sources_it_says_so(fake):
     t.close()
 
 
+def test_a_failure_at_every_step_keeps_few_exceptions_and_counts_them(fake, tmp_path, monkeypatch):
+    import torch
+
+    import memprobe
+    from memprobe.integrations.torch import allocator_sources
+    from memprobe.integrations.torch_attribution import AttributionWarning
+    from memprobe.integrations.torch_attribution.engine import MAX_ERRORS
+
+    def broken():
+        raise RuntimeError("snapshot failed")
+
+    src = allocator_sources(0, reserved=False, attribution=True)
+    t = memprobe.Tracker(src)
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", broken)
+    steps = MAX_ERRORS * 4
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(steps):
+            with t.step():
+                fake.free(addr=fake.alloc((s + 1) * MiB))
+    att = t.attribution
+    # Every step set a new peak and failed: each counted, few kept, one warning.
+    assert att.failures == steps
+    assert len(att.errors) == MAX_ERRORS and all(str(e) == "snapshot failed" for e in att.errors)
+    assert sum(issubclass(w.category, AttributionWarning) for w in caught) == 1
+    t.close()
+    src.close()
+
+
 def test_oom_table_and_the_report_that_names_it(fake, tmp_path):
     import torch
 

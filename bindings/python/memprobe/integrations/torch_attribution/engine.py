@@ -25,11 +25,17 @@ log = logging.getLogger("memprobe.attribution")
 _ACTIVE: List["Attribution"] = []
 _LOCK = threading.Lock()
 
+#: Exceptions kept in :attr:`Attribution.errors`: a failure repeats at every
+#: step, and each kept exception's traceback holds its frames' locals (a
+#: whole snapshot of torch's history), so only the first few stay.
+MAX_ERRORS = 16
+
 
 class AttributionWarning(RuntimeWarning):
     """Attribution was asked for but cannot run (no PyTorch allocator source,
     a torch without ``_record_memory_history``), or failed during a step
-    (training goes on; :attr:`Attribution.errors` keeps the exceptions)."""
+    (training goes on; :attr:`Attribution.errors` keeps the first
+    exceptions, :attr:`Attribution.failures` counts them all)."""
 
 
 def _devices(sources: Sequence[Any]) -> Dict[int, int]:
@@ -57,7 +63,9 @@ class Attribution:
     - ``snapshots``: snapshots taken (one per step that set a new epoch
       peak); ``cost_ms``: their total cost (snapshot + replay + record);
     - ``lines``: the one log line per epoch (also logged, INFO, on the
-      ``memprobe.attribution`` logger)."""
+      ``memprobe.attribution`` logger);
+    - ``errors``: the first :data:`MAX_ERRORS` exceptions attribution
+      caught (training goes on); ``failures``: how many in all."""
 
     def __init__(self, options: AttributionOptions, sources: Sequence[Any]):
         self.options = options
@@ -69,6 +77,7 @@ class Attribution:
         self.files: List[str] = []
         self.lines: List[str] = []
         self.errors: List[BaseException] = []
+        self.failures = 0
         self.active = False
         #: A custom phase that is a step and an epoch at once (the
         #: notebook's ``cell``: a table per cell), else None.
@@ -122,7 +131,7 @@ class Attribution:
             try:
                 self._timeline.install(torch)
             except Exception as e:  # noqa: BLE001 - frameless blocks stay unnamed
-                self.errors.append(e)
+                self._keep(e)
         with _LOCK:
             _ACTIVE.append(self)
         self.active = True
@@ -159,9 +168,14 @@ class Attribution:
         except Exception as e:  # noqa: BLE001 - never stop the training
             self._failed(e)
 
+    def _keep(self, e: BaseException) -> None:
+        self.failures += 1
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(e)
+
     def _failed(self, e: BaseException) -> None:
-        self.errors.append(e)
-        if len(self.errors) == 1:
+        self._keep(e)
+        if self.failures == 1:
             warnings.warn(AttributionWarning(f"attribution failed: {type(e).__name__}: {e}"), stacklevel=2)
 
     def _step(self, rec: Any, deltas: Any) -> None:
@@ -297,7 +311,7 @@ class Attribution:
             try:
                 self._torch.cuda.memory._record_memory_history(enabled=None)
             except Exception as e:  # noqa: BLE001
-                self.errors.append(e)
+                self._keep(e)
 
 
 def _name(name: Any) -> str:
