@@ -849,6 +849,17 @@ typedef struct {
    * The reporter's caches per device (`n_caches` entries; NULL when 0).
    */
   const memprobe_oom_report_cache *caches;
+  /**
+   * What the framework had live at the failure: one torch attribution
+   * record of kind "oom" (schema "memprobe.torch_attribution/1", the
+   * blocks with their frames, the requested size, the segments) as JSON,
+   * NUL-terminated, at most 256 KiB; NULL: none. The report embeds it as
+   * `live_blocks`; one that is not valid JSON, has another schema or is
+   * too large is left out and the report says why (`live_blocks_error`):
+   * never an error, the report is written all the same. A struct_size
+   * from a header without this field is accepted (it reads as NULL).
+   */
+  const char *live_blocks_json;
 } memprobe_oom_report_event;
 
 /**
@@ -1580,8 +1591,9 @@ memprobe_status memprobe_tracker_report_oom(memprobe_tracker *tracker, int32_t d
  *
  * Errors: as memprobe_tracker_report_oom; NULL_POINTER for a NULL `event`,
  * or NULL `caches` with `n_caches` > 0; INVALID_ARGUMENT for a small
- * struct_size, unknown `valid` bits, a `reported_by` that is not 1 to 64
- * printable bytes, more than 64 caches.
+ * struct_size (below the first release's), unknown `valid` bits, a
+ * `reported_by` that is not 1 to 64 printable bytes, more than 64 caches.
+ * A `live_blocks_json` that is refused is no error (see the field).
  */
 memprobe_status memprobe_tracker_report_oom_event(memprobe_tracker *tracker, const memprobe_oom_report_event *event);
 

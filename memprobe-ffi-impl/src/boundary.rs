@@ -386,6 +386,40 @@ pub(crate) fn versioned<'a, T>(p: *const T, what: &str) -> FfiResult<Option<&'a 
     Ok(Some(unsafe { &*p }))
 }
 
+/// A C struct whose every field is valid when all its bytes are zero
+/// (integers, raw pointers, optional functions).
+///
+/// # Safety
+///
+/// Implement it only for such structs.
+pub(crate) unsafe trait ZeroValid {}
+
+/// As [`versioned`], for a struct that grew at its end: a caller's size
+/// from `oldest` (the first release's size) up is accepted too, the fields
+/// its header lacked reading as zero. Returns a copy.
+pub(crate) fn versioned_since<T: ZeroValid>(
+    p: *const T,
+    what: &str,
+    oldest: usize,
+) -> FfiResult<Option<T>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's struct starts with its size.
+    let size = unsafe { *p.cast::<u32>() } as usize;
+    if size >= std::mem::size_of::<T>() || size < oldest {
+        // SAFETY: a plain read of a struct of integers and pointers.
+        return versioned(p, what).map(|v| v.map(|r| unsafe { std::ptr::read(r) }));
+    }
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: the caller promised `size` readable bytes; `size` is below
+    // size_of::<T>(); zero bytes are valid for the rest (ZeroValid).
+    unsafe {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), v.as_mut_ptr().cast::<u8>(), size);
+        Ok(Some(v.assume_init()))
+    }
+}
+
 /// Writes to a caller's file descriptor (never closed by memprobe), never
 /// raising SIGPIPE.
 pub(crate) struct FdWriter(i32);

@@ -2,14 +2,15 @@
 //! with memprobe-gpu's GPU part and driver trigger).
 
 use crate::boundary::{
-    c_string, entry_point, fd_writer, opt_text, out, versioned, FfiError, FfiResult, UserData,
+    c_string, entry_point, fd_writer, opt_text, out, versioned, versioned_since, FfiError,
+    FfiResult, UserData,
 };
 use crate::handle::get;
 use crate::status::memprobe_status;
 use crate::tracker::memprobe_tracker;
 use memprobe_core::oom_report::{
-    CacheFigures, FailedAllocation, OomCallback, OomLocation, OomReportOptions, OomTrigger,
-    OomTriggers, DEFAULT_KEEP_ENDED,
+    CacheFigures, FailedAllocation, LiveBlocks, OomCallback, OomLocation, OomReportOptions,
+    OomTrigger, OomTriggers, DEFAULT_KEEP_ENDED, MAX_LIVE_BLOCKS_BYTES,
 };
 use std::ffi::{c_char, c_void};
 
@@ -129,7 +130,24 @@ pub struct memprobe_oom_report_event {
     pub device_free_bytes: u64,
     /// The reporter's caches per device (`n_caches` entries; NULL when 0).
     pub caches: *const memprobe_oom_report_cache,
+    /// What the framework had live at the failure: one torch attribution
+    /// record of kind "oom" (schema "memprobe.torch_attribution/1", the
+    /// blocks with their frames, the requested size, the segments) as JSON,
+    /// NUL-terminated, at most 256 KiB; NULL: none. The report embeds it as
+    /// `live_blocks`; one that is not valid JSON, has another schema or is
+    /// too large is left out and the report says why (`live_blocks_error`):
+    /// never an error, the report is written all the same. A struct_size
+    /// from a header without this field is accepted (it reads as NULL).
+    pub live_blocks_json: *const c_char,
 }
+
+// SAFETY: integers and raw pointers only.
+unsafe impl crate::boundary::ZeroValid for memprobe_oom_report_event {}
+
+/// sizeof(memprobe_oom_report_event) before `live_blocks_json`: callers
+/// built with that header keep working.
+const EVENT_SIZE_BEFORE_LIVE_BLOCKS: usize =
+    std::mem::offset_of!(memprobe_oom_report_event, live_blocks_json);
 
 /// Where a tracker's out-of-memory report stands.
 #[repr(C)]
@@ -276,16 +294,21 @@ pub extern "C" fn memprobe_tracker_report_oom(
 ///
 /// Errors: as memprobe_tracker_report_oom; NULL_POINTER for a NULL `event`,
 /// or NULL `caches` with `n_caches` > 0; INVALID_ARGUMENT for a small
-/// struct_size, unknown `valid` bits, a `reported_by` that is not 1 to 64
-/// printable bytes, more than 64 caches.
+/// struct_size (below the first release's), unknown `valid` bits, a
+/// `reported_by` that is not 1 to 64 printable bytes, more than 64 caches.
+/// A `live_blocks_json` that is refused is no error (see the field).
 #[no_mangle]
 pub extern "C" fn memprobe_tracker_report_oom_event(
     tracker: *mut memprobe_tracker,
     event: *const memprobe_oom_report_event,
 ) -> memprobe_status {
     entry_point("memprobe_tracker_report_oom_event", || {
-        let e = versioned(event, "memprobe_oom_report_event")?
-            .ok_or_else(|| crate::boundary::null("event"))?;
+        let e = versioned_since(
+            event,
+            "memprobe_oom_report_event",
+            EVENT_SIZE_BEFORE_LIVE_BLOCKS,
+        )?
+        .ok_or_else(|| crate::boundary::null("event"))?;
         crate::boundary::check_flags(
             e.valid,
             MEMPROBE_OOM_EVENT_DEVICE_TOTAL | MEMPROBE_OOM_EVENT_DEVICE_FREE,
@@ -305,6 +328,9 @@ pub extern "C" fn memprobe_tracker_report_oom_event(
             reported_by,
         );
         f.detail = opt_text(e.detail, "detail")?.map(str::to_owned);
+        if !e.live_blocks_json.is_null() {
+            f.live_blocks = Some(live_blocks(e.live_blocks_json));
+        }
         f.device_total_bytes =
             (e.valid & MEMPROBE_OOM_EVENT_DEVICE_TOTAL != 0).then_some(e.device_total_bytes);
         f.device_free_bytes =
@@ -335,6 +361,33 @@ pub extern "C" fn memprobe_tracker_report_oom_event(
         }
         report(tracker, f)
     })
+}
+
+/// The caller's record, checked by the core; read at most one byte past
+/// the bound, so that a runaway string is refused without reading it to
+/// its end.
+fn live_blocks(p: *const c_char) -> Result<LiveBlocks, String> {
+    let max = MAX_LIVE_BLOCKS_BYTES;
+    let mut n = 0;
+    // SAFETY: the caller promises a NUL-terminated string; reading stops
+    // at its NUL or one byte past `max`.
+    while n <= max && unsafe { *p.add(n) } != 0 {
+        n += 1;
+    }
+    if n > max {
+        return Err(format!(
+            "the live-blocks record has more than the {max} bytes allowed"
+        ));
+    }
+    // SAFETY: `n` bytes read above.
+    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) };
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        format!(
+            "the live-blocks record is not UTF-8 (byte {})",
+            e.valid_up_to()
+        )
+    })?;
+    LiveBlocks::from_json(text)
 }
 
 /// Where the tracker's out-of-memory report stands: armed, triggers, reports

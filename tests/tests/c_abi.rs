@@ -207,6 +207,14 @@ fn out_of_memory_reports_from_the_caller() {
 }
 
 #[test]
+fn out_of_memory_reports_carry_the_live_blocks_table() {
+    let dir = scratch("oom-live-blocks");
+    let shown = dir.display().to_string();
+    check_all_ways("test_oom_live_blocks.c", &[("OOM_TEST_DIR", &shown)]);
+    assert_reports_valid(&dir, &["live.fd.json"]);
+}
+
+#[test]
 fn cpp_out_of_memory_reports() {
     let dir = scratch("oom-reports-cpp");
     let shown = dir.display().to_string();
