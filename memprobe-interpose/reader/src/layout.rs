@@ -551,15 +551,23 @@ pub struct Stacks {
     pub last_oom: StackBreakdown,
 }
 
+/// A zeroed layout on the heap, for the reader's unit tests (too big for a
+/// thread's stack).
+#[cfg(test)]
+pub(crate) fn zeroed() -> Box<Layout> {
+    // SAFETY: all-zero bytes are a valid value of every field (atomics);
+    // the allocation has the layout's size and alignment.
+    unsafe {
+        let layout = std::alloc::Layout::new::<Layout>();
+        let p = std::alloc::alloc_zeroed(layout).cast::<Layout>();
+        assert!(!p.is_null());
+        Box::from_raw(p)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn zeroed() -> Box<Layout> {
-        // SAFETY: every field is an atomic integer or integer array, for
-        // which all-zero bytes are a valid value.
-        unsafe { Box::new(std::mem::zeroed()) }
-    }
 
     #[test]
     fn marks_are_independent() {

@@ -33,6 +33,7 @@ pub mod origins;
 mod reader;
 mod reclaim;
 mod region_dirs;
+mod seqlock;
 pub mod stacks;
 pub mod tree_counter;
 

@@ -371,58 +371,34 @@ impl Layout {
     }
 
     fn read_breakdown(&self, p: &PeakBreakdown) -> Option<PeakOrigins> {
-        for _ in 0..1000 {
-            let seq = p.seq.load(Acquire);
-            if seq % 2 == 1 {
-                std::thread::yield_now();
-                continue;
-            }
-            let total = p.total.load(Relaxed);
-            let at_ns = p.at_ns.load(Relaxed);
-            let bytes: Vec<u64> = p.bytes.iter().map(|b| b.load(Relaxed)).collect();
-            std::sync::atomic::fence(Acquire);
-            if p.seq.load(Relaxed) != seq {
-                continue;
-            }
-            if total == 0 {
-                return None;
-            }
-            let mut by_origin: Vec<OriginBytes> = bytes
-                .iter()
-                .enumerate()
-                .filter(|(_, &b)| b > 0)
-                .filter_map(|(i, &b)| {
-                    Some(OriginBytes {
-                        origin: self.origin(i)?,
-                        bytes: b,
-                    })
-                })
-                .collect();
-            by_origin.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.origin.id.cmp(&b.origin.id)));
-            return Some(PeakOrigins {
-                peak: total,
-                at_ns,
-                by_origin,
-            });
+        let c = crate::seqlock::read(&p.seq, &p.total, &p.at_ns, &p.bytes)?;
+        if c.total == 0 {
+            return None;
         }
-        None
+        let mut by_origin: Vec<OriginBytes> = c
+            .bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b > 0)
+            .filter_map(|(i, &b)| {
+                Some(OriginBytes {
+                    origin: self.origin(i)?,
+                    bytes: b,
+                })
+            })
+            .collect();
+        by_origin.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.origin.id.cmp(&b.origin.id)));
+        Some(PeakOrigins {
+            peak: c.total,
+            at_ns: c.at_ns,
+            by_origin,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::layout::{Layout, FLAG_COUNTING, HOST_PINNED};
-
-    fn zeroed() -> Box<Layout> {
-        // SAFETY: all-zero bytes are a valid value of every field (atomics),
-        // allocated zeroed on the heap (the layout is too big for a stack).
-        unsafe {
-            let layout = std::alloc::Layout::new::<Layout>();
-            let p = std::alloc::alloc_zeroed(layout).cast::<Layout>();
-            assert!(!p.is_null());
-            Box::from_raw(p)
-        }
-    }
+    use crate::layout::{zeroed, Layout, FLAG_COUNTING, HOST_PINNED};
 
     #[test]
     fn origins_are_named_once_and_keep_their_bytes() {

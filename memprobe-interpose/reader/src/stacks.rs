@@ -296,59 +296,35 @@ impl Layout {
     }
 
     fn read_stacks(&self, b: &StackBreakdown) -> Option<PeakStacks> {
-        for _ in 0..1000 {
-            let seq = b.seq.load(Acquire);
-            if seq % 2 == 1 {
-                std::thread::yield_now();
-                continue;
-            }
-            let total = b.total.load(Relaxed);
-            let at_ns = b.at_ns.load(Relaxed);
-            let bytes: Vec<u64> = b.bytes.iter().map(|x| x.load(Relaxed)).collect();
-            std::sync::atomic::fence(Acquire);
-            if b.seq.load(Relaxed) != seq {
-                continue;
-            }
-            if seq == 0 {
-                return None;
-            }
-            let mut by_stack: Vec<StackBytes> = bytes
-                .iter()
-                .enumerate()
-                .filter(|(_, &x)| x > 0)
-                .filter_map(|(i, &x)| {
-                    Some(StackBytes {
-                        stack: self.stack(i)?,
-                        bytes: x,
-                    })
-                })
-                .collect();
-            by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack.id.cmp(&b.stack.id)));
-            return Some(PeakStacks {
-                peak: total,
-                at_ns,
-                by_stack,
-            });
+        let c = crate::seqlock::read(&b.seq, &b.total, &b.at_ns, &b.bytes)?;
+        if c.seq == 0 {
+            return None;
         }
-        None
+        let mut by_stack: Vec<StackBytes> = c
+            .bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &x)| x > 0)
+            .filter_map(|(i, &x)| {
+                Some(StackBytes {
+                    stack: self.stack(i)?,
+                    bytes: x,
+                })
+            })
+            .collect();
+        by_stack.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stack.id.cmp(&b.stack.id)));
+        Some(PeakStacks {
+            peak: c.total,
+            at_ns: c.at_ns,
+            by_stack,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{FLAG_COUNTING, HOST_PINNED};
-
-    fn zeroed() -> Box<Layout> {
-        // SAFETY: all-zero bytes are a valid value of every field (atomics),
-        // allocated zeroed on the heap (the layout is too big for a stack).
-        unsafe {
-            let layout = std::alloc::Layout::new::<Layout>();
-            let p = std::alloc::alloc_zeroed(layout).cast::<Layout>();
-            assert!(!p.is_null());
-            Box::from_raw(p)
-        }
-    }
+    use crate::layout::{zeroed, FLAG_COUNTING, HOST_PINNED};
 
     #[test]
     fn paths_are_named_once_and_sum_to_the_peak() {
