@@ -238,6 +238,31 @@ def test_oom_table_and_the_report_that_names_it(fake, tmp_path):
     src.close()
 
 
+def test_an_oom_record_that_cannot_be_written_names_no_earlier_file(fake, tmp_path, monkeypatch):
+    import memprobe
+    from memprobe.integrations.torch import allocator_sources
+    from memprobe.integrations.torch_attribution import record as rec_mod
+
+    src = allocator_sources(0, reserved=False, attribution=True)
+    t = memprobe.Tracker(src)
+    with t.epoch():
+        with t.step():
+            fake.free(addr=fake.alloc(MiB))
+    att = t.attribution
+    assert [os.path.basename(f) for f in att.files] == ["epoch-0-rank-0.json"]
+
+    def full(record, path):
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(rec_mod, "write", full)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert att.on_oom(0, 1 << 30) is None
+    assert len(att.files) == 1 and att.failures == 1 and isinstance(att.errors[0], OSError)
+    t.close()
+    src.close()
+
+
 def test_lightning_callback(fake, tmp_path):
     pl = require_module("lightning.pytorch", "lightning")
     import torch

@@ -238,14 +238,18 @@ class Attribution:
         self.lines.append(line)
         log.info("%s", line)
 
-    def _write(self, record: Dict[str, Any], kind: str, index: int, device: Optional[int]) -> None:
+    def _write(self, record: Dict[str, Any], kind: str, index: int, device: Optional[int]) -> Optional[str]:
+        """Writes ``record``; its path, or None when it could not be written."""
         self.records.append(record)
         folder = rec_mod.directory(self.options.directory)
         path = os.path.join(folder, rec_mod.file_name(kind, index, int(record["rank"]), device))
         try:
-            self.files.append(rec_mod.write(record, path))
+            written = rec_mod.write(record, path)
         except OSError as e:
             self._failed(e)
+            return None
+        self.files.append(written)
+        return written
 
     # --- out of memory ------------------------------------------------------------
 
@@ -259,9 +263,9 @@ class Attribution:
             t0 = time.perf_counter()
             snap = self._snapshot()
             blocks = sorted(live_blocks(snap, device).values(), key=lambda b: (-b.bytes, b.address))
-            # Frames of the blocks the snapshot names without them.
-            _frames_from_trace(blocks, device_trace(snap, device))
             trace = device_trace(snap, device)
+            # Frames of the blocks the snapshot names without them.
+            _frames_from_trace(blocks, trace)
             lost = len(trace) >= self.options.max_entries
             allocated = sum(b.bytes for b in blocks)
             replay = Replay(device, True, len(trace), lost, allocated, blocks)
@@ -281,8 +285,8 @@ class Attribution:
             cost = (time.perf_counter() - t0) * 1e3
             record["cost_ms"] = round(cost, 3)
             self.cost_ms += cost
-            self._write(record, "oom", index, None)
-            return self.files[-1] if self.files else None
+            # Not files[-1]: when this write fails, that is an earlier record.
+            return self._write(record, "oom", index, None)
         except Exception as e:  # noqa: BLE001 - never replace torch's own error
             self._failed(e)
             return None
