@@ -5,21 +5,16 @@
 //! byte where it is known, "unknown" with its reason where it is not.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+#[path = "cli/fake_gpu_libs.rs"]
+mod fake_gpu_libs;
 #[path = "cli/schema.rs"]
 mod schema;
 
 const MIB: u64 = 1 << 20;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn scratch() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -33,75 +28,15 @@ fn scratch() -> PathBuf {
     .clone()
 }
 
-fn cc(args: &[String], out: &Path) {
-    let o = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
 /// The directory of the fake driver and libraries, and the program.
 fn built() -> &'static (PathBuf, PathBuf) {
     static B: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     B.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-q", "-p", "memprobe-interpose-preload"])
-            .current_dir(root())
-            .status()
-            .expect("run cargo build");
-        assert!(st.success(), "cargo build -p memprobe-interpose-preload");
+        fake_gpu_libs::build_interposer();
         let dir = scratch().join("lib");
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = |n: &str| root().join(n).display().to_string();
-        let s = |x: &str| x.to_string();
-        let link = [format!("-L{}", dir.display()), s("-l:libcuda.so.1")];
-        cc(
-            &[
-                s("-shared"),
-                s("-fPIC"),
-                s("-Wl,-soname,libcuda.so.1"),
-                s("-Wl,-Bsymbolic"),
-                src("tests/fake-gpu/fake_cuda.c"),
-                s("-lpthread"),
-            ],
-            &dir.join("libcuda.so.1"),
-        );
-        let mut rt = vec![
-            s("-shared"),
-            s("-fPIC"),
-            s("-Wl,-soname,libcudart.so.12"),
-            src("tests/interpose/origin_runtime.c"),
-        ];
-        rt.extend(link.iter().cloned());
-        cc(&rt, &dir.join("libcudart.so.12"));
-        let mut nccl = vec![
-            s("-shared"),
-            s("-fPIC"),
-            s("-DLIB=nccl"),
-            s("-Wl,-soname,libfake_nccl.so"),
-            src("tests/interpose/origin_lib.c"),
-            s("-l:libcudart.so.12"),
-        ];
-        nccl.extend(link.iter().cloned());
-        cc(&nccl, &dir.join("libfake_nccl.so"));
+        fake_gpu_libs::origin_libs(&dir, &["nccl"]);
         let program = scratch().join("tree_origins");
-        let mut prog = vec![
-            s("-DLINKED"),
-            s("-DLIB=prog"),
-            format!("-I{}", root().join("tests/interpose").display()),
-            src("tests/interpose/tree_origins.c"),
-            src("tests/interpose/origin_lib.c"),
-            s("-l:libfake_nccl.so"),
-            s("-l:libcudart.so.12"),
-            s("-ldl"),
-        ];
-        prog.extend(link.iter().cloned());
-        cc(&prog, &program);
+        fake_gpu_libs::origin_program(&dir, "tree_origins.c", &["nccl"], &[], &program);
         (dir, program)
     })
 }

@@ -6,6 +6,7 @@
 //! libfake_cudnn; a fake NVML lists it with 20 MiB. And `memprobe run
 //! --gpu-exact=stacks:N`'s call paths (tests/interpose/stacks.c).
 
+use crate::fake_gpu_libs;
 use crate::schema::assert_valid;
 use crate::support::{memprobe, scratch, MIB};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,24 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn cc(args: &[String], out: &Path) {
-    let o = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
 
 struct Built {
     libs: PathBuf,
@@ -45,90 +28,19 @@ struct Built {
 fn built() -> &'static Built {
     static B: OnceLock<Built> = OnceLock::new();
     B.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-q", "-p", "memprobe-interpose-preload"])
-            .current_dir(root())
-            .status()
-            .expect("run cargo build");
-        assert!(st.success(), "cargo build -p memprobe-interpose-preload");
+        fake_gpu_libs::build_interposer();
         let interposer =
             Path::new(env!("CARGO_BIN_EXE_memprobe")).with_file_name("libmemprobe_interpose.so");
         assert!(interposer.exists(), "{}", interposer.display());
         let dir = scratch("origin-views");
-        let src = |n: &str| root().join(n).display().to_string();
-        let s = |x: &str| x.to_string();
-        let link = [format!("-L{}", dir.display()), s("-l:libcuda.so.1")];
-        cc(
-            &[
-                s("-shared"),
-                s("-fPIC"),
-                s("-Wl,-soname,libcuda.so.1"),
-                s("-Wl,-Bsymbolic"),
-                src("tests/fake-gpu/fake_cuda.c"),
-                s("-lpthread"),
-            ],
-            &dir.join("libcuda.so.1"),
-        );
         let nvml = dir.join("libnvidia-ml.so.1");
-        cc(
-            &[
-                s("-shared"),
-                s("-fPIC"),
-                src("tests/fake-gpu/fake_nvml.c"),
-                s("-lpthread"),
-            ],
-            &nvml,
-        );
-        let mut rt = vec![
-            s("-shared"),
-            s("-fPIC"),
-            s("-Wl,-soname,libcudart.so.12"),
-            src("tests/interpose/origin_runtime.c"),
-        ];
-        rt.extend(link.iter().cloned());
-        cc(&rt, &dir.join("libcudart.so.12"));
-        for lib in ["nccl", "cublas", "cudnn"] {
-            let mut v = vec![
-                s("-shared"),
-                s("-fPIC"),
-                format!("-DLIB={lib}"),
-                format!("-Wl,-soname,libfake_{lib}.so"),
-                src("tests/interpose/origin_lib.c"),
-                s("-l:libcudart.so.12"),
-            ];
-            v.extend(link.iter().cloned());
-            cc(&v, &dir.join(format!("libfake_{lib}.so")));
-        }
+        fake_gpu_libs::fake_nvml(&nvml);
+        let libs = ["nccl", "cublas", "cudnn"];
+        fake_gpu_libs::origin_libs(&dir, &libs);
         let program = dir.join("hold_origins");
-        let mut prog = vec![
-            s("-DLINKED"),
-            s("-DLIB=prog"),
-            format!("-I{}", root().join("tests/interpose").display()),
-            src("tests/interpose/hold_origins.c"),
-            src("tests/interpose/origin_lib.c"),
-            s("-l:libfake_nccl.so"),
-            s("-l:libfake_cublas.so"),
-            s("-l:libfake_cudnn.so"),
-            s("-l:libcudart.so.12"),
-            s("-ldl"),
-        ];
-        prog.extend(link.iter().cloned());
-        cc(&prog, &program);
+        fake_gpu_libs::origin_program(&dir, "hold_origins.c", &libs, &[], &program);
         let stacks = dir.join("stacks");
-        let mut st = vec![
-            s("-DLINKED"),
-            s("-DLIB=prog"),
-            s("-rdynamic"),
-            format!("-I{}", root().join("tests/interpose").display()),
-            src("tests/interpose/stacks.c"),
-            src("tests/interpose/origin_lib.c"),
-            s("-l:libfake_nccl.so"),
-            s("-l:libcudart.so.12"),
-            s("-ldl"),
-        ];
-        st.extend(link.iter().cloned());
-        cc(&st, &stacks);
+        fake_gpu_libs::origin_program(&dir, "stacks.c", &["nccl"], &["-rdynamic"], &stacks);
         Built {
             libs: dir,
             program,

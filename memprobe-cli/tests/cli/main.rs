@@ -3,6 +3,7 @@
 mod attribution;
 mod commands;
 mod exit_codes;
+mod fake_gpu_libs;
 mod gpu_origins_views;
 mod helper;
 mod host_kinds;
