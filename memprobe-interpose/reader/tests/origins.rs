@@ -19,55 +19,8 @@ const MIB: u64 = 1 << 20;
 /// The libraries and the program of tests/interpose/origin*.c, built once.
 fn origins_program() -> PathBuf {
     static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let fake = fake_driver(false);
-        let dir = scratch().join("origins");
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = |n: &str| root().join("tests/interpose").join(n);
-        let link = |extra: &[&str]| {
-            let mut v = vec![
-                format!("-L{}", dir.display()),
-                format!("-L{}", fake.display()),
-            ];
-            v.extend(extra.iter().map(|s| s.to_string()));
-            v.push("-lcuda".into());
-            v
-        };
-        cc(
-            &["-shared", "-fPIC", "-Wl,-soname,libcudart.so.12"],
-            &[src("origin_runtime.c")],
-            &dir.join("libcudart.so.12"),
-            &link(&[]),
-        );
-        for lib in ["nccl", "cublas"] {
-            let def = format!("-DLIB={lib}");
-            let soname = format!("-Wl,-soname,libfake_{lib}.so");
-            cc(
-                &["-shared", "-fPIC", &def, &soname],
-                &[src("origin_lib.c")],
-                &dir.join(format!("libfake_{lib}.so")),
-                &link(&["-l:libcudart.so.12"]),
-            );
-        }
-        // The program's own copy of the library code: its allocations are
-        // the program's.
-        let out = dir.join("origins");
-        let inc = format!("-I{}", root().join("tests/interpose").display());
-        cc(
-            &["-DLINKED", "-DLIB=prog", &inc],
-            &[src("origins.c"), src("origin_lib.c")],
-            &out,
-            &link(&[
-                "-l:libfake_nccl.so",
-                "-l:libfake_cublas.so",
-                "-l:libcudart.so.12",
-                "-ldl",
-                "-lpthread",
-            ]),
-        );
-        out
-    })
-    .clone()
+    PROG.get_or_init(|| origin_program("origins", &["nccl", "cublas"], "origins.c", &[], "origins"))
+        .clone()
 }
 
 /// Bytes by origin file name on `counter`, now.

@@ -18,48 +18,8 @@ const MIB: u64 = 1 << 20;
 /// The library and the program of tests/interpose/stacks.c, built once.
 fn stacks_program() -> PathBuf {
     static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let fake = fake_driver(false);
-        let dir = scratch().join("stacks");
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = |n: &str| root().join("tests/interpose").join(n);
-        let link = |extra: &[&str]| {
-            let mut v = vec![
-                format!("-L{}", dir.display()),
-                format!("-L{}", fake.display()),
-            ];
-            v.extend(extra.iter().map(|s| s.to_string()));
-            v.push("-lcuda".into());
-            v
-        };
-        cc(
-            &["-shared", "-fPIC", "-Wl,-soname,libcudart.so.12"],
-            &[src("origin_runtime.c")],
-            &dir.join("libcudart.so.12"),
-            &link(&[]),
-        );
-        cc(
-            &[
-                "-shared",
-                "-fPIC",
-                "-DLIB=nccl",
-                "-Wl,-soname,libfake_nccl.so",
-            ],
-            &[src("origin_lib.c")],
-            &dir.join("libfake_nccl.so"),
-            &link(&["-l:libcudart.so.12"]),
-        );
-        let out = dir.join("stacks");
-        let inc = format!("-I{}", root().join("tests/interpose").display());
-        cc(
-            &["-DLINKED", "-DLIB=prog", "-rdynamic", &inc],
-            &[src("stacks.c"), src("origin_lib.c")],
-            &out,
-            &link(&["-l:libfake_nccl.so", "-l:libcudart.so.12", "-ldl"]),
-        );
-        out
-    })
-    .clone()
+    PROG.get_or_init(|| origin_program("stacks", &["nccl"], "stacks.c", &["-rdynamic"], "stacks"))
+        .clone()
 }
 
 /// Runs the program with `MEMPROBE_GPU_ORIGINS=mode`, calling `check` at

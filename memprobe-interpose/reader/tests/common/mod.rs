@@ -181,6 +181,63 @@ pub fn next_library() -> PathBuf {
     .clone()
 }
 
+/// In `scratch()/<name>`: the runtime stand-in (libcudart.so.12) and
+/// `libfake_<LIB>.so` for each of `libs` (tests/interpose/origin_lib.c),
+/// over the fake driver; and the program `out_name` built from
+/// tests/interpose/`source` with its own copy of the library code (its
+/// allocations are the program's), `flags` added, linked to `libs`.
+pub fn origin_program(
+    name: &str,
+    libs: &[&str],
+    source: &str,
+    flags: &[&str],
+    out_name: &str,
+) -> PathBuf {
+    let fake = fake_driver(false);
+    let dir = scratch().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = |n: &str| root().join("tests/interpose").join(n);
+    let link = |extra: &[String]| {
+        let mut v = vec![
+            format!("-L{}", dir.display()),
+            format!("-L{}", fake.display()),
+        ];
+        v.extend(extra.iter().cloned());
+        v.push("-lcuda".into());
+        v
+    };
+    let rt = ["-l:libcudart.so.12".to_string()];
+    cc(
+        &["-shared", "-fPIC", "-Wl,-soname,libcudart.so.12"],
+        &[src("origin_runtime.c")],
+        &dir.join("libcudart.so.12"),
+        &link(&[]),
+    );
+    for lib in libs {
+        let def = format!("-DLIB={lib}");
+        let soname = format!("-Wl,-soname,libfake_{lib}.so");
+        cc(
+            &["-shared", "-fPIC", &def, &soname],
+            &[src("origin_lib.c")],
+            &dir.join(format!("libfake_{lib}.so")),
+            &link(&rt),
+        );
+    }
+    let out = dir.join(out_name);
+    let inc = format!("-I{}", root().join("tests/interpose").display());
+    let mut args = vec!["-DLINKED", "-DLIB=prog", &inc];
+    args.extend(flags);
+    let mut tail: Vec<String> = libs.iter().map(|l| format!("-l:libfake_{l}.so")).collect();
+    tail.extend(["-l:libcudart.so.12", "-ldl", "-lpthread"].map(String::from));
+    cc(
+        &args,
+        &[src(source), src("origin_lib.c")],
+        &out,
+        &link(&tail),
+    );
+    out
+}
+
 /// A fresh directory for region files (one per test: tests run in
 /// parallel and must not reclaim each other's).
 pub fn region_dir(test: &str) -> PathBuf {
