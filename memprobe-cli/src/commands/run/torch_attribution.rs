@@ -203,8 +203,10 @@ pub(crate) fn read_dir(dir: &Path, since: Option<SystemTime>) -> (Vec<TorchRecor
     }
     files.sort();
     if files.len() > MAX_FILES {
+        // Said as the caller says every warning: "record FILE: WHY (skipped)".
+        let (first, last) = (&files[MAX_FILES].5, &files[files.len() - 1].5);
         warnings.push(format!(
-            "{} attribution records, the first {MAX_FILES} read",
+            "{first} to {last}: past the first {MAX_FILES} of {} records",
             files.len()
         ));
         files.truncate(MAX_FILES);
@@ -666,7 +668,8 @@ mod tests {
         let (records, warnings) = read_dir(&d, None);
         assert_eq!(records.len(), MAX_FILES, "{warnings:#?}");
         assert!(
-            warnings.iter().any(|w| w.contains("the first 1024 read")),
+            warnings.iter().any(|w| w
+                == "epoch-1024-rank-0.json to epoch-5000-rank-0.json: past the first 1024 of 1026 records"),
             "{warnings:#?}"
         );
         std::fs::remove_dir_all(&d).unwrap();
