@@ -5,7 +5,7 @@
 //! [`TOP`] origins and one line for the rest.
 
 use crate::units;
-use memprobe_interpose_reader::origin_names::familiar_name;
+use memprobe_interpose_reader::origin_names::by_familiar_name;
 use memprobe_interpose_reader::{all_region_dirs, processes, Counter, Region};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -64,18 +64,10 @@ fn of_region(r: &Region, device: u32) -> Option<ProcessOrigins> {
     if !r.keeps_origins() {
         return None;
     }
-    let mut named: Vec<OriginHeld> = Vec::new();
-    for o in r.live_by_origin(Counter::Device(device)) {
-        let name = familiar_name(&o.origin.library, o.origin.program);
-        match named.iter_mut().find(|n| n.name == name) {
-            Some(n) => n.bytes += o.bytes,
-            None => named.push(OriginHeld {
-                name,
-                bytes: o.bytes,
-            }),
-        }
-    }
-    named.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    let mut named: Vec<OriginHeld> = by_familiar_name(&r.live_by_origin(Counter::Device(device)))
+        .into_iter()
+        .map(|(name, bytes)| OriginHeld { name, bytes })
+        .collect();
     let held_bytes = named.iter().map(|n| n.bytes).sum();
     let rest: Vec<OriginHeld> = named.split_off(named.len().min(TOP));
     Some(ProcessOrigins {

@@ -11,7 +11,7 @@
 //! it loads.
 
 use crate::text::{Exposition, Type};
-use memprobe_interpose_reader::origin_names::familiar_name;
+use memprobe_interpose_reader::origin_names::by_familiar_name;
 use memprobe_interpose_reader::origins::{OriginBytes, OVERFLOW_LIBRARY};
 use memprobe_interpose_reader::{all_region_dirs, processes, Counter, Region};
 use std::path::PathBuf;
@@ -101,20 +101,9 @@ fn of_dirs(dirs: &[PathBuf]) -> Vec<ProcessOrigins> {
 /// largest [`TOP_ORIGINS`], then [`OTHER`] for the rest (absent when
 /// nothing is left over).
 pub(crate) fn bounded(origins: &[OriginBytes]) -> Vec<(String, u64)> {
-    let mut named: Vec<(String, u64)> = Vec::new();
-    let mut other = 0u64;
-    for o in origins {
-        if o.origin.library == OVERFLOW_LIBRARY {
-            other += o.bytes;
-            continue;
-        }
-        let name = familiar_name(&o.origin.library, o.origin.program);
-        match named.iter_mut().find(|(n, _)| *n == name) {
-            Some(e) => e.1 += o.bytes,
-            None => named.push((name, o.bytes)),
-        }
-    }
-    named.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let overflow = |o: &&OriginBytes| o.origin.library == OVERFLOW_LIBRARY;
+    let mut other: u64 = origins.iter().filter(overflow).map(|o| o.bytes).sum();
+    let mut named = by_familiar_name(origins.iter().filter(|o| !overflow(o)));
     if named.len() > TOP_ORIGINS {
         other += named[TOP_ORIGINS..].iter().map(|n| n.1).sum::<u64>();
         named.truncate(TOP_ORIGINS);

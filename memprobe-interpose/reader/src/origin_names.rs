@@ -3,7 +3,7 @@
 //! every place that shows origins (`memprobe run`, `gpus`, `watch`, the
 //! out-of-memory report, the exporter's gauge) says the same thing.
 
-use crate::origins::{Origin, OVERFLOW_LIBRARY, UNKNOWN_LIBRARY};
+use crate::origins::{Origin, OriginBytes, OVERFLOW_LIBRARY, UNKNOWN_LIBRARY};
 
 /// Library file-name prefixes and what they are.
 const KNOWN: [(&str, &str); 9] = [
@@ -42,6 +42,24 @@ impl Origin {
     }
 }
 
+/// `origins`' bytes under their familiar names (two libraries may share
+/// one: `libcudnn_ops` and `libcudnn_cnn` are both cuDNN), largest first,
+/// ties by name: what every per-process view lists.
+pub fn by_familiar_name<'a>(
+    origins: impl IntoIterator<Item = &'a OriginBytes>,
+) -> Vec<(String, u64)> {
+    let mut named: Vec<(String, u64)> = Vec::new();
+    for o in origins {
+        let name = o.origin.familiar_name();
+        match named.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += o.bytes,
+            None => named.push((name, o.bytes)),
+        }
+    }
+    named.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    named
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +82,34 @@ mod tests {
             "code the loader cannot place"
         );
         assert_eq!(familiar_name(OVERFLOW_LIBRARY, false), "other origins");
+    }
+
+    #[test]
+    fn same_names_are_summed_largest_first() {
+        let o = |library: &str, program: bool, bytes: u64| OriginBytes {
+            origin: Origin {
+                id: 0,
+                library: library.into(),
+                symbol: None,
+                address: 0,
+                offset: 0,
+                program,
+            },
+            bytes,
+        };
+        let v = [
+            o("/x/libcudnn_ops.so.9", false, 3),
+            o("/usr/lib/libnccl.so.2", false, 5),
+            o("/x/libcudnn_cnn.so.9", false, 4),
+            o("/usr/bin/python3", true, 5),
+        ];
+        assert_eq!(
+            by_familiar_name(&v),
+            vec![
+                ("cuDNN".to_string(), 7),
+                ("NCCL".to_string(), 5),
+                ("the program".to_string(), 5)
+            ]
+        );
     }
 }
