@@ -34,6 +34,7 @@ mod reader;
 mod reclaim;
 mod region_dirs;
 mod seqlock;
+mod slot_claim;
 pub mod stacks;
 pub mod tree_counter;
 

@@ -16,7 +16,7 @@ use crate::layout::{Layout, COUNTERS};
 pub use crate::layout::{
     OriginSlot, Origins, PeakBreakdown, LIBRARY_BYTES, MAX_ORIGINS, ORIGIN_PROGRAM, SYMBOL_BYTES,
 };
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicU8, Ordering::*};
 
 /// The library name of the overflow slot.
 pub const OVERFLOW_LIBRARY: &str = "(other origins: table full)";
@@ -24,19 +24,7 @@ pub const OVERFLOW_LIBRARY: &str = "(other origins: table full)";
 /// a stack without unwind information); its address is still kept.
 pub const UNKNOWN_LIBRARY: &str = "(unknown)";
 
-const FREE: u32 = 0;
-const READY: u32 = 2;
-
-fn lock(l: &AtomicU32) {
-    while l.swap(1, Acquire) != 0 {
-        std::hint::spin_loop();
-        std::thread::yield_now();
-    }
-}
-
-fn unlock(l: &AtomicU32) {
-    l.store(0, Release);
-}
+use crate::slot_claim::{lock, unlock, FREE, READY};
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -13,7 +13,7 @@
 
 use crate::layout::{Layout, StackBreakdown, COUNTERS, FRAME_NAME_BYTES};
 pub use crate::layout::{DEFAULT_STACK_DEPTH, MAX_FRAME_NAMES, MAX_STACKS, MAX_STACK_DEPTH};
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::Ordering::*;
 
 /// The one frame of the overflow slot.
 pub const OVERFLOW_STACK: &str = "(other stacks: table full)";
@@ -22,19 +22,7 @@ pub const OVERFLOW_FRAME: &str = "(other frames: table full)";
 /// A stack slot number meaning "no stack" (stacks off).
 pub const NO_STACK: usize = usize::MAX;
 
-const FREE: u32 = 0;
-const READY: u32 = 2;
-
-fn lock(l: &AtomicU32) {
-    while l.swap(1, Acquire) != 0 {
-        std::hint::spin_loop();
-        std::thread::yield_now();
-    }
-}
-
-fn unlock(l: &AtomicU32) {
-    l.store(0, Release);
-}
+use crate::slot_claim::{lock, unlock, FREE, READY};
 
 /// The writer's side.
 impl Layout {
