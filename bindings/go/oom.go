@@ -79,6 +79,12 @@ type OOMEvent struct {
 	DeviceFreeBytes  uint64
 	// Caches per device.
 	Caches []OOMCache
+	// LiveBlocksJSON is what the framework had live at the failure: one
+	// torch attribution record of kind "oom" (memprobe.torch_attribution/1)
+	// as JSON ("": none). The report embeds it as live_blocks; a record
+	// that is not valid JSON, has another schema or is over 256 KiB is left
+	// out, with live_blocks_error saying why, and the report is written.
+	LiveBlocksJSON string
 }
 
 // OOMStatus says where a tracker's out-of-memory report stands.
@@ -161,6 +167,8 @@ func (t *Tracker) ReportOOMEvent(e OOMEvent) error {
 	defer freeCString(c.reported_by)
 	c.detail = cString(e.Detail, true)
 	defer freeCString(c.detail)
+	c.live_blocks_json = cString(e.LiveBlocksJSON, true)
+	defer freeCString(c.live_blocks_json)
 	if e.HasDeviceFigures {
 		c.valid = C.MEMPROBE_OOM_EVENT_DEVICE_TOTAL | C.MEMPROBE_OOM_EVENT_DEVICE_FREE
 		c.device_total_bytes = C.uint64_t(e.DeviceTotalBytes)

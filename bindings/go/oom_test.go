@@ -142,8 +142,15 @@ func TestOOMReportFromTheCaller(t *testing.T) {
 			AllocatedBytes:  60 * gib,
 			ReleasableBytes: 3 * gib,
 		}},
+		LiveBlocksJSON: `{"schema": "memprobe.torch_attribution/1", "kind": "oom", "requested_bytes": 1073741824,
+			"blocks": [{"bytes": 536870912, "frames": [{"file": "train.py", "line": 42, "function": "forward"}]}],
+			"segments": [{"address": 1, "bytes": 805306368, "allocated": 536870912, "stream": 0}]}`,
 	}))
 	doc = readReport(t, path)
+	live := doc["live_blocks"].(map[string]any)
+	if live["requested_bytes"] != float64(gib) || len(live["blocks"].([]any)) != 1 || doc["live_blocks_error"] != nil {
+		t.Fatalf("live blocks %v, error %v", live, doc["live_blocks_error"])
+	}
 	failed := doc["failed_allocation"].(map[string]any)
 	if failed["reported_by"] != "torch" || failed["device_free_bytes"] != float64(gib/4) {
 		t.Fatalf("failed %v", failed)

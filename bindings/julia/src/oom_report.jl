@@ -46,6 +46,7 @@ struct COomReportEvent
     device_total_bytes::UInt64
     device_free_bytes::UInt64
     caches::Ptr{COomReportCache}
+    live_blocks_json::Ptr{UInt8}
 end
 
 struct COomReportStatus  # layout: memprobe_oom_report_status
@@ -116,16 +117,21 @@ clear_oom_report!(t::Tracker) =
 
 """
     report_oom!(t, device=-1, requested_bytes=0, detail=nothing;
-                reported_by=nothing, device_total=nothing, device_free=nothing, caches=OomCache[])
+                reported_by=nothing, device_total=nothing, device_free=nothing, caches=OomCache[],
+                live_blocks_json=nothing)
 
 Reports an allocation that failed for lack of memory: the first report is
-written, later ones are counted.
+written, later ones are counted. `live_blocks_json`: what the framework had
+live, one torch attribution record of kind "oom" as JSON (embedded as
+`live_blocks`; a refused one is left out with `live_blocks_error`).
 """
 function report_oom!(t::Tracker, device::Integer=OOM_DEVICE_UNKNOWN, requested_bytes::Integer=0,
                      detail=nothing; reported_by=nothing, device_total=nothing, device_free=nothing,
-                     caches=OomCache[])
+                     caches=OomCache[], live_blocks_json=nothing)
     d = detail === nothing ? nothing : String(detail)
-    if reported_by === nothing && device_total === nothing && device_free === nothing && isempty(caches)
+    live = live_blocks_json === nothing ? nothing : String(live_blocks_json)
+    if reported_by === nothing && device_total === nothing && device_free === nothing && isempty(caches) &&
+       live === nothing
         GC.@preserve d check(ccall(sym(:memprobe_tracker_report_oom), UInt32,
                                    (Ptr{Cvoid}, Int32, UInt64, Ptr{UInt8}), t.handle, device,
                                    requested_bytes, _cptr(d)))
@@ -139,10 +145,10 @@ function report_oom!(t::Tracker, device::Integer=OOM_DEVICE_UNKNOWN, requested_b
                     something(c.releasable, 0)) for c in caches]
     valid = (device_total === nothing ? UInt32(0) : OOM_EVENT_DEVICE_TOTAL) |
             (device_free === nothing ? UInt32(0) : OOM_EVENT_DEVICE_FREE)
-    GC.@preserve d by cs begin
+    GC.@preserve d by cs live begin
         e = COomReportEvent(UInt32(sizeof(COomReportEvent)), device, requested_bytes, _cptr(by), _cptr(d), valid,
                       length(cs), something(device_total, 0), something(device_free, 0),
-                      isempty(cs) ? Ptr{COomReportCache}(C_NULL) : pointer(cs))
+                      isempty(cs) ? Ptr{COomReportCache}(C_NULL) : pointer(cs), _cptr(live))
         check(ccall(sym(:memprobe_tracker_report_oom_event), UInt32, (Ptr{Cvoid}, Ref{COomReportEvent}),
                     t.handle, e))
     end

@@ -217,6 +217,7 @@ class memprobe_oom_report_event(Structure):
         ("device_total_bytes", c_uint64),
         ("device_free_bytes", c_uint64),
         ("caches", POINTER(memprobe_oom_report_cache)),
+        ("live_blocks_json", c_char_p),
     ]
 
 

@@ -715,19 +715,25 @@ class Tracker(Owned):
         device_total: Optional[int] = None,
         device_free: Optional[int] = None,
         caches: Iterable[OomCache] = (),
+        live_blocks_json: Optional[str] = None,
     ) -> None:
         """Reports an allocation that failed for lack of memory (the caller's
         trigger): on ``device`` (-1: unknown), asking ``requested_bytes`` (0:
         unknown), with ``detail`` (an exception's message). ``reported_by``
         names the framework (default ``"caller"``), ``device_total`` /
         ``device_free`` are the device's figures as it saw them, ``caches``
-        its caches per device. The first report after configuration (or
-        re-arming) is written, with the open phases measured now; later ones
-        are counted. :class:`~memprobe.WrongOrderError` when no report is
+        its caches per device, ``live_blocks_json`` what it had live (one
+        ``memprobe.torch_attribution/1`` record of kind ``oom`` as JSON,
+        embedded as the report's ``live_blocks``; one that is not valid
+        JSON, has another schema or is over 256 KiB is left out, the
+        report's ``live_blocks_error`` saying why). The first report after
+        configuration (or re-arming) is written, with the open phases
+        measured now; later ones are counted. :class:`~memprobe.WrongOrderError` when no report is
         configured for the caller's trigger."""
         caches = list(caches)
         text = detail.encode("utf-8", "replace") if detail is not None else None
-        if reported_by is None and device_total is None and device_free is None and not caches:
+        plain = reported_by is None and device_total is None and device_free is None
+        if plain and not caches and live_blocks_json is None:
             check(C.memprobe_tracker_report_oom(self._handle, int(device), int(requested_bytes), text))
             return
         e = _ffi.memprobe_oom_report_event()
@@ -736,6 +742,10 @@ class Tracker(Owned):
         e.requested_bytes = int(requested_bytes)
         e.reported_by = reported_by.encode() if reported_by is not None else None
         e.detail = text
+        # "surrogatepass": a lone surrogate reaches the library, which says
+        # the record is not UTF-8, rather than failing here.
+        if live_blocks_json is not None:
+            e.live_blocks_json = live_blocks_json.encode("utf-8", "surrogatepass")
         valid = 0
         if device_total is not None:
             valid |= _ffi.MEMPROBE_OOM_EVENT_DEVICE_TOTAL

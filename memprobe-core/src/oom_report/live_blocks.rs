@@ -229,10 +229,13 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn err(&self, what: &str) -> String {
-        format!(
-            "the live-blocks record is not JSON: {what} at byte {}",
-            self.at
-        )
+        let at = self.at;
+        if at >= self.s.len() && what != "unexpected end" {
+            return format!(
+                "the live-blocks record is not JSON: unexpected end at byte {at} ({what})"
+            );
+        }
+        format!("the live-blocks record is not JSON: {what} at byte {at}")
     }
 
     fn ws(&mut self) {

@@ -91,15 +91,46 @@ pub(crate) fn call(op: u64, rng: &mut Rng, p: &mut Pool, cx: &Seq) {
                         }];
                         let by = text(rng);
                         let mut e: oom_report::memprobe_oom_report_event = std::mem::zeroed();
-                        e.struct_size = if rng.chance(90) {
-                            std::mem::size_of::<oom_report::memprobe_oom_report_event>() as u32
-                        } else {
-                            rng.below(48) as u32
+                        // Ours, the header's before live_blocks_json (64 bytes),
+                        // or too small.
+                        e.struct_size = match rng.below(10) {
+                            0..=7 => {
+                                std::mem::size_of::<oom_report::memprobe_oom_report_event>() as u32
+                            }
+                            8 => 64,
+                            _ => rng.below(48) as u32,
                         };
                         e.device = device;
                         e.requested_bytes = rng.next();
                         e.reported_by = cptr(&by);
                         e.detail = cptr(&detail);
+                        // A record, a cut or garbled one, or text.
+                        let live = match rng.below(4) {
+                            0 => text(rng),
+                            n => {
+                                let record = format!(
+                                    "{{\"schema\":\"memprobe.torch_attribution/1\",\"kind\":\"oom\",\
+                                     \"requested_bytes\":{},\"blocks\":[{{\"bytes\":{},\"frames\":\
+                                     [{{\"file\":\"t.py\",\"line\":{},\"function\":\"f\"}}]}}],\
+                                     \"segments\":[{{\"bytes\":{},\"allocated\":{}}}]}}",
+                                    rng.next(),
+                                    rng.next(),
+                                    rng.below(1000),
+                                    rng.next(),
+                                    rng.next()
+                                );
+                                let cut = match n {
+                                    1 => record.len(),
+                                    _ => rng.below(record.len() as u64) as usize,
+                                };
+                                Some(std::ffi::CString::new(&record[..cut]).unwrap())
+                            }
+                        };
+                        if e.struct_size as usize
+                            == std::mem::size_of::<oom_report::memprobe_oom_report_event>()
+                        {
+                            e.live_blocks_json = cptr(&live);
+                        }
                         e.valid = rng.below(8) as u32;
                         e.n_caches = rng.below(3) as u32;
                         e.caches = if rng.chance(80) {

@@ -664,6 +664,18 @@ def _torch_caches(cuda: Any) -> List["OomCache"]:
     return out
 
 
+def _first_record_text(paths: List[str]) -> Optional[str]:
+    """The first readable table's JSON, as written (the report embeds it
+    and checks it; it is never rebuilt here). None when there is none."""
+    for p in paths:
+        try:
+            with open(p, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
+
+
 def _on_torch_oom(device: int, alloc: int, device_total: int, device_free: int) -> None:
     """PyTorch's out-of-memory observer: called by the caching allocator
     when it gives up on an allocation (after freeing its cache and retrying),
@@ -689,6 +701,7 @@ def _on_torch_oom(device: int, alloc: int, device_total: int, device_free: int) 
         )
         if tables:
             detail += "; live blocks: " + ", ".join(tables)
+        live = _first_record_text(tables)
         for t in trackers:
             try:
                 t.report_oom(
@@ -699,6 +712,7 @@ def _on_torch_oom(device: int, alloc: int, device_total: int, device_free: int) 
                     device_total=int(device_total),
                     device_free=int(device_free),
                     caches=caches,
+                    live_blocks_json=live,
                 )
             except Exception:  # noqa: BLE001 - its report is not configured any more
                 pass
