@@ -8,9 +8,9 @@
 
 use crate::fake_gpu_libs;
 use crate::schema::assert_valid;
+use crate::serve::{announced, get};
 use crate::support::{memprobe, scratch, MIB};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -254,15 +254,6 @@ fn watch_shows_the_origin_line_under_the_process() {
     );
 }
 
-fn get(addr: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
-}
-
 #[test]
 fn serve_exports_each_process_memory_by_origin() {
     let h = Holder::start("serve");
@@ -271,14 +262,8 @@ fn serve_exports_each_process_memory_by_origin() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("serve announces its address").unwrap();
-        if let Some(rest) = line.strip_prefix("memprobe: serving http://") {
-            break rest.trim_end_matches("/metrics").to_owned();
-        }
-    };
-    let text = get(&addr);
+    let addr = announced(&mut child);
+    let text = get(&addr, "/metrics");
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     assert_eq!(child.wait().unwrap().code(), Some(0));

@@ -3,16 +3,29 @@
 use crate::support::memprobe;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-fn get(addr: &str, path: &str) -> String {
+/// The response to `GET path` from the server at `addr`, whole.
+pub(crate) fn get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text
+}
+
+/// The address a `memprobe serve` child says it listens on (its stderr
+/// piped).
+pub(crate) fn announced(child: &mut Child) -> String {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("serve announces its address").unwrap();
+        if let Some(rest) = line.strip_prefix("memprobe: serving http://") {
+            break rest.trim_end_matches("/metrics").to_owned();
+        }
+    }
 }
 
 #[test]
@@ -23,13 +36,7 @@ fn serve_exports_the_node_and_stops_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("serve announces its address").unwrap();
-        if let Some(rest) = line.strip_prefix("memprobe: serving http://") {
-            break rest.trim_end_matches("/metrics").to_owned();
-        }
-    };
+    let addr = announced(&mut child);
     let text = get(&addr, "/metrics");
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains("kind=\"system_ram\""), "{text}");
