@@ -20,6 +20,7 @@
 
 mod child;
 pub(crate) mod cpu_cap;
+mod event_filter;
 mod exit_stats;
 mod gpu_exact;
 mod gpu_origins;

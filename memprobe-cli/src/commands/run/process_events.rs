@@ -16,7 +16,10 @@
 //! as the tree's root: the command's own `fork` is the first event of the
 //! tree, so no early child of the command can be missed. Events arrive for
 //! the whole machine; a socket that overflows (`ENOBUFS`) loses some, which
-//! is counted, and the tracking is then no longer complete.
+//! is counted, and the tracking is then no longer complete. A socket filter
+//! ([`crate::commands::run::event_filter`]) has the kernel drop, before
+//! waking the listener, the events of threads and the kinds it never reads;
+//! where the kernel refuses the filter, every event is read as before.
 
 use super::tree_sampler::Feed;
 use std::collections::HashMap;
@@ -65,6 +68,9 @@ pub(crate) struct Lifetimes {
     pub(crate) overflows: u64,
     /// Members not tracked beyond [`MAX_MEMBERS`].
     pub(crate) dropped: u64,
+    /// Events of threads read and discarded (the socket filter keeps them
+    /// out where the kernel takes it).
+    pub(crate) thread_events: u64,
     /// The sampler's queue of births and renames (no report of its own).
     feed: Feed,
 }
@@ -93,6 +99,7 @@ impl Lifetimes {
                 };
                 // A new thread is no new process.
                 if child_pid != child_tgid {
+                    self.thread_events += 1;
                     return;
                 }
                 if parent_tgid != me && !self.members.contains_key(&parent_tgid) {
@@ -131,6 +138,7 @@ impl Lifetimes {
                     return;
                 };
                 if pid != tgid {
+                    self.thread_events += 1;
                     return;
                 }
                 if let (Some(m), Some(raw)) = (self.members.get_mut(&pid), ev.get(24..40)) {
@@ -146,6 +154,7 @@ impl Lifetimes {
                 };
                 // A thread's exit is no process's end.
                 if pid != tgid {
+                    self.thread_events += 1;
                     return;
                 }
                 if let Some(m) = self.members.get_mut(&pid) {
@@ -181,7 +190,12 @@ impl ProcessEvents {
     /// `Err`: why not (no `CAP_NET_ADMIN` before Linux 6.6, no connector in
     /// the kernel).
     pub(crate) fn start() -> Result<ProcessEvents, String> {
-        let sock = subscribe().map_err(|e| {
+        Self::start_with(super::event_filter::wanted())
+    }
+
+    /// [`ProcessEvents::start`], with the socket filter or without it.
+    fn start_with(filter: bool) -> Result<ProcessEvents, String> {
+        let (sock, filter) = subscribe(filter).map_err(|e| {
             let hint = if e.raw_os_error() == Some(libc::EPERM) {
                 " (needs CAP_NET_ADMIN before Linux 6.6)"
             } else {
@@ -189,6 +203,11 @@ impl ProcessEvents {
             };
             format!("the kernel's process events are not readable{hint}: {e}")
         })?;
+        if let Err(e) = filter {
+            crate::say::say!(
+                "memprobe: warning: process events unfiltered (every thread's events are read): {e}"
+            );
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
         let me = std::process::id();
@@ -217,7 +236,9 @@ impl ProcessEvents {
     }
 }
 
-fn subscribe() -> io::Result<OwnedFd> {
+/// The subscribed socket, and whether its filter, where wanted, was
+/// attached (`Err`: the kernel refused it; the socket works unfiltered).
+fn subscribe(filter: bool) -> io::Result<(OwnedFd, io::Result<()>)> {
     // SAFETY: plain socket call.
     let fd = unsafe {
         libc::socket(
@@ -231,6 +252,12 @@ fn subscribe() -> io::Result<OwnedFd> {
     }
     // SAFETY: a new descriptor owned by nobody else.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Before subscribing: no unfiltered event is ever queued.
+    let filter = if filter {
+        super::event_filter::attach(fd)
+    } else {
+        Ok(())
+    };
     // A large buffer: events come for the whole machine. FORCE needs
     // CAP_NET_ADMIN, which a listener has; the plain one is the fallback.
     let size: libc::c_int = 8 << 20;
@@ -299,7 +326,7 @@ fn subscribe() -> io::Result<OwnedFd> {
     if sent < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(sock)
+    Ok((sock, filter))
 }
 
 fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32, feed: Feed) -> Lifetimes {
@@ -415,5 +442,86 @@ mod tests {
         assert_eq!(killed.len(), 1, "{seen:#?}");
         let parent = &seen.members[&killed[0].ppid];
         assert_eq!(parent.wait_status, Some(0));
+    }
+
+    /// Set in the child of [`a_child_with_200_threads_keeps_its_processes`].
+    const THREADS_ENV: &str = "MEMPROBE_TEST_SPAWN_THREADS";
+
+    /// Runs only as that child (re-executed test binary): spawns and joins
+    /// the threads, then runs a process that exits with 3.
+    #[test]
+    fn helper_spawns_threads_then_a_process() {
+        let Some(n) = std::env::var(THREADS_ENV).ok().and_then(|n| n.parse().ok()) else {
+            return;
+        };
+        let threads: Vec<_> = (0..n).map(|_| thread::spawn(|| {})).collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let st = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(3));
+    }
+
+    /// What was seen while the child ran, and the child's pid.
+    fn run_threads(filter: bool) -> Option<(Lifetimes, u32)> {
+        let events = match ProcessEvents::start_with(filter) {
+            Ok(e) => e,
+            Err(why) => {
+                eprintln!("not listening here: {why}");
+                return None;
+            }
+        };
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "commands::run::process_events::tests::helper_spawns_threads_then_a_process",
+                "--test-threads=1",
+                "-q",
+            ])
+            .env(THREADS_ENV, "200")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        Some((events.finish(), child.id()))
+    }
+
+    /// The members born of `pid`.
+    fn children(seen: &Lifetimes, pid: u32) -> Vec<&Life> {
+        seen.members.values().filter(|m| m.ppid == pid).collect()
+    }
+
+    /// With the filter, a child's 200 threads reach the listener not at
+    /// all (nor any other thread's events on the machine), while the
+    /// processes' births and exits still do; without it, at least those
+    /// 400 thread events are read.
+    #[test]
+    fn a_child_with_200_threads_keeps_its_processes() {
+        let Some((seen, pid)) = run_threads(true) else {
+            return;
+        };
+        assert!(seen.complete(), "{seen:#?}");
+        assert_eq!(seen.thread_events, 0, "{seen:#?}");
+        let child = &seen.members[&pid];
+        assert_eq!(child.wait_status, Some(0), "{seen:#?}");
+        let grandchildren = children(&seen, pid);
+        assert_eq!(grandchildren.len(), 1, "{seen:#?}");
+        let g = grandchildren[0];
+        assert_eq!(g.wait_status, Some(3 << 8), "{seen:#?}");
+        assert!(g.ended_ns >= Some(g.born_ns));
+
+        let (unfiltered, pid) = run_threads(false).expect("listening as before");
+        assert!(
+            unfiltered.thread_events >= 400,
+            "{}",
+            unfiltered.thread_events
+        );
+        assert_eq!(unfiltered.members[&pid].wait_status, Some(0));
+        let grandchildren = children(&unfiltered, pid);
+        assert_eq!(grandchildren.len(), 1, "{unfiltered:#?}");
+        assert_eq!(grandchildren[0].wait_status, Some(3 << 8));
     }
 }
