@@ -5,6 +5,7 @@ mod commands;
 mod exit_codes;
 mod fake_gpu_libs;
 mod gpu_origins_views;
+mod gpu_stacks_json;
 mod helper;
 mod host_kinds;
 mod max_cpu;

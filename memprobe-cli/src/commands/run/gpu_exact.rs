@@ -643,8 +643,8 @@ pub(crate) struct ExactProcessReport {
     /// there (null: none kept, e.g. MEMPROBE_GPU_ORIGINS=off).
     pub(crate) origins_at_peak: Vec<Option<crate::commands::run::gpu_origins::OriginsAtPeak>>,
     /// Per device ordinal: the bytes by call path at that peak
-    /// (`--gpu-exact=stacks`); in the summary only.
-    #[serde(skip)]
+    /// (`--gpu-exact=stacks`; null where none are kept), bounded.
+    #[serde(serialize_with = "crate::commands::run::gpu_stacks::serialize_at_peak")]
     pub(crate) stacks_at_peak: Vec<Option<memprobe_interpose_reader::stacks::PeakStacks>>,
 }
 
@@ -719,7 +719,11 @@ impl GpuExactReport {
                         v.resize(n, None);
                         v
                     },
-                    stacks_at_peak: p.stacks_at_peak.clone(),
+                    stacks_at_peak: {
+                        let mut v = p.stacks_at_peak.clone();
+                        v.resize(n, None);
+                        v
+                    },
                 })
                 .collect(),
         }

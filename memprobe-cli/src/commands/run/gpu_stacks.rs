@@ -2,11 +2,13 @@
 //! process's GPU memory at its exact peak on each device, as the
 //! interposer keeps them (`MEMPROBE_GPU_ORIGINS=stacks:N`, see
 //! docs/attribution.md): the summary shows the largest [`TOP`] under the
-//! process's origins.
+//! process's origins, the run's JSON the largest [`JSON_TOP`] and the rest.
 
 use crate::units;
 use memprobe_interpose_reader::stacks::{PeakStacks, DEFAULT_STACK_DEPTH, MAX_STACK_DEPTH};
 use memprobe_interpose_reader::{Counter, Region};
+use serde::ser::{SerializeSeq, Serializer};
+use serde::Serialize;
 
 /// Paths shown per process and device.
 pub(crate) const TOP: usize = 3;
@@ -74,6 +76,68 @@ pub(crate) fn lines(p: &PeakStacks) -> Vec<String> {
     out
 }
 
+/// Paths kept per process and device in the run's JSON; the rest summed.
+pub(crate) const JSON_TOP: usize = 16;
+
+/// One path in the run's JSON.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+struct PathJson<'a> {
+    /// `library!symbol` (or `library+0xOFFSET`), innermost first.
+    frames: &'a [String],
+    bytes: u64,
+}
+
+/// The paths past [`JSON_TOP`].
+#[derive(Debug, Serialize, PartialEq, Eq)]
+struct RestJson {
+    bytes: u64,
+    paths: usize,
+}
+
+/// One device's paths at the process's peak, as the run's JSON has them.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+struct StacksJson<'a> {
+    /// The bytes then (the sum of every path's).
+    peak_bytes: u64,
+    /// The largest [`JSON_TOP`], largest first.
+    paths: Vec<PathJson<'a>>,
+    rest: RestJson,
+}
+
+fn to_json(p: &PeakStacks) -> StacksJson<'_> {
+    let rest = p.by_stack.get(JSON_TOP..).unwrap_or(&[]);
+    StacksJson {
+        peak_bytes: p.peak,
+        paths: p
+            .by_stack
+            .iter()
+            .take(JSON_TOP)
+            .map(|s| PathJson {
+                frames: &s.stack.frames,
+                bytes: s.bytes,
+            })
+            .collect(),
+        rest: RestJson {
+            bytes: rest.iter().map(|s| s.bytes).sum(),
+            paths: rest.len(),
+        },
+    }
+}
+
+/// `stacks_at_peak` of a process in the run's JSON: per device ordinal,
+/// the top [`JSON_TOP`] paths and the rest, or null where none are kept
+/// (bounded whatever the number of paths the interposer kept).
+pub(crate) fn serialize_at_peak<S: Serializer>(
+    v: &[Option<PeakStacks>],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for p in v {
+        seq.serialize_element(&p.as_ref().map(to_json))?;
+    }
+    seq.end()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +186,38 @@ mod tests {
                 "2.00 MiB in 2 more paths",
             ]
         );
+    }
+
+    #[test]
+    fn the_json_keeps_the_top_sixteen_and_sums_the_rest() {
+        let p = PeakStacks {
+            peak: 40,
+            at_ns: 1,
+            by_stack: (0..20)
+                .map(|i| StackBytes {
+                    stack: Stack {
+                        id: i,
+                        origin: 0,
+                        frames: vec![format!("lib!f{i}"), "p!main".into()],
+                    },
+                    bytes: 2,
+                })
+                .collect(),
+        };
+        #[derive(Serialize)]
+        struct W(#[serde(serialize_with = "serialize_at_peak")] Vec<Option<PeakStacks>>);
+        let v = serde_json::to_value(W(vec![Some(p), None])).unwrap();
+        assert_eq!(v[1], serde_json::Value::Null);
+        let d = &v[0];
+        assert_eq!(d["peak_bytes"], 40);
+        let paths = d["paths"].as_array().unwrap();
+        assert_eq!(paths.len(), JSON_TOP);
+        assert_eq!(
+            paths[0],
+            serde_json::json!({"frames": ["lib!f0", "p!main"], "bytes": 2})
+        );
+        assert_eq!(d["rest"], serde_json::json!({"bytes": 8, "paths": 4}));
+        let kept: u64 = paths.iter().map(|p| p["bytes"].as_u64().unwrap()).sum();
+        assert_eq!(kept + d["rest"]["bytes"].as_u64().unwrap(), 40);
     }
 }
