@@ -12,6 +12,8 @@ cold between the model's work:
 - ``syscalls``: the three system calls an RSS boundary makes, from Python,
   no memprobe call: ``getrusage``, ``5`` written to
   ``/proc/self/clear_refs``, a read of ``/proc/self/statm``;
+- ``reads``: the same but the ``clear_refs`` write (what a boundary
+  that finds nothing to reset would make);
 - ``call``: the library's step boundary alone (the callback's phases, the
   step ended on its tail by ``PhasePeaks.tail_call``'s function, called
   from the hook with its arguments made once);
@@ -94,10 +96,19 @@ class _Syscalls(hooks_bench.Empty):
         self._clear = self._statm = -1
 
 
+class _Reads(_Syscalls):
+    """The boundary's two reads, no reset."""
+
+    def on_train_batch_end(self, *a: Any) -> None:
+        resource.getrusage(resource.RUSAGE_SELF)
+        os.pread(self._statm, 4096, 0)
+
+
 VARIANTS = {
     "empty": hooks_bench.timed(hooks_bench.Empty),
     "getpid": hooks_bench.timed(_Getpid),
     "syscalls": hooks_bench.timed(_Syscalls),
+    "reads": hooks_bench.timed(_Reads),
     "call": hooks_bench.timed(_OnTail),
     "defaults": hooks_bench.timed(MemprobeCallback),
 }
