@@ -115,9 +115,19 @@ int main() {
     e.reported_by = "c10";
     e.caches = &cache;
     e.n_caches = 1;
+    // What was live (memprobe_torch.hpp's Attribution writes this record at
+    // an OOM, at att.last_oom()): embedded and summarised.
+    const std::string live =
+        "{\"schema\": \"memprobe.torch_attribution/1\", \"kind\": \"oom\", \"requested_bytes\": 12884901888,"
+        " \"blocks\": [{\"bytes\": 8589934592, \"frames\": [{\"file\": \"model.cpp\", \"line\": 7,"
+        " \"function\": \"Net::forward\"}]}], \"segments\": null}";
+    e.live_blocks_json = live.c_str();
     t.report_oom(e);
     CHECK(calls == 2);
     doc = slurp(path);
+    CHECK(doc.find("\"live_blocks\":{\"schema\":\"memprobe.torch_attribution/1\"") != std::string::npos);
+    CHECK(doc.find("\"live_blocks_error\":null") != std::string::npos);
+    CHECK(summary.find("8.00 GiB model.cpp:7 Net::forward") != std::string::npos);
     CHECK(doc.find("\"reported_by\":\"c10\"") != std::string::npos);
     CHECK(doc.find("\"releasable_bytes\":6442450944") != std::string::npos);
     CHECK(status_of([&] { t.report_oom(-3, 1); }) == MEMPROBE_STATUS_INVALID_ID);
