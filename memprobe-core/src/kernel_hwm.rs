@@ -43,6 +43,9 @@ pub(crate) struct KernelHwm {
     /// yet). The mark is never below it, so a reading within the slack
     /// of it is the mark, whatever the floor (see [`resolve`](Self::resolve)).
     rss_seen: u64,
+    /// Resets written to `clear_refs` (the tests count the skipped ones).
+    #[cfg(test)]
+    resets_written: u64,
     generation: u64,
 }
 
@@ -57,6 +60,8 @@ impl KernelHwm {
             floor_kb: None,
             floor_bound_kb: u64::MAX,
             rss_seen: 0,
+            #[cfg(test)]
+            resets_written: 0,
             generation: fork::generation(),
         };
         // Before the first reset the mark covers everything since exec, so a
@@ -81,6 +86,10 @@ impl KernelHwm {
     }
 
     fn write_reset(&mut self) -> Result<()> {
+        #[cfg(test)]
+        {
+            self.resets_written += 1;
+        }
         self.clear_refs.write_at(b"5", 0).map_err(|e| {
             Error::io(
                 "reset the high-water mark through /proc/self/clear_refs",
@@ -90,16 +99,35 @@ impl KernelHwm {
         Ok(())
     }
 
-    /// Resets the mark to the current RSS; `rss_after` reads the RSS right
-    /// after (the start of the next interval), which is returned.
-    pub(crate) fn reset(&mut self, rss_after: impl FnOnce() -> Result<u64>) -> Result<u64> {
+    /// Resets the mark to the current RSS; `rss_now` reads the exact RSS
+    /// (the end of the ended interval and the start of the next), which is
+    /// returned.
+    ///
+    /// The write is skipped when getrusage, read first, is at or below the
+    /// RSS read next: getrusage is never below the kernel's stored mark, so
+    /// the mark is then at or below the current RSS — where a reset would
+    /// put it — and every later reading is the next interval's own. A
+    /// process whose RSS stays level (a GPU trainer's host side) saves the
+    /// write, the costliest of a boundary's system calls, for a getrusage.
+    pub(crate) fn reset(&mut self, rss_now: impl FnOnce() -> Result<u64>) -> Result<u64> {
         self.check_fork()?;
-        self.write_reset()?;
-        // Unknown until the read succeeds: a failed read leaves none.
-        self.rss_seen = 0;
-        let rss = rss_after()?;
-        self.rss_seen = rss;
-        Ok(rss)
+        let kb = maxrss_kb();
+        // Read before the write: a failed read leaves the mark as it was,
+        // and a rise after getrusage belongs to the next interval (the
+        // write, if any, sets the mark at or above it).
+        let now = rss_now()?;
+        self.reset_unless_level(kb, now)?;
+        Ok(now)
+    }
+
+    /// The reset's decision, for getrusage's `kb` read before the exact
+    /// RSS `now` (bytes).
+    fn reset_unless_level(&mut self, kb: u64, now: u64) -> Result<()> {
+        if kb.saturating_mul(1024) > now {
+            self.write_reset()?;
+        }
+        self.rss_seen = now;
+        Ok(())
     }
 
     /// Compares getrusage with `VmHWM` once: if getrusage is higher, the
@@ -324,6 +352,23 @@ fn thread_count() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reset_is_written_only_when_the_mark_may_be_above_the_rss() {
+        let mut hwm = KernelHwm::open(std::path::Path::new("/proc/self/clear_refs")).unwrap();
+        let base = hwm.resets_written;
+        // getrusage at the RSS, or below it: the mark is there already.
+        hwm.reset_unless_level(1000, 1000 * 1024).unwrap();
+        hwm.reset_unless_level(999, 1000 * 1024).unwrap();
+        assert_eq!(hwm.resets_written, base);
+        assert_eq!(hwm.rss_seen, 1000 * 1024);
+        // One KiB above: a spike since freed may hold the mark; reset.
+        hwm.reset_unless_level(1001, 1000 * 1024).unwrap();
+        assert_eq!(hwm.resets_written, base + 1);
+        hwm.reset_unless_level(u64::MAX, 0).unwrap();
+        assert_eq!(hwm.resets_written, base + 2);
+        assert_eq!(hwm.rss_seen, 0);
+    }
 
     #[test]
     fn kernel_releases_parse() {
