@@ -493,7 +493,10 @@ public:
                 if (auto st = weak.lock()) {
                     try {
                         std::lock_guard<std::mutex> g(st->lock);
-                        if (st->attributor) st->last_oom = st->attributor->out_of_memory(st->epoch, st->step);
+                        if (st->attributor) {
+                            st->last_oom = st->attributor->out_of_memory(st->epoch, st->step);
+                            st->last_oom_json = st->attributor->last_json();
+                        }
                     } catch (...) {
                         st->oom_failures++;
                     }
@@ -564,6 +567,14 @@ public:
         std::lock_guard<std::mutex> g(state_->lock);
         return state_->last_oom;
     }
+    /** The JSON of the last OOM record the observer wrote, if any: pass it
+     *  as memprobe_oom_report_event.live_blocks_json when reporting the
+     *  caught c10::OutOfMemoryError (tracker.report_oom(event)), and the
+     *  report embeds what was live and names its top blocks. */
+    std::optional<std::string> last_oom_json() const {
+        std::lock_guard<std::mutex> g(state_->lock);
+        return state_->last_oom_json;
+    }
     /** OOM records the observer failed to write (an unwritable directory). */
     std::size_t oom_failures() const { return state_->oom_failures; }
 
@@ -573,6 +584,7 @@ private:
         std::optional<attribution::Attributor> attributor;
         std::optional<std::int64_t> epoch, step;
         std::optional<std::string> last_oom;
+        std::optional<std::string> last_oom_json;
         std::atomic<std::size_t> oom_failures{0};
     };
     std::shared_ptr<State> state_;

@@ -720,6 +720,10 @@ public:
     const std::optional<Table> &last() const noexcept { return last_; }
     /** summary_line() of the last record written (for the program's log). */
     const std::string &last_line() const noexcept { return last_line_; }
+    /** The JSON of the last record written, as written: after an OOM, what
+     *  memprobe_oom_report_event.live_blocks_json takes, so that the
+     *  out-of-memory report embeds the table. */
+    const std::string &last_json() const noexcept { return last_json_; }
     /** Where records go now. */
     std::string dir() const { return record_dir(o_.dir); }
     const Options &options() const noexcept { return o_; }
@@ -729,7 +733,10 @@ private:
                       const std::string &name) {
         info.cost_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         last_line_ = summary_line(info, t);
-        return write_record(dir(), name, to_json(info, t));
+        std::string json = to_json(info, t);
+        std::string path = write_record(dir(), name, json);
+        last_json_ = std::move(json);
+        return path;
     }
 
     Options o_;
@@ -741,6 +748,7 @@ private:
     std::int64_t ooms_ = 0;
     std::optional<Table> last_;
     std::string last_line_;
+    std::string last_json_;
 };
 
 }  // namespace memprobe::torch::attribution

@@ -458,6 +458,9 @@ static void attributor(const std::string &out) {
                            "rest 0.0 MiB in 0 blocks");
     sim.oom(GIB, 0);
     CHECK(a.out_of_memory(2, 11) == out + "/run/oom-0-rank-3.json");
+    // What an out-of-memory report takes (memprobe_oom_report_event.live_blocks_json).
+    CHECK(a.last_json() == slurp(out + "/run/oom-0-rank-3.json"));
+    CHECK(a.last_json().find("\"kind\":\"oom\"") != std::string::npos);
     CHECK(a.last_line() == "memprobe: out of memory asking 1024.0 MiB on cuda:0: rest 0.0 MiB in 0 blocks");
     CHECK(a.out_of_memory() == out + "/run/oom-1-rank-3.json");
     CHECK(a.snapshots() == 10);
