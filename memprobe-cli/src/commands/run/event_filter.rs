@@ -283,6 +283,24 @@ mod tests {
         }
     }
 
+    /// A program the kernel refuses is an error, and the socket keeps
+    /// receiving everything, as without a filter.
+    #[test]
+    fn a_refused_program_leaves_the_socket_unfiltered() {
+        let (tx, rx) = pair();
+        let bad = [jump(JEQ_K, 0, 7, 7), stmt(RET_K, 0)];
+        let err = attach_program(rx.as_raw_fd(), &bad).expect_err("a jump out of the program");
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+        let m = message(PROC_EVENT_FORK, &[10, 10, 4001, 4000]);
+        // SAFETY: sending our buffer of its length.
+        let n = unsafe { libc::send(tx.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
+        assert_eq!(n, m.len() as isize);
+        let mut buf = [0u8; 128];
+        // SAFETY: receiving into our buffer of its length.
+        let n = unsafe { libc::recv(rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        assert_eq!(&buf[..usize::try_from(n).expect("recv")], &m[..]);
+    }
+
     /// No jump leaves the program, and it ends in a return.
     #[test]
     fn every_jump_lands_inside_the_program() {
