@@ -15,7 +15,10 @@
 //!   process for these (milliseconds for a process of a few GiB), so they
 //!   are rate-limited (at most one per process every [`MIN_GAP`]) and
 //!   within a budget of memprobe's CPU ([`BUDGET_SHARE`] of a core, the
-//!   reads' own time measured): taken near, not at, the peak; the report
+//!   reads' own time measured; a read is asked for only once the budget
+//!   left covers what that process's last read cost, so that a short run
+//!   is not left overdrawn by the read of a process with many mappings):
+//!   taken near, not at, the peak; the report
 //!   says how far from it (`taken_at_s`). The tree's detail is composed of
 //!   its processes' latest ones when the tree sets a peak (again at most
 //!   every [`MIN_GAP`]).
@@ -32,8 +35,9 @@ use std::time::{Duration, Instant};
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(250);
 /// The detail reads' share of one core, at most, over the run.
 pub(crate) const BUDGET_SHARE: f64 = 0.0005;
-/// The most a quiet start lends the reads ahead (one big process's read
-/// may overdraw it; later reads then wait until it is paid back).
+/// The most a quiet start lends the reads ahead. A read expected to cost
+/// more than this is asked for once this much is saved, and overdraws it:
+/// later reads wait until it is paid back.
 const BUDGET_CAP: Duration = Duration::from_millis(2);
 /// Mappings kept per reading (the rest summed as "others").
 pub(crate) const TOP_MAPPINGS: usize = 8;
@@ -141,40 +145,58 @@ pub(crate) struct Detail {
 /// `[heap]`-like names as they are, `[anon]` for nameless ones, and
 /// PyTorch's DataLoader shared buffers (`/dev/shm/torch_<pid>_<...>`) as one
 /// `/dev/shm/torch_*`.
-fn group_name(name: &str) -> String {
+fn group_name(name: &str) -> &str {
     let name = name.trim();
     let name = name.strip_suffix(" (deleted)").unwrap_or(name);
     if name.is_empty() {
-        "[anon]".into()
+        "[anon]"
     } else if name.starts_with("/dev/shm/torch_") {
-        "/dev/shm/torch_*".into()
+        "/dev/shm/torch_*"
     } else {
-        name.into()
+        name
     }
 }
 
+/// The name field of an `smaps` mapping header (`range perms offset dev
+/// inode [name]`), `None` for any other line.
+fn header_name(line: &[u8]) -> Option<&str> {
+    // Headers start with the range's hex digits; fields with a capital.
+    if !line
+        .first()
+        .is_some_and(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    {
+        return None;
+    }
+    let mut rest = std::str::from_utf8(line).ok()?;
+    let first = rest.split_ascii_whitespace().next()?;
+    if !first.contains('-') || first.ends_with(':') {
+        return None;
+    }
+    for _ in 0..5 {
+        rest = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
+        rest = rest.trim_start_matches(|c: char| !c.is_ascii_whitespace());
+    }
+    Some(rest)
+}
+
+/// `key   123 kB` as bytes, where `line` starts with `key`.
+fn field_kib(line: &[u8], key: &[u8]) -> Option<u64> {
+    kib(line.strip_prefix(key)?)
+}
+
 /// Groups the mappings of an `smaps` text by name, largest RSS first, at
-/// most [`TOP_MAPPINGS`] (the rest as "others").
+/// most [`TOP_MAPPINGS`] (the rest as "others"). Read at every detail
+/// read: a name is copied only for a group's first mapping.
 pub(crate) fn group_smaps(text: &[u8]) -> Vec<MappingGroup> {
     let mut groups: Vec<MappingGroup> = Vec::new();
-    let mut index: std::collections::HashMap<String, usize> = Default::default();
+    let mut index: std::collections::HashMap<&str, usize> = Default::default();
     let mut current: Option<usize> = None;
     for line in text.split(|&c| c == b'\n') {
-        let Ok(line) = std::str::from_utf8(line) else {
-            continue;
-        };
-        let first = line.split_ascii_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            // A mapping's header: range perms offset dev inode [name].
-            let name = line
-                .split_ascii_whitespace()
-                .skip(5)
-                .collect::<Vec<_>>()
-                .join(" ");
-            let g = group_name(&name);
-            let i = *index.entry(g.clone()).or_insert_with(|| {
+        if let Some(name) = header_name(line) {
+            let g = group_name(name);
+            let i = *index.entry(g).or_insert_with(|| {
                 groups.push(MappingGroup {
-                    name: g,
+                    name: g.to_owned(),
                     rss_bytes: 0,
                     pss_bytes: 0,
                     mappings: 0,
@@ -184,17 +206,9 @@ pub(crate) fn group_smaps(text: &[u8]) -> Vec<MappingGroup> {
             groups[i].mappings += 1;
             current = Some(i);
         } else if let Some(i) = current {
-            let kib = |key: &str| -> Option<u64> {
-                line.strip_prefix(key)?
-                    .split_ascii_whitespace()
-                    .next()?
-                    .parse::<u64>()
-                    .ok()?
-                    .checked_mul(1024)
-            };
-            if let Some(v) = kib("Rss:") {
+            if let Some(v) = field_kib(line, b"Rss:") {
                 groups[i].rss_bytes += v;
-            } else if let Some(v) = kib("Pss:") {
+            } else if let Some(v) = field_kib(line, b"Pss:") {
                 groups[i].pss_bytes += v;
             }
         }
@@ -263,6 +277,9 @@ pub(crate) struct KindsCost {
 pub(crate) struct KindsReader {
     /// pid -> when its last detail was asked for (ns since the start).
     last_read: PidMap<u64>,
+    /// pid -> what its last read cost, ns of the reading thread's CPU:
+    /// what its next one is expected to.
+    last_cost: PidMap<u64>,
     /// Processes whose peak is newer than their last detail.
     pending: Vec<u32>,
     /// Budget left, ns of the reading thread's CPU (negative: overdrawn).
@@ -297,6 +314,7 @@ impl Default for KindsReader {
     fn default() -> Self {
         KindsReader {
             last_read: PidMap::default(),
+            last_cost: PidMap::default(),
             pending: Vec::new(),
             allowance_ns: i64::try_from(BUDGET_CAP.as_nanos()).unwrap_or(i64::MAX),
             last_tick_ns: 0,
@@ -321,6 +339,7 @@ impl KindsReader {
     pub(crate) fn ended(&mut self, pid: u32) {
         self.pending.retain(|&p| p != pid);
         self.last_read.remove(&pid);
+        self.last_cost.remove(&pid);
     }
 
     /// Takes the details read since the last tick, then asks for the next
@@ -355,12 +374,35 @@ impl KindsReader {
         let Some(i) = due else {
             return out;
         };
+        // The largest waits for its own read to be affordable rather than
+        // let smaller ones go first (it would never be read in a busy tree).
+        if !self.affords(self.expected_ns(self.pending[i])) {
+            self.cost.deferred += 1;
+            return out;
+        }
         let pid = self.pending.swap_remove(i);
         if self.ask(pid, now, rss_of(pid)) {
             self.busy = true;
             self.last_read.insert(pid, now);
         }
         out
+    }
+
+    /// What a read of `pid` is expected to cost: its last read's, or for
+    /// one never read the mean of the reads so far.
+    fn expected_ns(&self, pid: u32) -> u64 {
+        self.last_cost
+            .get(&pid)
+            .copied()
+            .unwrap_or_else(|| self.read_ns_total / self.cost.reads.max(1))
+    }
+
+    /// Whether the budget left covers a read of `cost` ns; one dearer than
+    /// all that may be lent goes once that is saved.
+    fn affords(&self, cost: u64) -> bool {
+        let cap = i64::try_from(BUDGET_CAP.as_nanos()).unwrap_or(i64::MAX);
+        let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+        self.allowance_ns >= cost.min(cap)
     }
 
     /// The reads finished since the last call.
@@ -377,6 +419,9 @@ impl KindsReader {
             self.read_ns_total += d.cpu_ns;
             self.read_ns_max = self.read_ns_max.max(d.cpu_ns);
             self.cost.reads += 1;
+            if self.last_read.contains_key(&d.pid) {
+                self.last_cost.insert(d.pid, d.cpu_ns);
+            }
             out.extend(d.detail.map(|x| (d.pid, x)));
         }
         out
@@ -805,10 +850,50 @@ VmFlags: rd ex mr mw me sd
         reads += step(&mut r, 300 * ms);
         assert_eq!(reads, 1, "out of budget: waits");
         assert!(r.cost().deferred >= 1);
-        // 0.05 % of a second earns 0.5 ms of reading: enough for one.
+        // 0.05 % of a second earns 0.5 ms of reading: enough for one
+        // that costs what this one is taken to have cost.
+        r.last_cost.insert(me, 100_000);
         reads += step(&mut r, 1300 * ms);
         assert_eq!(reads, 2);
         assert!(r.pending.is_empty());
+    }
+
+    /// A read is asked for only when the budget left covers what the
+    /// process's last one cost (a short run ends without an overdraft);
+    /// one dearer than all that may be lent goes once that is saved.
+    #[test]
+    fn a_read_waits_until_its_cost_is_saved() {
+        let me = std::process::id();
+        let ms = 1_000_000u64;
+        let cap = i64::try_from(BUDGET_CAP.as_nanos()).unwrap();
+        let mut r = KindsReader::default();
+        r.last_read.insert(me, 0);
+        r.last_cost.insert(me, 1_500_000);
+        r.allowance_ns = 1_000_000;
+        r.peak(me);
+        // 300 ms earn 0.15 ms: 1.15 ms saved, 1.5 ms expected.
+        assert!(r.tick(300 * ms, |_| 0).is_empty());
+        assert!(!r.busy, "not asked for");
+        assert_eq!(r.pending, [me]);
+        assert_eq!(r.cost().deferred, 1);
+        // 800 ms more earn 0.4 ms: 1.55 ms saved.
+        r.tick(1100 * ms, |_| 0);
+        assert!(r.busy, "asked for once its cost is saved");
+        r.settle(Duration::from_secs(5));
+        assert_eq!(r.cost().reads, 1);
+        assert!(r.last_cost[&me] > 0, "its cost kept for the next");
+
+        let mut r = KindsReader::default();
+        r.last_read.insert(me, 0);
+        r.last_cost.insert(me, 3 * u64::try_from(cap).unwrap());
+        r.allowance_ns = cap - 1;
+        r.peak(me);
+        r.tick(250 * ms, |_| 0);
+        assert!(r.busy, "dearer than the cap: goes at the cap");
+        r.settle(Duration::from_secs(5));
+        // Never read before: the mean of the reads so far.
+        assert_eq!(r.expected_ns(me + 1), r.read_ns_total);
+        assert_eq!(KindsReader::default().expected_ns(me), 0);
     }
 
     #[test]
