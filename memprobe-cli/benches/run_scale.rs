@@ -23,7 +23,9 @@
 //! 25 ms: every few ticks a new peak of every process), `memprobe run` with
 //! and without `--no-host-kinds`, alternately, medians of the same
 //! repeats; the goal is at most 0.2 % of a core more.
-//! `MEMPROBE_BENCH_KINDS=N:S` changes the size and length (`0:0`: skip).
+//! `MEMPROBE_BENCH_KINDS=N:S` changes the size and length (`0:0`: skip);
+//! with `MEMPROBE_BENCH_BASELINE`, that binary's pair is measured in each
+//! repeat too.
 #[path = "support/median.rs"]
 mod median;
 
@@ -372,39 +374,48 @@ fn main() {
         })
         .unwrap_or((16usize, 10.0f64));
     if kn > 0 {
-        let (mut with, mut without) = (Vec::new(), Vec::new());
+        let builds: Vec<(&str, &str)> = std::iter::once(("memprobe", memprobe))
+            .chain(baseline.as_deref().map(|b| ("baseline", b)))
+            .collect();
+        // Per build: (with, without) runs.
+        let mut runs: Vec<(Vec<Run>, Vec<Run>)> =
+            builds.iter().map(|_| Default::default()).collect();
         for i in 0..repeats {
-            let one = |opts: &[&str]| {
-                probed_with(memprobe, me, (GROWERS_ENV, kn, ks), opts, interval_ms, json)
-            };
-            if i % 2 == 0 {
-                with.push(one(&[]));
-                without.push(one(&["--no-host-kinds"]));
-            } else {
-                without.push(one(&["--no-host-kinds"]));
-                with.push(one(&[]));
+            for (&(_, bin), (with, without)) in builds.iter().zip(runs.iter_mut()) {
+                let one = |opts: &[&str]| {
+                    probed_with(bin, me, (GROWERS_ENV, kn, ks), opts, interval_ms, json)
+                };
+                if i % 2 == 0 {
+                    with.push(one(&[]));
+                    without.push(one(&["--no-host-kinds"]));
+                } else {
+                    without.push(one(&["--no-host-kinds"]));
+                    with.push(one(&[]));
+                }
             }
         }
         let _ = std::fs::remove_file(json);
         let m = |v: &[Run]| median(&mut v.iter().map(|r| r.cpu_per_wall).collect::<Vec<_>>());
-        let (w, wo) = (m(&with), m(&without));
         println!();
         println!(
             "host kinds: {kn} processes whose peaks rise for {ks} s, --interval {interval_ms}ms, \
              medians of {repeats}"
         );
-        println!(
-            "  memprobe CPU with kinds {:.2} %, without (--no-host-kinds) {:.2} %: \
-             {:+.3} % of a core (goal <= 0.2); each run's pair: {}",
-            w * 100.0,
-            wo * 100.0,
-            (w - wo) * 100.0,
-            with.iter()
-                .zip(&without)
-                .map(|(a, b)| format!("{:+.3}", (a.cpu_per_wall - b.cpu_per_wall) * 100.0))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+        for (&(name, _), (with, without)) in builds.iter().zip(&runs) {
+            let (w, wo) = (m(with), m(without));
+            println!(
+                "  {name}: CPU with kinds {:.2} %, without (--no-host-kinds) {:.2} %: \
+                 {:+.3} % of a core (goal <= 0.2); each run's pair: {}",
+                w * 100.0,
+                wo * 100.0,
+                (w - wo) * 100.0,
+                with.iter()
+                    .zip(without)
+                    .map(|(a, b)| format!("{:+.3}", (a.cpu_per_wall - b.cpu_per_wall) * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
     }
     println!(
         "machine: nproc {}, kernel {}, {}",
