@@ -7,6 +7,7 @@ when unset, a build in the repository's target/ directory is used.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import subprocess
 import sys
@@ -101,15 +102,25 @@ def tiny_lightning_module(validation: bool = True):
     return Tiny
 
 
+def _touched(nbytes: int, fill: int) -> mmap.mmap:
+    """A fresh anonymous mapping, every page written. Not Python's heap:
+    after earlier tests freed large buffers, malloc may hand out pages that
+    are already resident, and the RSS would not move."""
+    m = mmap.mmap(-1, nbytes)
+    page = bytes([fill]) * mmap.PAGESIZE
+    for off in range(0, nbytes, mmap.PAGESIZE):
+        m[off : off + min(mmap.PAGESIZE, nbytes - off)] = page[: min(mmap.PAGESIZE, nbytes - off)]
+    return m
+
+
 def spike(nbytes: int) -> None:
     """Touches ``nbytes`` of fresh memory, then frees it: a short RSS spike."""
-    buf = b"\x01" * nbytes
-    del buf
+    _touched(nbytes, 1).close()
 
 
-def keep(nbytes: int) -> bytes:
+def keep(nbytes: int) -> mmap.mmap:
     """Touched memory that stays while the result is referenced."""
-    return b"\x02" * nbytes
+    return _touched(nbytes, 2)
 
 
 def run_python(code: str, env: dict = None, cwd: str = None) -> subprocess.CompletedProcess:
