@@ -174,3 +174,51 @@ fn a_directory_the_user_named_is_read_for_this_run_and_kept() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_chart_marks_each_epochs_peak_step_with_its_top_block() {
+    // Epoch 0's peak step is step 1 (the helper's phases: one epoch of
+    // three steps, the second spiking); epoch 1 has no phase, so its
+    // step's time is unknown: counted, not drawn.
+    let mut e0 = record(
+        0,
+        0,
+        &[(1 << 30, "/w/train.py", 42), (256 << 20, "/w/model.py", 7)],
+        160,
+    );
+    e0["step"] = 1.into();
+    let files = [
+        ("epoch-0-rank-0.json", e0.to_string()),
+        (
+            "epoch-1-rank-0.json",
+            record(1, 0, &[(2 << 30, "/w/train.py", 42)], 0).to_string(),
+        ),
+    ];
+    // The records first, then the helper sends its phases.
+    let (helper, env) = crate::helper::argv(&["phase-garbage"]);
+    let mut argv = writer(&files);
+    let script = format!("{}exec \"$@\"\n", argv[2].to_string_lossy());
+    argv[2] = script.into();
+    argv.push("sh".into());
+    argv.extend(helper);
+    let dir = scratch("attribution-plot");
+    let svg = dir.join("run.svg");
+    let (o, v) = run_json(
+        &["--no-live", "--plot", svg.to_str().unwrap()],
+        &argv,
+        Some((env.0, env.1)),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["torch_attribution"].as_array().unwrap().len(), 2);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("epoch 0 peak, step 1: 1.00 GiB train.py:42 forward (+3)"),
+        "no epoch 0 label in the chart"
+    );
+    assert!(!text.contains("epoch 1 peak"), "epoch 1 has no step time");
+    assert!(
+        text.contains("1 torch epoch peak not drawn (its step&apos;s time unknown)"),
+        "the footer counts epoch 1"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

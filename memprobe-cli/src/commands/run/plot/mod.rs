@@ -57,6 +57,8 @@ const PEAK_STEP_COLOR: RGBColor = RGBColor(150, 20, 60);
 /// A kernel OOM kill, and a GPU allocation that failed out of memory.
 const OOM_COLOR: RGBColor = RGBColor(200, 0, 0);
 const GPU_OOM_COLOR: RGBColor = RGBColor(120, 40, 160);
+/// PyTorch's epoch peaks (attribution records).
+const TORCH_COLOR: RGBColor = RGBColor(0, 110, 110);
 /// At most this many phases are shaded (more are narrower than a pixel).
 const MAX_BANDS: usize = 4000;
 /// Epochs are labelled when there are at most this many.
@@ -671,6 +673,7 @@ pub(crate) fn render(r: &RunReport) -> Result<String, String> {
         }
         lines(&mut chart, &main_series, (x_max, time), mem)?;
         peak_marks(&mut chart, r, (x_max, time), (y_max, mem))?;
+        torch_peaks(&mut chart, r, (x_max, time), (y_max, mem))?;
         oom_lines(&mut chart, r, (x_max, time), y_max)?;
         legend(&mut chart)?;
 
@@ -807,6 +810,40 @@ fn peak_marks<'a, 'b: 'a>(
     Ok(())
 }
 
+/// PyTorch's epoch peaks: a marker at each peak step, and its largest
+/// block. The labels start below the "held by" note a GPU peak carries
+/// (which takes the 8 to 21 pixels under its point: an epoch's peak is often
+/// the run's), in four rows, so neighbours do not print over each other.
+fn torch_peaks<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    r: &RunReport,
+    (x_max, time): (f64, AxisUnit),
+    (y_max, mem): (f64, AxisUnit),
+) -> Result<(), String> {
+    let marks = torch_marks::torch_marks(r);
+    for (i, m) in marks.marks.iter().enumerate() {
+        let (x, y) = (
+            m.t_s / time.divisor,
+            (m.bytes as f64 / mem.divisor).min(y_max),
+        );
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, y))
+                    + Rectangle::new([(-4, -4), (4, 4)], TORCH_COLOR.stroke_width(2)),
+            ))
+            .map_err(|e| e.to_string())?;
+        let right_half = x > x_max * 0.6;
+        let anchor = if right_half { HPos::Right } else { HPos::Left };
+        let dx = if right_half { -8 } else { 8 };
+        let style = TextStyle::from((FONT, 12).into_font())
+            .color(&TORCH_COLOR)
+            .pos(Pos::new(anchor, VPos::Top));
+        let row = 24 + 15 * (i % 4) as i32;
+        label(chart, (x, y), m.text.clone(), style, (dx, row))?;
+    }
+    Ok(())
+}
+
 /// The OOM kills and the GPU out-of-memory failures, each a line at its
 /// time with what happened.
 fn oom_lines<'a, 'b: 'a>(
@@ -881,6 +918,9 @@ fn footer_text(r: &RunReport) -> String {
     for what in oom_marks(r).1 {
         parts.push(what);
     }
+    if let Some(what) = torch_marks::footer(&torch_marks::torch_marks(r)) {
+        parts.push(what);
+    }
     parts.push(format!("exit status {}", r.exit.status));
     parts.push(format!("{} samples", r.samples));
     if r.gpus.is_empty() {
@@ -892,6 +932,8 @@ fn footer_text(r: &RunReport) -> String {
     }
     parts.join("  ·  ")
 }
+
+mod torch_marks;
 
 #[cfg(test)]
 mod tests;

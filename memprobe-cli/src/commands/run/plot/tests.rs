@@ -269,3 +269,137 @@ fn decimation_keeps_maxima() {
     assert!(d.len() <= 100);
     assert_eq!(d.iter().map(|p| p.1).max(), Some(96));
 }
+
+/// An epoch's attribution record: its peak step and one block per entry
+/// of `blocks` (bytes, function), allocated in train.py.
+fn torch_epoch(
+    epoch: u64,
+    step: u64,
+    peak: u64,
+    blocks: &[(u64, &str)],
+) -> crate::commands::run::torch_attribution::TorchRecord {
+    use crate::commands::run::torch_attribution::{Block, Frame, History, Rest, TorchRecord};
+    TorchRecord {
+        kind: "epoch_peak".into(),
+        file: format!("epoch-{epoch}-rank-0.json"),
+        number: epoch,
+        rank: 0,
+        epoch: Some(epoch),
+        step: Some(step),
+        stage: Some("train".into()),
+        device: Some(0),
+        peak_bytes: Some(peak),
+        requested_bytes: None,
+        blocks: blocks
+            .iter()
+            .map(|&(bytes, function)| Block {
+                bytes,
+                stream: Some(0),
+                address: None,
+                frames: vec![Frame {
+                    file: "/home/u/train.py".into(),
+                    line: 42,
+                    function: function.into(),
+                }],
+                module: None,
+            })
+            .collect(),
+        rest: Rest {
+            bytes: Some(1 << 20),
+            blocks: Some(3),
+        },
+        history: History {
+            complete: true,
+            entries: 10,
+            lost_entries: false,
+            reason: None,
+        },
+        truncated: false,
+        cost_ms: Some(1.0),
+    }
+}
+
+#[test]
+fn each_epochs_torch_peak_is_marked_at_its_step_with_its_top_block() {
+    let mut r = crate::commands::run::phase_report::tests::run_with_phases(3, 13);
+    // Each epoch's peak step as the phase reports hold it.
+    let steps: Vec<(u64, u64, f64)> = r
+        .phases
+        .iter()
+        .filter(|p| p.kind == "epoch")
+        .map(|p| {
+            let s = &p.steps.peaks[0];
+            (p.index, s.index, (s.start_s + s.end_s) / 2.0)
+        })
+        .collect();
+    assert_eq!(steps.len(), 3);
+    r.torch_attribution = steps
+        .iter()
+        .map(|&(e, s, _)| {
+            torch_epoch(
+                e,
+                s,
+                (e + 1) << 30,
+                &[(1 << 30, "forward"), (1 << 20, "backward")],
+            )
+        })
+        .collect();
+    // A record whose step no phase holds: never placed at a guess.
+    r.torch_attribution
+        .push(torch_epoch(1, 99_999, 8 << 30, &[(1 << 30, "lost")]));
+    let m = torch_marks::torch_marks(&r);
+    assert_eq!((m.marks.len(), m.unlabelled, m.untimed), (3, 0, 1));
+    // Highest first, each at its step's time.
+    assert_eq!(m.marks[0].t_s, steps[2].2);
+    assert_eq!(m.marks[2].t_s, steps[0].2);
+    let svg = render(&r).unwrap();
+    for &(e, s, _) in &steps {
+        // The top block, and the other block plus the rest's three.
+        let needle = format!("epoch {e} peak, step {s}: 1.00 GiB train.py:42 forward (+4)");
+        assert!(svg.contains(&needle), "no {needle:?} in the SVG");
+    }
+    assert!(!svg.contains("step 99999"), "an untimed step is not drawn");
+    assert!(
+        // SVG escapes the apostrophe.
+        svg.contains("1 torch epoch peak not drawn (its step&apos;s time unknown)"),
+        "the untimed record is counted in the footer"
+    );
+    // Nothing of it without records.
+    r.torch_attribution.clear();
+    let svg = render(&r).unwrap();
+    assert!(!svg.contains("torch epoch") && !svg.contains("peak, step"));
+}
+
+#[test]
+fn torch_epoch_labels_are_bounded_in_count_and_width() {
+    let mut r = crate::commands::run::phase_report::tests::run_with_phases(20, 13);
+    let steps: Vec<(u64, u64)> = r
+        .phases
+        .iter()
+        .filter(|p| p.kind == "epoch")
+        .map(|p| (p.index, p.steps.peaks[0].index))
+        .collect();
+    let long = "f".repeat(200);
+    r.torch_attribution = steps
+        .iter()
+        .map(|&(e, s)| torch_epoch(e, s, (e + 1) << 30, &[(1 << 30, long.as_str())]))
+        .collect();
+    let m = torch_marks::torch_marks(&r);
+    assert_eq!(m.marks.len(), torch_marks::MAX_TORCH_MARKS);
+    assert_eq!(m.unlabelled, 20 - torch_marks::MAX_TORCH_MARKS);
+    // The highest peaks are the ones kept: epochs 19 down to 8.
+    assert!(m.marks[0].text.starts_with("epoch 19 peak"));
+    assert!(m.marks[11].text.starts_with("epoch 8 peak"));
+    assert!(m
+        .marks
+        .iter()
+        .all(|k| k.text.chars().count() == torch_marks::LABEL_CHARS && k.text.ends_with('…')));
+    let svg = render(&r).unwrap();
+    let drawn = texts(&svg)
+        .into_iter()
+        .filter(|t| t.2.contains("peak, step"))
+        .count();
+    assert_eq!(drawn, torch_marks::MAX_TORCH_MARKS);
+    assert!(!svg.contains("epoch 7 peak"));
+    assert!(svg.contains("8 more torch epoch peaks not marked (the 12 highest are)"));
+}
