@@ -11,18 +11,7 @@
 
 #include "memprobe_torch.hpp"
 
-static int passed = 0, failed = 0;
-// glog's CHECK comes with libtorch's unwinder headers (C++ stacks).
-#undef CHECK
-#define CHECK(c)                                                                       \
-    do {                                                                               \
-        if (c) {                                                                       \
-            ++passed;                                                                  \
-        } else {                                                                       \
-            ++failed;                                                                  \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
-        }                                                                              \
-    } while (0)
+#include "check.hpp"
 
 constexpr std::uint64_t MIB = 1ull << 20;
 constexpr std::uint64_t GIB = 1ull << 30;
