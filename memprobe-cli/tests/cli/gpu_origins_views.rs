@@ -289,12 +289,14 @@ fn serve_exports_each_process_memory_by_origin() {
     }
 }
 
-/// `memprobe run --gpu-exact=MODE --no-live -- stacks`, its checkpoints
-/// answered on stdin.
-fn run_stacks(mode: &str) -> std::process::Output {
+/// `memprobe run MODE --no-live --interval 10ms EXTRA -- stacks`, its
+/// checkpoints answered on stdin (also gpu_stacks_json.rs's run).
+pub(crate) fn run_stacks(mode: &str, extra: &[&std::ffi::OsStr]) -> std::process::Output {
     let b = built();
     let mut child = memprobe()
-        .args(["run", mode, "--no-live", "--interval", "10ms", "--"])
+        .args(["run", mode, "--no-live", "--interval", "10ms"])
+        .args(extra)
+        .arg("--")
         .arg(&b.stacks)
         .env("LD_LIBRARY_PATH", &b.libs)
         .env("FAKE_CUDA_DEVICES", "1")
@@ -316,7 +318,7 @@ fn run_stacks(mode: &str) -> std::process::Output {
 
 #[test]
 fn run_gpu_exact_stacks_shows_the_paths_at_each_peak() {
-    let o = run_stacks("--gpu-exact=stacks:2");
+    let o = run_stacks("--gpu-exact=stacks:2", &[]);
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{text}");
     let at = text
@@ -337,7 +339,7 @@ fn run_gpu_exact_stacks_shows_the_paths_at_each_peak() {
         "{text}"
     );
     // Plain --gpu-exact keeps origins only.
-    let plain = run_stacks("--gpu-exact");
+    let plain = run_stacks("--gpu-exact", &[]);
     let text = String::from_utf8_lossy(&plain.stderr);
     assert!(plain.status.success(), "{text}");
     assert!(text.contains("at GPU 0's peak"), "{text}");

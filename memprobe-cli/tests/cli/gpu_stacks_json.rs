@@ -1,45 +1,20 @@
 //! `memprobe run --gpu-exact=stacks:N --json`: each process's call paths at
 //! its exact peak per device (`stacks_at_peak`), bounded, summing to the
 //! peak; null under plain `--gpu-exact`. The program is
-//! tests/interpose/stacks.c under the interposer and the fake driver.
+//! tests/interpose/stacks.c under the interposer and the fake driver, run
+//! as gpu_origins_views.rs runs it.
 
-use crate::fake_gpu_libs;
+use crate::gpu_origins_views;
 use crate::schema::assert_valid;
-use crate::support::{memprobe, scratch, MIB};
+use crate::support::{scratch, MIB};
 use serde_json::Value;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::Stdio;
 
-/// `memprobe run --json FILE MODE -- stacks`, its checkpoints answered.
+/// `memprobe run MODE --json FILE -- stacks`, its checkpoints answered.
 fn run_json(mode: &str) -> Value {
     let dir = scratch("stacks-json");
-    fake_gpu_libs::build_interposer();
-    fake_gpu_libs::origin_libs(&dir, &["nccl"]);
-    let program = dir.join("stacks");
-    fake_gpu_libs::origin_program(&dir, "stacks.c", &["nccl"], &["-rdynamic"], &program);
     let json: PathBuf = dir.join("run.json");
-    let mut child = memprobe()
-        .args(["run", mode, "--no-live", "--interval", "10ms", "--json"])
-        .arg(&json)
-        .arg("--")
-        .arg(&program)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("FAKE_CUDA_DEVICES", "1")
-        .env("MEMPROBE_GPU_BACKEND", "none")
-        .env_remove("MEMPROBE_INTERPOSE_LIBRARY")
-        .env_remove("MEMPROBE_GPU_EXACT")
-        .env_remove("MEMPROBE_GPU_ORIGINS")
-        .env_remove("MEMPROBE_GPU_EXACT_DIR")
-        .env_remove("FAKE_CUDA_MEMORY")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"\n\n\n").unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = gpu_origins_views::run_stacks(mode, &["--json".as_ref(), json.as_os_str()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_valid("docs/run-output.schema.json", &v);
