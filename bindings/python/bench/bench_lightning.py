@@ -129,6 +129,19 @@ def hooks_cost_us(n: int = 20000) -> float:
     return took / n * 1e6
 
 
+def quiet_data(batch: int, hidden: int) -> "torch.utils.data.DataLoader":
+    """One torch thread, no warnings or Lightning chatter, and the benches'
+    data: 64 batches of random rows (the Lightning benches share it)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    n = batch * 64
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(n, hidden), torch.randn(n)),
+        batch_size=batch,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=9)
@@ -137,14 +150,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    n = args.batch * 64
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
-        batch_size=args.batch,
-    )
+    data = quiet_data(args.batch, args.hidden)
     variants = ["without", "defaults", "every step"]
     wall: Dict[str, List[float]] = {v: [] for v in variants}
     cpu: Dict[str, List[float]] = {v: [] for v in variants}

@@ -35,13 +35,11 @@ import argparse
 import gc
 import importlib
 import importlib.util
-import logging
 import os
 import sys
 import statistics
 import tempfile
 import time
-import warnings
 from typing import Any, Dict, List, Tuple
 
 from _memprobe_import import describe, import_memprobe
@@ -52,7 +50,7 @@ import torch  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
-from bench_lightning import Model, StepTimer  # noqa: E402
+from bench_lightning import Model, StepTimer, quiet_data  # noqa: E402
 from memprobe.integrations.lightning import MemprobeCallback  # noqa: E402
 
 WARMUP = 50
@@ -188,14 +186,7 @@ def main() -> None:
     args = ap.parse_args()
     against = timed(other_callback(args.against)) if args.against else None
 
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    n = args.batch * 64
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
-        batch_size=args.batch,
-    )
+    data = quiet_data(args.batch, args.hidden)
     keys = ("empty", "defaults", "one", "two", "this", "against", "this 1st", "against 2nd", "against 1st", "this 2nd")
     hooks: Dict[str, List[int]] = {k: [] for k in keys}
     hooks_cpu: Dict[str, List[int]] = {k: [] for k in keys}

@@ -29,12 +29,10 @@ docs/bindings-benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import resource
 import statistics
 import tempfile
-import warnings
 from typing import Any, Dict, List
 
 from _memprobe_import import describe, import_memprobe
@@ -44,6 +42,7 @@ memprobe = import_memprobe()
 import torch  # noqa: E402
 
 import bench_lightning_hooks as hooks_bench  # noqa: E402
+from bench_lightning import quiet_data  # noqa: E402
 from memprobe.integrations.lightning import MemprobeCallback  # noqa: E402
 
 
@@ -122,14 +121,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    n = args.batch * 64
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(n, args.hidden), torch.randn(n)),
-        batch_size=args.batch,
-    )
+    data = quiet_data(args.batch, args.hidden)
     medians: Dict[str, List[float]] = {k: [] for k in VARIANTS}
     with tempfile.TemporaryDirectory() as root:
         hooks_bench.fit(None, 60, args.hidden, data, root, "warm")
