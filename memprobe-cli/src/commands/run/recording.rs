@@ -329,15 +329,26 @@ impl Recording {
         });
         let new_peak = r.observe(rss, status, now);
         if new_peak {
-            // The detail read at an earlier peak stays until a new one is.
-            let detail = r.kinds_at_peak.take().and_then(|k| k.detail);
-            r.kinds_at_peak = Some(Box::new(KindsAtPeak {
-                rss,
-                at_ns: now,
-                kinds,
-                detail,
-                processes: None,
-            }));
+            // Updated in place (a growing process sets a peak at most
+            // ticks); the detail read at an earlier peak stays until a new
+            // one is.
+            match r.kinds_at_peak.as_deref_mut() {
+                Some(k) => {
+                    k.rss = rss;
+                    k.at_ns = now;
+                    k.kinds = kinds;
+                    k.processes = None;
+                }
+                None => {
+                    r.kinds_at_peak = Some(Box::new(KindsAtPeak {
+                        rss,
+                        at_ns: now,
+                        kinds,
+                        detail: None,
+                        processes: None,
+                    }))
+                }
+            }
         }
         self.lines.observe(pid, rss, now, self.last_tick_ns);
         new_peak
