@@ -34,8 +34,11 @@ use std::time::Duration;
 /// Datagrams up to this size are read (a little more than the largest
 /// message); longer ones are counted as oversized.
 const RECV_BUF: usize = MAX_DATAGRAM + 4096;
-/// How often the receiving thread looks whether it should stop.
-const POLL: Duration = Duration::from_millis(25);
+/// How often the receiving thread looks whether it should stop, when no
+/// datagram comes: the end of the run wakes it at once with an empty one
+/// (see [`Receiver::finish`]), so this is only the fallback, and long: an
+/// idle wake-up costs memprobe's CPU at every run.
+const POLL: Duration = Duration::from_millis(500);
 /// At most this many datagrams are drained after the command ended (a
 /// process left behind could keep sending forever).
 const MAX_DRAIN: usize = 100_000;

@@ -181,6 +181,8 @@ fn comm(pid: u32) -> Option<String> {
 /// The listening thread.
 pub(crate) struct ProcessEvents {
     stop: Arc<AtomicBool>,
+    /// Written at the end, to wake the thread out of its wait at once.
+    wake: Option<OwnedFd>,
     handle: JoinHandle<Lifetimes>,
     feed: Feed,
 }
@@ -213,11 +215,21 @@ impl ProcessEvents {
         let me = std::process::id();
         let feed = Feed::default();
         let f = feed.clone();
+        // SAFETY: plain eventfd call.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        // SAFETY: a new descriptor owned by nobody else.
+        let wake = (wake >= 0).then(|| unsafe { OwnedFd::from_raw_fd(wake) });
+        let waiter = wake.as_ref().and_then(|w| w.try_clone().ok());
         let handle = thread::Builder::new()
             .name("memprobe-procev".into())
-            .spawn(move || listen(&sock, &s, me, f))
+            .spawn(move || listen(&sock, waiter.as_ref(), &s, me, f))
             .map_err(|e| format!("cannot start the process events thread: {e}"))?;
-        Ok(ProcessEvents { stop, handle, feed })
+        Ok(ProcessEvents {
+            stop,
+            wake,
+            handle,
+            feed,
+        })
     }
 
     /// The births and renames of the tree, for the sampler.
@@ -229,6 +241,11 @@ impl ProcessEvents {
     /// Call after the command was reaped: its exit was sent before.
     pub(crate) fn finish(self) -> Lifetimes {
         self.stop.store(true, Ordering::SeqCst);
+        if let Some(w) = &self.wake {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: eight bytes to an eventfd we own.
+            unsafe { libc::write(w.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
         self.handle.join().unwrap_or_else(|_| Lifetimes {
             overflows: 1,
             ..Lifetimes::default()
@@ -276,7 +293,8 @@ fn subscribe(filter: bool) -> io::Result<(OwnedFd, io::Result<()>)> {
             break;
         }
     }
-    // Wake up every 50 ms to look at the stop flag.
+    // Without a wake-up descriptor, the listener looks at its stop flag
+    // every 50 ms (see `listen`).
     let tv = libc::timeval {
         tv_sec: 0,
         tv_usec: 50_000,
@@ -329,7 +347,13 @@ fn subscribe(filter: bool) -> io::Result<(OwnedFd, io::Result<()>)> {
     Ok((sock, filter))
 }
 
-fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32, feed: Feed) -> Lifetimes {
+fn listen(
+    sock: &OwnedFd,
+    wake: Option<&OwnedFd>,
+    stop: &AtomicBool,
+    me: u32,
+    feed: Feed,
+) -> Lifetimes {
     let mut seen = Lifetimes {
         feed,
         ..Lifetimes::default()
@@ -338,7 +362,16 @@ fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32, feed: Feed) -> Lifetimes {
     loop {
         // Once asked to stop, read what is queued without waiting.
         let stopping = stop.load(Ordering::SeqCst);
-        let flags = if stopping { libc::MSG_DONTWAIT } else { 0 };
+        // Sleeps until an event or the end, rather than waking every 50 ms
+        // (the socket's timeout, kept for a kernel without eventfd).
+        if let (false, Some(w)) = (stopping, wake) {
+            wait_readable(sock, w);
+        }
+        let flags = if stopping || wake.is_some() {
+            libc::MSG_DONTWAIT
+        } else {
+            0
+        };
         // SAFETY: receiving into our buffer of its length.
         let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
         if n < 0 {
@@ -367,6 +400,18 @@ fn listen(sock: &OwnedFd, stop: &AtomicBool, me: u32, feed: Feed) -> Lifetimes {
             off += (len + 3) & !3;
         }
     }
+}
+
+/// Waits until the socket or the wake-up descriptor can be read (or a
+/// signal interrupts the wait).
+fn wait_readable(sock: &OwnedFd, wake: &OwnedFd) {
+    let mut fds = [sock.as_raw_fd(), wake.as_raw_fd()].map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: two valid pollfd entries.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
 }
 
 #[cfg(test)]
