@@ -36,6 +36,18 @@ impl StatusFile {
         }
     }
 
+    /// The status file of `pid`, opened at each read instead of kept open
+    /// (for a caller short of descriptors). The descriptor's guarantee
+    /// goes: a pid reused between two reads is read as the same process.
+    pub fn by_path(pid: u32) -> StatusFile {
+        StatusFile { pid, file: None }
+    }
+
+    /// Whether a descriptor is kept open.
+    pub fn is_open(&self) -> bool {
+        self.file.is_some()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.pid

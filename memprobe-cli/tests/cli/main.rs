@@ -2,6 +2,7 @@
 
 mod attribution;
 mod commands;
+mod descriptors;
 mod exit_codes;
 mod fake_gpu_libs;
 mod gpu_origins_views;

@@ -22,11 +22,14 @@ pub(crate) struct SpawnError {
 
 /// Starts `argv` with inherited stdio, environment and process group;
 /// `oom_score_adj`: the value the child gets back when memprobe shielded
-/// itself from the OOM killer (see [`crate::commands::run::oom_kill::shield_self`]).
+/// itself from the OOM killer (see [`crate::commands::run::oom_kill::shield_self`]);
+/// `nofile`: the descriptor limit the child gets back when memprobe raised
+/// its own (see [`crate::commands::run::fd_limit`]).
 pub(crate) fn spawn(
     argv: &[OsString],
     env: &[(OsString, Option<OsString>)],
     oom_score_adj: Option<i32>,
+    nofile: Option<libc::rlimit>,
 ) -> Result<u32, SpawnError> {
     let (program, args) = argv.split_first().ok_or_else(|| SpawnError {
         status: crate::exit::USAGE,
@@ -57,9 +60,15 @@ pub(crate) fn spawn(
     // memprobe blocks the signals it forwards; a child inherits the mask
     // across exec and would never see them. Clear it between fork and exec.
     // SAFETY: the hook only calls sigemptyset, pthread_sigmask, open, write,
-    // close and execve, which are async-signal-safe, and allocates nothing.
+    // close, setrlimit and execve, which are async-signal-safe, and
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(l) = &nofile {
+                if !crate::commands::run::fd_limit::restore(l) {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             if let Some((buf, len)) = adj {
                 let fd = libc::open(
                     c"/proc/self/oom_score_adj".as_ptr(),

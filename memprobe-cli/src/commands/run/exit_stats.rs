@@ -138,6 +138,11 @@ impl ExitStats {
         })
     }
 
+    /// The socket, to poll for records.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
     /// Hands every exit received since the last call to `f`.
     pub(crate) fn drain(&mut self, mut f: impl FnMut(Exit)) {
         loop {

@@ -4,10 +4,12 @@
 //!
 //! - **Resident set by kind, at the peak sample**: anonymous, file-backed
 //!   and shared memory (`RssAnon`, `RssFile`, `RssShmem`). The sampler
-//!   reads a process's `status` at every tick where its `statm` moved, so
-//!   the split it read last belongs to the `statm` figures of this very
-//!   tick (a process whose `statm` reads the same kept the same split as
-//!   far as the kernel's counters say). Free: no read of its own.
+//!   reads a process's `status` at every sample that is its largest yet,
+//!   so the split at a process's peak belongs to the `statm` figures of
+//!   that very tick; at a sample that is the tree's largest yet, so is
+//!   that of every process whose `statm` moved at that tick (one whose
+//!   `statm` reads the same kept the same split as far as the kernel's
+//!   counters say). Free: no read of its own.
 //! - **Sampled detail**: `smaps_rollup` (the PSS by kind) and `smaps`
 //!   (the largest mappings, grouped by pathname: `[heap]`, anonymous
 //!   memory, `/dev/shm/torch_*` DataLoader buffers, a library), read after
@@ -437,8 +439,26 @@ impl KindsReader {
         out
     }
 
+    /// A reader whose thread is started now: from the sampling thread
+    /// before it takes a file table of its own ([`super::own_files`]), so
+    /// that the two do not share one.
+    pub(crate) fn started() -> KindsReader {
+        let mut k = KindsReader::default();
+        k.start();
+        k
+    }
+
     /// Sends a request to the reading thread (started at the first).
     fn ask(&mut self, pid: u32, now: u64, rss: u64) -> bool {
+        self.start()
+            && self
+                .thread
+                .as_ref()
+                .is_some_and(|w| w.ask.send((pid, now, rss)).is_ok())
+    }
+
+    /// Starts the reading thread unless it runs; whether it runs.
+    fn start(&mut self) -> bool {
         if self.thread.is_none() {
             let (req_tx, req_rx) = mpsc::channel::<(u32, u64, u64)>();
             let (done_tx, done_rx) = mpsc::channel::<Done>();
@@ -471,9 +491,7 @@ impl KindsReader {
                 done: done_rx,
             });
         }
-        self.thread
-            .as_ref()
-            .is_some_and(|w| w.ask.send((pid, now, rss)).is_ok())
+        true
     }
 
     /// Waits up to `timeout` for the read in flight, asking for no other

@@ -52,6 +52,8 @@ pub(crate) struct KernelLog {
     kills: Vec<Kill>,
     /// Records the kernel overwrote before they were read.
     lost: u64,
+    /// Where a record is read into, made at the first read.
+    buf: Option<Box<[u8]>>,
 }
 
 impl KernelLog {
@@ -85,6 +87,7 @@ impl KernelLog {
             why_not,
             kills: Vec::new(),
             lost: 0,
+            buf: None,
         }
     }
 
@@ -96,7 +99,14 @@ impl KernelLog {
             why_not: Some("not read".into()),
             kills: Vec::new(),
             lost: 0,
+            buf: None,
         }
+    }
+
+    /// A second descriptor of the log, to poll for records (`None` when
+    /// the log is not read).
+    pub(crate) fn watch(&self) -> Option<File> {
+        self.file.as_ref()?.try_clone().ok()
     }
 
     /// Whether the log is being read.
@@ -113,9 +123,11 @@ impl KernelLog {
     pub(crate) fn poll(&mut self) {
         let Some(f) = self.file.as_mut() else { return };
         // One record per read; the kernel's records are at most 8 KiB.
-        let mut buf = vec![0u8; 8192];
+        let buf = self
+            .buf
+            .get_or_insert_with(|| vec![0u8; 8192].into_boxed_slice());
         loop {
-            match f.read(&mut buf) {
+            match f.read(buf) {
                 Ok(0) => return,
                 Ok(n) => {
                     if let Ok(record) = std::str::from_utf8(&buf[..n]) {

@@ -22,6 +22,7 @@ mod child;
 pub(crate) mod cpu_cap;
 mod event_filter;
 mod exit_stats;
+mod fd_limit;
 mod gpu_exact;
 mod gpu_origins;
 pub(crate) mod gpu_stacks;
@@ -31,6 +32,7 @@ mod kernel_log;
 mod live;
 mod oom_kill;
 mod orphans;
+mod own_files;
 mod phase_channel;
 mod phase_log;
 mod phase_report;
@@ -274,7 +276,10 @@ fn start(
     let kernel_log = Arc::new(Mutex::new(KernelLog::open()));
     let inherited = orphans::inherited();
     orphans::become_subreaper();
-    let pid = child::spawn(&args.command, &env, oom_score_adj)
+    // Room for three descriptors per process of a large tree; the command
+    // gets the limit it would have had.
+    let nofile = fd_limit::raise();
+    let pid = child::spawn(&args.command, &env, oom_score_adj, nofile)
         .map_err(|e| Stop::new(e.status, e.message))?;
     let t0 = Instant::now();
     let t0_monotonic_ns = memprobe_core::monotonic_ns();

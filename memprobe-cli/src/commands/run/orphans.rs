@@ -54,38 +54,65 @@ pub(crate) fn inherited() -> Vec<u32> {
 /// reported).
 pub(crate) fn reap(root: u32, inherited: &[u32]) -> Vec<Reaped> {
     let mut out = Vec::new();
-    loop {
-        // SAFETY: siginfo_t is plain data, written by the kernel.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid siginfo pointer; looks without reaping.
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_ALL,
-                0,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
-        // SAFETY: si_pid is set by waitid (0 when nothing has ended).
-        let pid = unsafe { info.si_pid() };
-        if rc != 0 || pid <= 0 || pid as u32 == root {
-            return out;
-        }
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_default();
-        let mut status = 0;
-        // SAFETY: a valid status pointer; `pid` is our ended child.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
-            return out;
-        }
-        if inherited.contains(&(pid as u32)) {
-            continue;
-        }
-        out.push(Reaped {
-            pid: pid as u32,
-            name,
-            wait_status: status,
-        });
+    while let Some(r) = reap_one(libc::P_ALL, 0, root, inherited) {
+        out.extend(r);
     }
+    out
+}
+
+/// Like [`reap`], for `pids` only (the members seen gone at a tick): each
+/// a look at one process, where [`reap`]'s search goes over every child
+/// of memprobe at each orphan, which a tree of hundreds orphaned at once
+/// would make quadratic.
+pub(crate) fn reap_pids(pids: &[u32], root: u32, inherited: &[u32]) -> Vec<Reaped> {
+    let mut out = Vec::new();
+    for &pid in pids {
+        if let Some(r) = reap_one(libc::P_PID, pid, root, inherited) {
+            out.extend(r);
+        }
+    }
+    out
+}
+
+/// Reaps one ended child of memprobe among `(idtype, id)` that is not
+/// `root`: `None` when there is none, `Some(None)` for one of `inherited`
+/// (reaped, not reported).
+fn reap_one(
+    idtype: libc::idtype_t,
+    id: libc::id_t,
+    root: u32,
+    inherited: &[u32],
+) -> Option<Option<Reaped>> {
+    // SAFETY: siginfo_t is plain data, written by the kernel.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid siginfo pointer; looks without reaping.
+    let rc = unsafe {
+        libc::waitid(
+            idtype,
+            id,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: si_pid is set by waitid (0 when nothing has ended).
+    let pid = unsafe { info.si_pid() };
+    if rc != 0 || pid <= 0 || pid as u32 == root {
+        return None;
+    }
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default();
+    let mut status = 0;
+    // SAFETY: a valid status pointer; `pid` is our ended child.
+    if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
+        return None;
+    }
+    if inherited.contains(&(pid as u32)) {
+        return Some(None);
+    }
+    Some(Some(Reaped {
+        pid: pid as u32,
+        name,
+        wait_status: status,
+    }))
 }

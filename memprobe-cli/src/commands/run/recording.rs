@@ -10,7 +10,7 @@ use crate::gpu_readings::GpuReading;
 use memprobe_core::internal::process::ProcessStatus;
 use memprobe_core::Sample;
 use memprobe_core::{CgroupLocation, CgroupVersion};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 /// Where a process's peak figure comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,7 +227,7 @@ impl GpuSeries {
     pub(crate) fn observe(
         &mut self,
         readings: Option<&[GpuReading]>,
-        tree: &HashSet<u32>,
+        tree: &dyn Fn(u32) -> bool,
         now: u64,
     ) -> Option<u64> {
         let r = readings?.iter().find(|r| r.uuid == self.uuid)?;
@@ -237,7 +237,7 @@ impl GpuSeries {
         let tree_used: u64 = r
             .processes
             .iter()
-            .filter(|p| tree.contains(&p.pid))
+            .filter(|p| tree(p.pid))
             .filter_map(|p| p.used_bytes)
             .sum();
         self.tree_peak = Some(self.tree_peak.unwrap_or(0).max(tree_used));

@@ -14,13 +14,14 @@
 //! sampler (or the GPU crate), and the bookkeeping is the [`Recording`]'s.
 //!
 //! A process's exact peak is the last `VmHWM` read while it lived (read at
-//! every tick where its `statm` moved since the tick before, at every
-//! sample above its known peak, and every
-//! [`super::tree_sampler::STATUS_REFRESH_IDLE`] while it is idle); what this
-//! can miss is a spike in a worker's last interval before it exits, or one
-//! that rose and fell between two ticks leaving every `statm` figure as it
-//! was, in the last second before it exits (the direct child is covered
-//! by `wait4`'s `ru_maxrss`, see [`crate::commands::run::child::reap`]).
+//! every sample that is its largest yet, every
+//! [`super::tree_sampler::STATUS_REFRESH_MOVING`] while its `statm` moves
+//! and every [`super::tree_sampler::STATUS_REFRESH_IDLE`] while it is
+//! idle); what this can miss is a spike that rose and fell between two
+//! reads of it in its last moments before it exits: the last 100 ms of a
+//! busy process, the last second of one whose `statm` read the same
+//! throughout (the direct child is covered by `wait4`'s `ru_maxrss`, see
+//! [`crate::commands::run::child::reap`]).
 //! Where the kernel's exit records can be had ([`ExitStats`]), each
 //! process's high-water mark at its exit closes that gap for every process.
 //!
@@ -41,7 +42,6 @@ use super::tree_sampler::{Feed, TreeSampler};
 use crate::gpu_readings::{self, GpuReading};
 use memprobe_core::CgroupSampler;
 use memprobe_core::Sampler;
-use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -82,6 +82,14 @@ pub(crate) struct Setup {
     pub(crate) host_kinds: bool,
 }
 
+/// Ticks between two slow sweeps at `interval`.
+fn slow_every(interval: Duration) -> u64 {
+    let i = interval.as_nanos().max(1);
+    u64::try_from(SLOW_SWEEP.as_nanos() / i)
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
 /// The running sampling thread.
 pub(crate) struct SamplingThread {
     stop: Arc<AtomicBool>,
@@ -95,7 +103,13 @@ impl SamplingThread {
         let s = Arc::clone(&stop);
         let handle = thread::Builder::new()
             .name("memprobe-sampler".into())
-            .spawn(move || State::new(setup).run(&s))?;
+            .spawn(move || {
+                let state = State::new(setup);
+                // After State::new: the threads it starts keep the shared
+                // table.
+                super::own_files::own_file_table();
+                state.run(&s)
+            })?;
         Ok(SamplingThread { stop, handle })
     }
 
@@ -112,8 +126,25 @@ impl SamplingThread {
     }
 }
 
+/// What [`State::ready`] found.
+struct Ready {
+    kernel_log: bool,
+    exits: bool,
+}
+
+/// How often the things that rarely change are read: the cgroup's limit,
+/// and the sweep for orphans no tick saw end.
+const SLOW_SWEEP: Duration = Duration::from_secs(1);
+
 struct State {
     tree: TreeSampler,
+    /// Ticks taken, and every how many the slow sweep comes.
+    ticks: u64,
+    slow_every: u64,
+    /// The cgroup's limit at the last slow sweep.
+    cgroup_limit: Option<u64>,
+    /// The kernel log's descriptor, duplicated: polled for records.
+    kmsg_watch: Option<std::fs::File>,
     interval: Duration,
     cap: Option<CpuCap>,
     t0: Instant,
@@ -153,8 +184,16 @@ impl State {
                 rec.unavailable.insert("gpus".into(), why);
             }
         }
+        let kmsg_watch = setup
+            .kernel_log
+            .as_ref()
+            .and_then(|l| l.lock().ok()?.watch());
         State {
             tree: TreeSampler::new(setup.root, setup.interval, setup.feed),
+            ticks: 0,
+            slow_every: slow_every(setup.interval),
+            cgroup_limit: None,
+            kmsg_watch,
             interval: setup.interval,
             cap: setup.max_cpu.map(|m| CpuCap::new(m, setup.interval)),
             t0: setup.t0,
@@ -166,7 +205,7 @@ impl State {
             kernel_log: setup.kernel_log,
             inherited: setup.inherited,
             exits: setup.exits,
-            kinds: setup.host_kinds.then(KindsReader::default),
+            kinds: setup.host_kinds.then(KindsReader::started),
             tree_kinds_due: false,
             tree_composed_ns: None,
             rec,
@@ -185,6 +224,7 @@ impl State {
                 let wider = cap.after_tick(Instant::now());
                 if wider != self.interval {
                     self.interval = wider;
+                    self.slow_every = slow_every(wider);
                     self.tree.set_interval(wider);
                 }
             }
@@ -208,6 +248,15 @@ impl State {
         }
         if let (Some(s), Some(rec)) = (self.cgroup.as_mut(), self.rec.cgroup.as_mut()) {
             rec.exact_peak = s.read_peak().ok().flatten();
+        }
+        if self.tree.by_path > 0 {
+            self.rec.unavailable.insert(
+                "tree_descriptors".into(),
+                format!(
+                    "{} processes' statm could not be kept open (no descriptor left under RLIMIT_NOFILE) and was read by path at each tick: a pid reused between two ticks would be misread",
+                    self.tree.by_path
+                ),
+            );
         }
         // The timeline's zero on CLOCK_MONOTONIC (Instant's clock), for the
         // interposer's times.
@@ -259,8 +308,14 @@ impl State {
 
     /// Reaps the tree's orphans that ended (memprobe is their subreaper)
     /// and keeps how each ended.
-    fn reap_orphans(&mut self, now: u64) {
-        for o in crate::commands::run::orphans::reap(self.tree.root(), &self.inherited) {
+    fn reap_orphans(&mut self, now: u64, only: Option<&[u32]>) {
+        use crate::commands::run::orphans;
+        let (root, inherited) = (self.tree.root(), &self.inherited);
+        let reaped = match only {
+            Some(pids) => orphans::reap_pids(pids, root, inherited),
+            None => orphans::reap(root, inherited),
+        };
+        for o in reaped {
             self.rec.ended_with(o.pid, o.wait_status);
             if self.rec.orphans.len() < crate::commands::run::recording::MAX_ORPHANS {
                 self.rec
@@ -275,14 +330,41 @@ impl State {
         }
     }
 
+    /// Which of the event sources have something to read: one `poll` for
+    /// both, instead of a read of each that finds nothing at most ticks.
+    fn ready(&self) -> Ready {
+        use std::os::fd::AsRawFd;
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: libc::POLLIN,
+            revents: 0,
+        }; 2];
+        if let Some(f) = &self.kmsg_watch {
+            fds[0].fd = f.as_raw_fd();
+        }
+        if let Ok(x) = &self.exits {
+            fds[1].fd = x.raw_fd();
+        }
+        // SAFETY: two valid pollfd entries (a negative fd is skipped).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) };
+        if n < 0 {
+            // Cannot tell: read both, as if both were ready.
+            return Ready {
+                kernel_log: true,
+                exits: true,
+            };
+        }
+        Ready {
+            kernel_log: fds[0].revents != 0,
+            exits: fds[1].revents != 0,
+        }
+    }
+
     /// The kinds at a new tree peak, and the detail reads due.
-    fn kinds_tick(&mut self, tree: &super::tree_sampler::Reading, tree_rss: u64, now: u64) {
+    fn kinds_tick(&mut self, tree_rss: u64, now: u64) {
         let rec = &mut self.rec;
         if rec.tree_peak.map_or(true, |(v, _)| tree_rss > v) {
-            let all = tree.processes.iter().all(|(_, s)| s.kinds.is_some());
-            let kinds = all.then(|| {
-                host_kinds::sum(tree.processes.iter().filter_map(|(_, s)| s.kinds.as_ref()))
-            });
+            let kinds = self.tree.kinds();
             let before = rec.tree_kinds.take();
             rec.tree_kinds = Some(KindsAtPeak {
                 rss: tree_rss,
@@ -324,12 +406,23 @@ impl State {
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let tree = self.tree.read();
+        let slow = self.ticks % self.slow_every == 0;
+        self.ticks += 1;
         for (pid, status) in self.zombies.tick(now) {
             self.rec.ended_with(pid, status);
         }
-        self.reap_orphans(now);
-        if let Some(log) = &self.kernel_log {
-            // Read often: the kernel's ring buffer overwrites old records.
+        // An orphan that ended is seen gone by the tree's reading at the
+        // same tick; the slow sweep reaps those never seen (memprobe's
+        // other children, a process born and gone between two ticks).
+        if slow {
+            self.reap_orphans(now, None);
+        } else if !tree.exited.is_empty() {
+            self.reap_orphans(now, Some(&tree.exited));
+        }
+        let ready = self.ready();
+        if let (Some(log), true) = (&self.kernel_log, ready.kernel_log) {
+            // Read as soon as there is a record: the kernel's ring buffer
+            // overwrites old ones.
             if let Ok(mut l) = log.try_lock() {
                 l.poll();
             }
@@ -347,10 +440,12 @@ impl State {
             // Every member seen gone at this tick has its record queued
             // already (sent before its memory was freed).
             let rec = &mut self.rec;
-            x.drain(|e| rec.exit_hwm(e.tgid, e.hwm, now));
+            if ready.exits {
+                x.drain(|e| rec.exit_hwm(e.tgid, e.hwm, now));
+            }
             rec.forget_ended_before(now.saturating_sub(EXIT_RECORD_GRACE_NS));
         }
-        for (pid, seen) in tree.processes.iter().filter(|(_, s)| s.moved) {
+        for (pid, seen) in &tree.changed {
             let peak = self
                 .rec
                 .observe(*pid, seen.rss, seen.status.as_deref(), seen.kinds, now);
@@ -358,19 +453,29 @@ impl State {
                 k.peak(*pid);
             }
         }
-        let tree_rss = tree.rss();
+        let tree_rss = tree.rss;
         if self.kinds.is_some() {
-            self.kinds_tick(&tree, tree_rss, now);
+            self.kinds_tick(tree_rss, now);
         }
-        let processes = u32::try_from(tree.processes.len()).unwrap_or(u32::MAX);
+        let processes = tree.processes;
         let pss = self.pss.as_mut().map_or_else(PssPoint::default, |p| {
-            let pids: Vec<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();
+            let pids: Vec<u32> = self.tree.pids().collect();
             p.tick(&pids, self.tree.root(), now)
         });
 
         let cgroup = self.cgroup.as_mut().and_then(|c| {
             let rec = self.rec.cgroup.as_mut()?;
-            rec.observe(c.read().ok(), now)
+            // The limit is set by hand, rarely: read with the slow sweep.
+            let sample = if slow {
+                c.read().ok().inspect(|s| self.cgroup_limit = s.limit)
+            } else {
+                c.read_used().ok().map(|used| memprobe_core::Sample {
+                    used,
+                    limit: self.cgroup_limit,
+                    ..memprobe_core::Sample::default()
+                })
+            };
+            rec.observe(sample, now)
         });
         if let Some(c) = self.cgroup.as_mut() {
             // One small pread: the OOM-kill counters, for the verdict.
@@ -384,11 +489,11 @@ impl State {
         let gpus = if self.rec.gpus.is_empty() {
             Vec::new()
         } else {
-            let pids: HashSet<u32> = tree.processes.iter().map(|(pid, _)| *pid).collect();
+            let tree = &self.tree;
             self.rec
                 .gpus
                 .iter_mut()
-                .map(|series| series.observe(readings.as_deref(), &pids, now))
+                .map(|series| series.observe(readings.as_deref(), &|pid| tree.contains(pid), now))
                 .collect()
         };
         let gpu_exact = self

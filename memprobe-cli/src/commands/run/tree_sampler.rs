@@ -13,17 +13,22 @@
 //!   than the tick being missed for every process.
 //! - Deaths: the kept-open `statm` of a process that has exited reads no
 //!   memory (a zombie's is all zeros, a reaped one's read fails).
-//! - `/proc/<pid>/status` (8× a `statm` read: name, parent, `VmHWM`) is read
+//! - `/proc/<pid>/status` (5× a `statm` read: name, parent, `VmHWM`) is read
 //!   when a figure asks for it: at a process's first sight, when a sample
-//!   sees it above its known peak (a new peak), when it execs or renames,
-//!   at every tick where its `statm` moved since the tick before (so that
-//!   the kernel's high-water mark catches a spike that rose and fell
-//!   between two samples, as when every tick read it), and every
+//!   is its largest yet (a new peak), when it execs or renames,
+//!   every [`STATUS_REFRESH_MOVING`] while its `statm` moves, and every
 //!   [`STATUS_REFRESH_IDLE`] while it reads the same (an idle worker),
-//!   staggered over processes. Sleeping workers, most of a node's tree,
-//!   then cost one `statm` read a tick.
+//!   staggered over processes. The kernel's high-water mark only rises, so
+//!   a spike that rose and fell between two samples is in the next read of
+//!   it: the peak is exact to the byte, its time within the refresh; what
+//!   a process's last refresh before its exit cannot see, the kernel's
+//!   exit records give ([`super::exit_stats`]) where they can be had.
+//!   Sleeping workers, most of a node's tree, then cost one `statm` read a
+//!   tick, busy ones little more.
+//! - The loop runs on a file table of its own ([`super::own_files`]), so
+//!   that each `pread` takes the kernel's single-owner path.
 
-use super::host_kinds::{rss_kinds_from_status, RssKinds};
+use super::host_kinds::{self, rss_kinds_from_status, RssKinds};
 use super::pid_map::PidMap;
 use memprobe_core::internal::process::{ProcessStatus, StatusFile};
 use memprobe_core::internal::process_tree::TreeWalker;
@@ -35,8 +40,12 @@ use std::time::{Duration, Instant};
 /// The longest a known process goes without a `status` read while its
 /// `statm` reads the same from tick to tick.
 pub(crate) const STATUS_REFRESH_IDLE: Duration = Duration::from_secs(1);
-/// How often the tree is walked when every birth comes as an event.
-pub(crate) const RESCAN_WITH_EVENTS: Duration = Duration::from_secs(1);
+/// The longest a known process goes without a `status` read while its
+/// `statm` moves (and stays below its peak).
+pub(crate) const STATUS_REFRESH_MOVING: Duration = Duration::from_millis(100);
+/// How often the tree is walked when every birth comes as an event: a
+/// safety net only (a lost event is seen, and walks at once).
+pub(crate) const RESCAN_WITH_EVENTS: Duration = Duration::from_secs(5);
 /// How often the tree is walked when no events can be had.
 pub(crate) const RESCAN_WITHOUT_EVENTS: Duration = Duration::from_millis(50);
 /// At most this many events wait for the sampler (beyond: a rescan).
@@ -86,17 +95,13 @@ impl Feed {
     }
 }
 
-/// One process at one tick: its resident set, and its status when it was
-/// read at this tick.
+/// One process at one tick whose record may need an update: its resident
+/// set, and its status when it was read at this tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Seen {
     pub(crate) rss: u64,
     /// Boxed: read at few ticks, and the tick's list stays small.
     pub(crate) status: Option<Box<ProcessStatus>>,
-    /// Whether anything of it may have changed since the tick before: its
-    /// `statm` moved, or its status was read. An unmoved process's records
-    /// need no update (see [`super::recording::Recording::observe`]).
-    pub(crate) moved: bool,
     /// Its resident set by kind as of its last `status` read (which is at
     /// this tick whenever `statm` moved; see [`super::host_kinds`]).
     pub(crate) kinds: Option<RssKinds>,
@@ -105,26 +110,52 @@ pub(crate) struct Seen {
 /// One tick's reading of the tree.
 #[derive(Debug, Default)]
 pub(crate) struct Reading {
-    /// Every live process followed.
-    pub(crate) processes: Vec<(u32, Seen)>,
+    /// The live processes that may have changed since the tick before:
+    /// newcomers, those whose `statm` moved, those whose status was read.
+    /// An unmoved process's records need no update (see
+    /// [`super::recording::Recording::observe`]), so a sleeping worker
+    /// costs its `statm` read and nothing here.
+    pub(crate) changed: Vec<(u32, Seen)>,
     /// Processes followed until the last tick that have exited since.
     pub(crate) exited: Vec<u32>,
+    /// The sum of every live process's resident set.
+    pub(crate) rss: u64,
+    /// How many live processes are followed.
+    pub(crate) processes: u32,
 }
 
-impl Reading {
-    /// The sum of the live processes' resident sets.
-    pub(crate) fn rss(&self) -> u64 {
-        self.processes.iter().map(|(_, s)| s.rss).sum()
+/// What every tick reads of a member, packed (two to a cache line): at
+/// hundreds of processes the loop over them is the sampler's whole work.
+struct Hot {
+    /// `None` when no descriptor was left (`RLIMIT_NOFILE`): read by path.
+    statm: Option<File>,
+    pid: u32,
+    /// Its `statm` text at the tick before, hashed: a change is a move.
+    statm_hash: u64,
+    /// Its resident set at the last read, in bytes.
+    rss: u64,
+    /// The largest resident set sampled: a sample above it is a new peak
+    /// of the samples, worth a `status` read (its split by kind and its
+    /// `VmHWM` at that very sample).
+    largest: u64,
+}
+
+impl Hot {
+    /// Its `statm` now; `None` once it has exited. Without a descriptor,
+    /// by path: a pid reused between two ticks would be read as this
+    /// process (the run says so, see `TreeSampler::by_path`).
+    fn read_statm(&self, page: u64) -> Option<Statm> {
+        match &self.statm {
+            Some(f) => read_statm(f, page),
+            None => read_statm(&File::open(format!("/proc/{}/statm", self.pid)).ok()?, page),
+        }
     }
 }
 
-struct Member {
-    statm: File,
-    /// Its `statm` figures at the tick before.
-    statm_last: Statm,
-    /// The largest of `VmHWM` and the resident sets read: a sample above it
-    /// is a new peak, worth a `status` read.
-    peak: u64,
+/// What only a `status` read, a rescan or the host kinds look at.
+struct Cold {
+    /// Its `status`, kept open.
+    status: StatusFile,
     threads: u32,
     /// Its main thread's `children`, kept open once read.
     children: Option<File>,
@@ -135,11 +166,52 @@ struct Member {
     stale_name: bool,
 }
 
+/// The followed processes: two parallel vectors and an index by pid.
+#[derive(Default)]
+struct Members {
+    hot: Vec<Hot>,
+    cold: Vec<Cold>,
+    index: PidMap<usize>,
+}
+
+impl Members {
+    fn len(&self) -> usize {
+        self.hot.len()
+    }
+
+    fn position(&self, pid: u32) -> Option<usize> {
+        self.index.get(&pid).copied()
+    }
+
+    fn insert(&mut self, hot: Hot, cold: Cold) {
+        self.index.insert(hot.pid, self.hot.len());
+        self.hot.push(hot);
+        self.cold.push(cold);
+    }
+
+    /// The descriptors member `i` keeps open.
+    fn kept(&self, i: usize) -> usize {
+        usize::from(self.hot[i].statm.is_some())
+            + usize::from(self.cold[i].status.is_open())
+            + usize::from(self.cold[i].children.is_some())
+    }
+
+    /// Removes member `i`; the last one takes its place.
+    fn swap_remove(&mut self, i: usize) {
+        let gone = self.hot.swap_remove(i);
+        self.cold.swap_remove(i);
+        self.index.remove(&gone.pid);
+        if let Some(moved) = self.hot.get(i) {
+            self.index.insert(moved.pid, i);
+        }
+    }
+}
+
 /// The run's tree (see the module's description).
 pub(crate) struct TreeSampler {
     root: u32,
     walker: TreeWalker,
-    members: PidMap<Member>,
+    members: Members,
     feed: Option<Feed>,
     /// memprobe itself: its other children are not the command's.
     me: u32,
@@ -148,14 +220,23 @@ pub(crate) struct TreeSampler {
     pending: Vec<u32>,
     /// The kernel lists children in `/proc/<pid>/task/<tid>/children`.
     children_files: bool,
-    /// Ticks between `status` refreshes of an idle process, and between walks.
+    /// Ticks between `status` refreshes of an idle process and of a moving
+    /// one, and between walks.
     idle_refresh_every: u64,
+    moving_refresh_every: u64,
     rescan_every: u64,
     tick: u64,
+    /// The tree's largest summed resident set yet.
+    tree_largest: u64,
     page: u64,
     buf: Vec<u8>,
     /// `status` reads done, for the summary of what sampling cost.
     pub(crate) status_reads: u64,
+    /// Processes whose `statm` could not be kept open (no descriptor left).
+    pub(crate) by_path: u64,
+    /// Descriptors this may keep open (see [`fd_budget`]), and kept now.
+    fd_budget: usize,
+    kept_fds: usize,
 }
 
 fn ticks(every: Duration, interval: Duration) -> u64 {
@@ -163,6 +244,11 @@ fn ticks(every: Duration, interval: Duration) -> u64 {
     u64::try_from(every.as_nanos().div_ceil(i))
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+/// Whether `pid`'s staggered slot of a cadence of `every` ticks is `tick`.
+fn slot(tick: u64, pid: u32, every: u64) -> bool {
+    (tick + u64::from(pid)) % every == 0
 }
 
 impl TreeSampler {
@@ -179,7 +265,7 @@ impl TreeSampler {
         TreeSampler {
             root,
             walker: TreeWalker::new(root),
-            members: PidMap::default(),
+            members: Members::default(),
             feed,
             me: std::process::id(),
             interval,
@@ -189,11 +275,16 @@ impl TreeSampler {
                 .join("children")
                 .exists(),
             idle_refresh_every: ticks(STATUS_REFRESH_IDLE, interval),
+            moving_refresh_every: ticks(STATUS_REFRESH_MOVING, interval),
             rescan_every: ticks(rescan, interval),
             tick: 0,
+            tree_largest: 0,
             page: u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096),
             buf: vec![0; 4096],
             status_reads: 0,
+            by_path: 0,
+            fd_budget: fd_budget(),
+            kept_fds: 0,
         }
     }
 
@@ -206,6 +297,7 @@ impl TreeSampler {
         };
         self.interval = interval;
         self.idle_refresh_every = ticks(STATUS_REFRESH_IDLE, interval);
+        self.moving_refresh_every = ticks(STATUS_REFRESH_MOVING, interval);
         self.rescan_every = ticks(rescan, interval);
     }
 
@@ -214,65 +306,99 @@ impl TreeSampler {
         self.root
     }
 
+    /// The live processes followed.
+    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.members.hot.iter().map(|h| h.pid)
+    }
+
+    /// Whether `pid` is a live process followed.
+    pub(crate) fn contains(&self, pid: u32) -> bool {
+        self.members.position(pid).is_some()
+    }
+
+    /// The tree's resident set by kind, as of each process's last `status`
+    /// read; `None` unless every process has one.
+    pub(crate) fn kinds(&self) -> Option<RssKinds> {
+        let all = self.members.cold.iter().all(|c| c.kinds.is_some());
+        all.then(|| host_kinds::sum(self.members.cold.iter().filter_map(|c| c.kinds.as_ref())))
+    }
+
     /// Reads every known process, then the newcomers.
     pub(crate) fn read(&mut self) -> Reading {
         let started = Instant::now();
-        let mut reading = Reading {
-            processes: Vec::with_capacity(self.members.len() + 1),
-            exited: Vec::new(),
-        };
+        let mut reading = Reading::default();
         let fed = self.feed.as_ref().map(Feed::take).unwrap_or_default();
         for pid in fed.renamed {
-            if let Some(m) = self.members.get_mut(&pid) {
-                m.stale_name = true;
+            if let Some(i) = self.members.position(pid) {
+                self.members.cold[i].stale_name = true;
             }
         }
         let (tick, page) = (self.tick, self.page);
-        let idle_refresh = self.idle_refresh_every;
-        let buf = &mut self.buf;
-        let reads = &mut self.status_reads;
-        self.members.retain(|&pid, m| {
-            let Some(now) = read_statm(&m.statm) else {
-                reading.exited.push(pid);
-                return false;
+        let (idle_refresh, moving_refresh) = (self.idle_refresh_every, self.moving_refresh_every);
+        // Staggered: a tick reads a 1/rescan share of the children files.
+        let stagger = self.children_files && !fed.lost;
+        let rescan = self.rescan_every;
+        let mut i = 0;
+        while i < self.members.len() {
+            let h = &mut self.members.hot[i];
+            let Some(now) = h.read_statm(page) else {
+                reading.exited.push(h.pid);
+                self.walker.forget(h.pid);
+                self.kept_fds -= self.members.kept(i);
+                // The last member takes this place, and is read next.
+                self.members.swap_remove(i);
+                continue;
             };
-            let rss = now.resident * page;
             // Moved since the tick before: its high-water mark may have too.
             // Idle: staggered, a tick's refreshes are a 1/idle_refresh share.
-            let moved = now != m.statm_last;
-            m.statm_last = now;
-            let due = (tick + u64::from(pid)) % idle_refresh == 0;
-            let status = if rss > m.peak || m.stale_name || moved || (due && m.status_tick != tick)
-            {
-                *reads += 1;
-                m.status_tick = tick;
-                StatusFile::open(pid).read(buf).map(Box::new)
-            } else {
-                None
-            };
-            if let Some(s) = &status {
-                m.peak = m.peak.max(s.hwm);
-                m.threads = s.threads;
-                m.stale_name = false;
-                // The text just parsed is still in the buffer.
-                m.kinds = rss_kinds_from_status(buf).or(m.kinds);
+            let moved = now.hash != h.statm_hash;
+            h.statm_hash = now.hash;
+            h.rss = now.rss;
+            reading.rss += now.rss;
+            let pid = h.pid;
+            let c = &mut self.members.cold[i];
+            if stagger && slot(tick, pid, rescan) {
+                let keep = self.kept_fds < self.fd_budget / 2;
+                self.kept_fds += usize::from(read_children(
+                    pid,
+                    c,
+                    keep,
+                    &mut self.buf,
+                    &mut self.pending,
+                ));
             }
-            m.peak = m.peak.max(rss);
-            let kinds = m.kinds;
-            let moved = moved || status.is_some();
-            reading.processes.push((
-                pid,
-                Seen {
-                    rss,
-                    status,
-                    moved,
-                    kinds,
-                },
-            ));
-            true
-        });
-        for &pid in &reading.exited {
-            self.walker.forget(pid);
+            let since = tick.saturating_sub(c.status_tick);
+            let due = if moved {
+                since >= moving_refresh
+            } else {
+                slot(tick, pid, idle_refresh) && since > 0
+            };
+            let read_status = now.rss > h.largest || c.stale_name || due;
+            if moved || read_status {
+                let status = if read_status {
+                    self.status_reads += 1;
+                    c.status_tick = tick;
+                    c.status.read(&mut self.buf).map(Box::new)
+                } else {
+                    None
+                };
+                if let Some(s) = &status {
+                    c.threads = s.threads;
+                    c.stale_name = false;
+                    // The text just parsed is still in the buffer.
+                    c.kinds = rss_kinds_from_status(&self.buf).or(c.kinds);
+                }
+                h.largest = h.largest.max(now.rss);
+                reading.changed.push((
+                    pid,
+                    Seen {
+                        rss: now.rss,
+                        status,
+                        kinds: c.kinds,
+                    },
+                ));
+            }
+            i += 1;
         }
         let (me, root) = (self.me, self.root);
         self.pending.extend(
@@ -281,26 +407,48 @@ impl TreeSampler {
                 .filter(|&(pid, ppid)| pid == root || ppid != me)
                 .map(|(pid, _)| pid),
         );
-        if !self.children_files || fed.lost {
-            if self.tick == 0 || fed.lost || self.tick % self.rescan_every == 0 {
-                let members = &self.members;
-                let tree = self
-                    .walker
-                    .walk(|pid| members.get(&pid).map(|m| m.threads), &mut self.buf);
-                self.pending.extend(tree);
-            }
-        } else {
-            // Staggered: a tick reads a 1/rescan share of the children files.
-            let every = self.rescan_every;
-            for (&pid, m) in self.members.iter_mut() {
-                if (tick + u64::from(pid)) % every == 0 {
-                    read_children(pid, m, &mut self.buf, &mut self.pending);
-                }
-            }
+        if !stagger && (self.tick == 0 || fed.lost || self.tick % self.rescan_every == 0) {
+            let members = &self.members;
+            let tree = self.walker.walk(
+                |pid| members.position(pid).map(|i| members.cold[i].threads),
+                &mut self.buf,
+            );
+            self.pending.extend(tree);
         }
         self.take_newcomers(started, &mut reading);
+        if reading.rss > self.tree_largest {
+            self.tree_largest = reading.rss;
+            self.read_moved_status(&mut reading);
+        }
+        reading.processes = u32::try_from(self.members.len()).unwrap_or(u32::MAX);
         self.tick += 1;
         reading
+    }
+
+    /// At the tree's largest sample yet: the status of each process that
+    /// moved at this tick without one, so that the tree's split by kind
+    /// belongs to this very tick (a process that did not move kept its
+    /// split).
+    fn read_moved_status(&mut self, reading: &mut Reading) {
+        for (pid, seen) in reading
+            .changed
+            .iter_mut()
+            .filter(|(_, s)| s.status.is_none())
+        {
+            let Some(i) = self.members.position(*pid) else {
+                continue;
+            };
+            let c = &mut self.members.cold[i];
+            self.status_reads += 1;
+            c.status_tick = self.tick;
+            seen.status = c.status.read(&mut self.buf).map(Box::new);
+            if let Some(s) = &seen.status {
+                c.threads = s.threads;
+                c.stale_name = false;
+                c.kinds = rss_kinds_from_status(&self.buf).or(c.kinds);
+            }
+            seen.kinds = c.kinds;
+        }
     }
 
     /// Reads the pending newcomers, in order, until half the interval has
@@ -311,12 +459,13 @@ impl TreeSampler {
         let pending = std::mem::take(&mut self.pending);
         let mut left = pending.into_iter().enumerate();
         for (i, pid) in left.by_ref() {
-            if self.members.contains_key(&pid) {
+            if self.contains(pid) {
                 continue;
             }
-            if let Some((m, seen)) = self.open(pid) {
-                self.members.insert(pid, m);
-                reading.processes.push((pid, seen));
+            if let Some((hot, cold, seen)) = self.open(pid) {
+                reading.rss += seen.rss;
+                self.members.insert(hot, cold);
+                reading.changed.push((pid, seen));
             }
             if i >= 8 && started.elapsed() > budget {
                 break;
@@ -327,38 +476,84 @@ impl TreeSampler {
 
     /// A newcomer: its `statm` kept open and its status read; `None` when
     /// it has exited already or is a zombie.
-    fn open(&mut self, pid: u32) -> Option<(Member, Seen)> {
-        let statm = File::open(format!("/proc/{pid}/statm")).ok()?;
-        let statm_last = read_statm(&statm)?;
-        self.status_reads += 1;
-        let s = StatusFile::open(pid).read(&mut self.buf)?;
-        let kinds = rss_kinds_from_status(&self.buf);
-        let m = Member {
+    fn open(&mut self, pid: u32) -> Option<(Hot, Cold, Seen)> {
+        let path = format!("/proc/{pid}/statm");
+        let statm = if self.kept_fds < self.fd_budget {
+            match File::open(&path) {
+                Ok(f) => Some(f),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => None,
+                Err(_) => return None,
+            }
+        } else {
+            None
+        };
+        // Without a descriptor: followed all the same, read by path (see
+        // `by_path`).
+        let mut hot = Hot {
             statm,
-            statm_last,
-            peak: s.hwm.max(s.rss),
+            pid,
+            statm_hash: 0,
+            rss: 0,
+            largest: 0,
+        };
+        let first = hot.read_statm(self.page)?;
+        self.status_reads += 1;
+        // Read rarely: kept open only while descriptors are plenty.
+        let status = if self.kept_fds < self.fd_budget / 2 {
+            StatusFile::open(pid)
+        } else {
+            StatusFile::by_path(pid)
+        };
+        let s = status.read(&mut self.buf)?;
+        self.by_path += u64::from(hot.statm.is_none());
+        self.kept_fds += usize::from(hot.statm.is_some()) + usize::from(status.is_open());
+        let kinds = rss_kinds_from_status(&self.buf);
+        hot.statm_hash = first.hash;
+        hot.rss = first.rss;
+        hot.largest = first.rss.max(s.rss);
+        let cold = Cold {
+            status,
             threads: s.threads,
             children: None,
             status_tick: self.tick,
             stale_name: false,
             kinds,
         };
-        Some((
-            m,
-            Seen {
-                rss: s.rss,
-                status: Some(Box::new(s)),
-                moved: true,
-                kinds,
-            },
-        ))
+        let seen = Seen {
+            rss: s.rss,
+            status: Some(Box::new(s)),
+            kinds,
+        };
+        Some((hot, cold, seen))
     }
 }
 
+/// Descriptors the sampler may keep open: the soft `RLIMIT_NOFILE` (raised
+/// to the hard one by `run`, see [`super::fd_limit`]) less a reserve for
+/// the rest of memprobe and for the reads by path beyond it.
+fn fd_budget() -> usize {
+    // SAFETY: rlimit is plain data, written by the kernel.
+    let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid rlimit pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return 0;
+    }
+    let limit = usize::try_from(l.rlim_cur).unwrap_or(usize::MAX);
+    limit.saturating_sub((limit / 8).max(64))
+}
+
 /// Appends the children of member `pid` to `out`: its main thread's
-/// `children` through a descriptor kept open when it has one thread, every
-/// thread's otherwise (a child belongs to the thread that forked it).
-fn read_children(pid: u32, m: &mut Member, buf: &mut Vec<u8>, out: &mut Vec<u32>) {
+/// `children` through a descriptor kept open (where `keep` allows one) when
+/// it has one thread, every thread's otherwise (a child belongs to the
+/// thread that forked it). Whether it opened a descriptor to keep.
+fn read_children(
+    pid: u32,
+    m: &mut Cold,
+    keep: bool,
+    buf: &mut Vec<u8>,
+    out: &mut Vec<u32>,
+) -> bool {
+    let mut opened = false;
     let pids = |text: &[u8], out: &mut Vec<u32>| {
         out.extend(
             text.split(|c| c.is_ascii_whitespace())
@@ -366,8 +561,9 @@ fn read_children(pid: u32, m: &mut Member, buf: &mut Vec<u8>, out: &mut Vec<u32>
         );
     };
     if m.threads == 1 {
-        if m.children.is_none() {
+        if m.children.is_none() && keep {
             m.children = File::open(format!("/proc/{pid}/task/{pid}/children")).ok();
+            opened = m.children.is_some();
         }
         if let Some(f) = &m.children {
             if buf.len() < 4096 {
@@ -377,46 +573,58 @@ fn read_children(pid: u32, m: &mut Member, buf: &mut Vec<u8>, out: &mut Vec<u32>
                 // A process with more children than fit gets the listing.
                 if n < buf.len() {
                     pids(&buf[..n], out);
-                    return;
+                    return opened;
                 }
             }
         }
     }
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
+        return opened;
     };
     for t in tasks.flatten() {
         if let Ok(text) = std::fs::read(t.path().join("children")) {
             pids(&text, out);
         }
     }
+    opened
 }
 
-/// What a `statm` read says, in pages.
+/// What a `statm` read says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Statm {
-    size: u64,
-    resident: u64,
-    shared: u64,
-    data: u64,
+    /// The resident set, in bytes.
+    rss: u64,
+    /// The whole text hashed: any field that changes changes it.
+    hash: u64,
 }
 
-/// A kept-open `statm`; `None` once the process has exited (a zombie's
-/// reads all zeros: a live process always has a size).
-fn read_statm(f: &File) -> Option<Statm> {
+/// A kept-open `statm` (`page`: the page size); `None` once the process
+/// has exited (a zombie's reads all zeros: a live process always has a
+/// size).
+fn read_statm(f: &File, page: u64) -> Option<Statm> {
     let mut buf = [0u8; 128];
     let len = f.read_at(&mut buf, 0).ok()?;
+    let text = &buf[..len];
     // size resident shared text lib data dt
-    let mut fields = buf[..len].trim_ascii_end().split(|&c| c == b' ');
-    let mut next = || parse(fields.next()?);
-    let (size, resident, shared, _text, _lib, data) =
-        (next()?, next()?, next()?, next()?, next()?, next()?);
-    (size > 0).then_some(Statm {
-        size,
-        resident,
-        shared,
-        data,
+    let mut fields = text.trim_ascii_end().split(|&c| c == b' ');
+    let size = parse(fields.next()?)?;
+    let resident = parse(fields.next()?)?;
+    (size > 0).then(|| Statm {
+        rss: resident.saturating_mul(page),
+        hash: fingerprint(text),
     })
+}
+
+/// A fast 64-bit hash of a short text (eight bytes a step). A collision
+/// would only skip one `status` refresh.
+fn fingerprint(text: &[u8]) -> u64 {
+    let mut h = text.len() as u64;
+    for chunk in text.chunks(8) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = (h.rotate_left(29) ^ u64::from_le_bytes(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    h
 }
 
 fn parse(s: &[u8]) -> Option<u64> {
@@ -438,17 +646,15 @@ mod tests {
     fn statm_reads_the_resident_set_and_sees_an_end() {
         let mut child = Command::new("sleep").arg("5").spawn().unwrap();
         let f = File::open(format!("/proc/{}/statm", child.id())).unwrap();
-        let s = read_statm(&f).expect("alive");
-        assert!(
-            s.resident > 0 && s.size >= s.resident && s.data > 0,
-            "{s:?}"
-        );
+        let s = read_statm(&f, 4096).expect("alive");
+        assert!(s.rss > 0 && s.rss % 4096 == 0, "{s:?}");
+        assert_eq!(read_statm(&f, 4096).map(|t| t.hash), Some(s.hash));
         child.kill().unwrap();
         // A zombie until reaped: no memory.
         std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(read_statm(&f), None);
+        assert_eq!(read_statm(&f, 4096), None);
         child.wait().unwrap();
-        assert_eq!(read_statm(&f), None);
+        assert_eq!(read_statm(&f, 4096), None);
     }
 
     #[test]
@@ -476,7 +682,7 @@ mod tests {
             .unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let mut t = TreeSampler::new(root.id(), Duration::from_millis(10), None);
-        assert_eq!(t.read().processes.len(), 1, "the root, at once");
+        assert_eq!(t.read().processes, 1, "the root, at once");
         for _ in 0..6 {
             t.read();
         }
@@ -498,7 +704,7 @@ mod tests {
         for k in &kids[1..] {
             feed.born(k.id(), 1);
         }
-        let first = t.read().processes.len();
+        let first = t.read().processes as usize;
         assert!((9..30).contains(&first), "{first} newcomers in one tick");
         for _ in 0..10 {
             t.read();
@@ -521,7 +727,7 @@ mod tests {
         let feed = Feed::default();
         let mut t = TreeSampler::new(root.id(), Duration::from_millis(10), Some(feed.clone()));
         let first = t.read();
-        assert!(first.processes.iter().all(|(_, s)| s.status.is_some()));
+        assert!(first.changed.iter().all(|(_, s)| s.status.is_some()));
         // Until the children are there, through the walk of tick 0 or later.
         let t0 = std::time::Instant::now();
         while t.members.len() < 3 && t0.elapsed() < Duration::from_secs(5) {
@@ -541,16 +747,28 @@ mod tests {
             t.read();
         }
         assert_eq!(t.status_reads - before, 3, "one refresh each per 100 ticks");
-        // One whose statm moved since the tick before is read at once.
+        // One whose statm moved since the tick before: a changed record at
+        // once, and its status too once the last is 100 ms old.
         let pid = root.id();
-        t.members.get_mut(&pid).unwrap().statm_last.resident += 1;
+        let i = t.members.position(pid).unwrap();
+        t.members.hot[i].statm_hash ^= 1;
+        t.members.cold[i].status_tick = t.tick - 1;
         let r = t.read();
-        let (_, seen) = r.processes.iter().find(|(p, _)| *p == pid).unwrap();
+        let (_, seen) = r.changed.iter().find(|(p, _)| *p == pid).unwrap();
+        assert!(seen.status.is_none(), "moved, status read 10 ms ago");
+        let i = t.members.position(pid).unwrap();
+        t.members.hot[i].statm_hash ^= 1;
+        t.members.cold[i].status_tick = t.tick - 10;
+        let r = t.read();
+        let (_, seen) = r.changed.iter().find(|(p, _)| *p == pid).unwrap();
         assert!(seen.status.is_some(), "moved: status read at this tick");
+        // Unmoved, and no refresh due: nothing to update.
+        assert!(!t.read().changed.iter().any(|(p, _)| *p == pid));
         // A stale peak: the next read sees a new one and reads status.
-        t.members.get_mut(&pid).unwrap().peak = 0;
+        let i = t.members.position(pid).unwrap();
+        t.members.hot[i].largest = 0;
         let r = t.read();
-        let (_, seen) = r.processes.iter().find(|(p, _)| *p == pid).unwrap();
+        let (_, seen) = r.changed.iter().find(|(p, _)| *p == pid).unwrap();
         assert!(seen.status.is_some());
         root.kill().unwrap();
         root.wait().unwrap();
