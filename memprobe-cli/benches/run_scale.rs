@@ -26,6 +26,12 @@
 //! `MEMPROBE_BENCH_KINDS=N:S` changes the size and length (`0:0`: skip);
 //! with `MEMPROBE_BENCH_BASELINE`, that binary's pair is measured in each
 //! repeat too.
+//!
+//! Last, busy processes: 64 (`MEMPROBE_BENCH_BUSY=N:S`, default `64:5`;
+//! `0:0`: skip) each mapping and touching 128 KiB plus 0 to 7 pages in
+//! turn, holding it 7 ms and unmapping it, so that `statm` moves at most
+//! ticks while no peak rises after the first eight: memprobe's CPU
+//! beside the floor's over the same processes (and the baseline's).
 #[path = "support/median.rs"]
 mod median;
 
@@ -38,34 +44,53 @@ use std::time::{Duration, Instant};
 
 const SLEEPERS_ENV: &str = "MEMPROBE_BENCH_SLEEPERS";
 const GROWERS_ENV: &str = "MEMPROBE_BENCH_GROWERS";
+const BUSY_ENV: &str = "MEMPROBE_BENCH_BUSY_CHILD";
+/// How long each busy process holds a mapping before it maps another.
+const BUSY_EVERY: Duration = Duration::from_millis(7);
 /// What each grower adds, and how often.
 const GROW_STEP: usize = 128 << 10;
 const GROW_EVERY: Duration = Duration::from_millis(25);
 
 /// Child mode: this process and `n - 1` forked children each grow by
-/// [`GROW_STEP`] every [`GROW_EVERY`] for `secs` (their peaks keep rising).
-fn growers(n: usize, secs: f64) {
+/// [`GROW_STEP`] every [`GROW_EVERY`] for `secs` (their peaks keep rising);
+/// with `busy`, each maps and touches it plus 0 to 7 pages, in turn, holds
+/// it [`BUSY_EVERY`] and unmaps it (`statm` moves at most ticks, the peak
+/// stops rising after the first eight).
+fn growers(n: usize, secs: f64, busy: bool) {
     let grow = || {
         let start = Instant::now();
+        let mut round = 0usize;
         while start.elapsed().as_secs_f64() < secs {
+            let len = if busy {
+                round += 1;
+                GROW_STEP + (round % 8) * 4096
+            } else {
+                GROW_STEP
+            };
             // SAFETY: a fresh anonymous mapping, touched page by page and
-            // kept to the end.
+            // kept to the end (busy: unmapped once held).
             unsafe {
                 let p = libc::mmap(
                     std::ptr::null_mut(),
-                    GROW_STEP,
+                    len,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                     -1,
                     0,
                 );
                 if p != libc::MAP_FAILED {
-                    for off in (0..GROW_STEP).step_by(4096) {
+                    for off in (0..len).step_by(4096) {
                         p.cast::<u8>().add(off).write_volatile(1);
+                    }
+                    if busy {
+                        std::thread::sleep(BUSY_EVERY);
+                        libc::munmap(p, len);
                     }
                 }
             }
-            std::thread::sleep(GROW_EVERY);
+            if !busy {
+                std::thread::sleep(GROW_EVERY);
+            }
         }
     };
     let mut pids = Vec::new();
@@ -179,9 +204,14 @@ fn probed_with(
 
 /// The floor: `n` sleepers' `statm` read on the same grid, for `secs`.
 fn bare(me: &str, n: usize, secs: f64, interval_ms: u64) -> Run {
-    // The sleepers outlive the loop: a little margin.
+    bare_of(me, SLEEPERS_ENV, n, secs, interval_ms)
+}
+
+/// The floor over `n` processes of child mode `mode`.
+fn bare_of(me: &str, mode: &str, n: usize, secs: f64, interval_ms: u64) -> Run {
+    // The processes outlive the loop: a little margin.
     let mut tree = Command::new(me)
-        .env(SLEEPERS_ENV, format!("{n}:{}", secs + 1.0))
+        .env(mode, format!("{n}:{}", secs + 1.0))
         .spawn()
         .expect("start the sleepers");
     let root = tree.id();
@@ -248,6 +278,66 @@ fn bare(me: &str, n: usize, secs: f64, interval_ms: u64) -> Run {
     }
 }
 
+/// Busy processes, whose `statm` moves at most ticks: memprobe's CPU
+/// beside the floor over the same processes, and the baseline's.
+/// `MEMPROBE_BENCH_BUSY=N:S` (default `64:5`; `0:0`: skip).
+fn busy(
+    memprobe: &str,
+    baseline: Option<&str>,
+    me: &str,
+    repeats: usize,
+    interval_ms: u64,
+    json: &str,
+) {
+    let (n, secs) = std::env::var("MEMPROBE_BENCH_BUSY")
+        .ok()
+        .and_then(|v| {
+            let (n, s) = v.split_once(':')?;
+            Some((n.parse().ok()?, s.parse().ok()?))
+        })
+        .unwrap_or((64usize, 5.0f64));
+    if n == 0 {
+        return;
+    }
+    let (mut run, mut floor, mut base) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        run.push(probed_with(
+            memprobe,
+            me,
+            (BUSY_ENV, n, secs),
+            &[],
+            interval_ms,
+            json,
+        ));
+        floor.push(bare_of(me, BUSY_ENV, n, secs, interval_ms));
+        if let Some(b) = baseline {
+            base.push(probed_with(
+                b,
+                me,
+                (BUSY_ENV, n, secs),
+                &[],
+                interval_ms,
+                json,
+            ));
+        }
+    }
+    let _ = std::fs::remove_file(json);
+    let m = |v: &[Run]| median(&mut v.iter().map(|r| r.cpu_per_wall).collect::<Vec<_>>());
+    let (r, f) = (m(&run), m(&floor));
+    print!(
+        "\nbusy: {n} processes holding 128 to 156 KiB mapped and touched 7 ms each, medians of \
+         {repeats}: memprobe {:.2} %, bare statm {:.2} %, ratio {:.2}",
+        r * 100.0,
+        f * 100.0,
+        r / f
+    );
+    if !base.is_empty() {
+        let b = m(&base);
+        print!("; baseline {:.2} %, ratio {:.2}", b * 100.0, b / f);
+    }
+    println!();
+}
+
 fn sh(cmd: &str) -> String {
     Command::new("sh")
         .args(["-c", cmd])
@@ -269,10 +359,12 @@ fn main() {
         sleepers(n.parse().expect("N"), secs.parse().expect("seconds"));
         return;
     }
-    if let Ok(spec) = std::env::var(GROWERS_ENV) {
-        let (n, secs) = spec.split_once(':').expect("N:SECONDS");
-        growers(n.parse().expect("N"), secs.parse().expect("seconds"));
-        return;
+    for (env, busy) in [(GROWERS_ENV, false), (BUSY_ENV, true)] {
+        if let Ok(spec) = std::env::var(env) {
+            let (n, secs) = spec.split_once(':').expect("N:SECONDS");
+            growers(n.parse().expect("N"), secs.parse().expect("seconds"), busy);
+            return;
+        }
     }
     // `cargo bench` passes --bench; a test run (`cargo test --benches`)
     // does not: nothing to measure then.
@@ -417,6 +509,14 @@ fn main() {
             );
         }
     }
+    busy(
+        memprobe,
+        baseline.as_deref(),
+        me,
+        repeats,
+        interval_ms,
+        json,
+    );
     println!(
         "machine: nproc {}, kernel {}, {}",
         sh("nproc"),
