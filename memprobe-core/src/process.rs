@@ -43,6 +43,17 @@ impl StatusFile {
         StatusFile { pid, file: None }
     }
 
+    /// The status of `pid` read through the file at `path` kept open (one
+    /// of its threads' `/proc/<pid>/task/<tid>/status`: the memory figures
+    /// are the process's); where it cannot be opened, reads go to
+    /// `/proc/<pid>/status`.
+    pub fn open_path(pid: u32, path: &std::path::Path) -> StatusFile {
+        StatusFile {
+            pid,
+            file: File::open(path).ok(),
+        }
+    }
+
     /// Whether a descriptor is kept open.
     pub fn is_open(&self) -> bool {
         self.file.is_some()

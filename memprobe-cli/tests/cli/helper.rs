@@ -72,6 +72,18 @@ fn fork(f: impl FnOnce()) -> libc::pid_t {
     pid
 }
 
+static LEADER_EXITS: AtomicU32 = AtomicU32::new(0);
+static LEADER_EXITS_RUN: AtomicU32 = AtomicU32::new(0);
+
+/// The thread that outlives its process's main thread (`leader-exits`).
+extern "C" fn lives_on(_: *mut libc::c_void) -> *mut libc::c_void {
+    sleep_ms(300);
+    let _b = touch(LEADER_EXITS.load(Ordering::SeqCst) as usize);
+    sleep_ms(u64::from(LEADER_EXITS_RUN.load(Ordering::SeqCst)));
+    // SAFETY: ends the whole process.
+    unsafe { libc::_exit(0) }
+}
+
 fn wait_all(pids: &[libc::pid_t]) {
     for &p in pids {
         let mut st = 0;
@@ -109,6 +121,33 @@ fn child() {
                 let b = touch(mib);
                 release(b);
                 sleep_ms(run);
+            });
+            wait_all(&[w]);
+        }
+        // A worker whose main thread ends (as with pthread_exit) at once while a
+        // second thread lives on: after 300 ms it touches MiB and holds it
+        // RUN ms, then ends the process.
+        "leader-exits" => {
+            LEADER_EXITS.store(num(1) as u32, Ordering::SeqCst);
+            LEADER_EXITS_RUN.store(num(2) as u32, Ordering::SeqCst);
+            let w = fork(|| {
+                // SAFETY: pthread_t is plain data; a thread with default
+                // attributes running `lives_on`, which takes no argument.
+                unsafe {
+                    let mut t: libc::pthread_t = std::mem::zeroed();
+                    if libc::pthread_create(
+                        &mut t,
+                        std::ptr::null(),
+                        lives_on,
+                        std::ptr::null_mut(),
+                    ) != 0
+                    {
+                        libc::_exit(3);
+                    }
+                    // Ends this thread only, as pthread_exit would, without
+                    // its unwinding through the test harness's frames.
+                    libc::syscall(libc::SYS_exit, 0);
+                }
             });
             wait_all(&[w]);
         }

@@ -228,3 +228,22 @@ fn worker_spike_in_its_last_interval_is_exact() {
     let err = stderr(&out);
     assert!(err.contains("high-water mark at its exit"), "{err}");
 }
+
+/// A worker whose main thread ends (`pthread_exit`) while another thread
+/// lives on is still followed: its peak is the 64 MiB that thread touched
+/// 300 ms later, and it is seen to the end of that thread.
+#[test]
+fn a_worker_outliving_its_main_thread_is_followed() {
+    let (out, json) = run_helper_json(&["--interval", "10ms"], &["leader-exits", "64", "700"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let root = u(&json["pid"]);
+    let worker = json["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["ppid"].as_u64() == Some(root))
+        .unwrap_or_else(|| panic!("worker not seen: {json}"));
+    assert!(u(&worker["peak_rss_bytes"]) >= 64 * MIB, "{worker}");
+    let lived = worker["last_seen_s"].as_f64().unwrap() - worker["first_seen_s"].as_f64().unwrap();
+    assert!(lived >= 0.9, "seen for {lived} s only: {worker}");
+}

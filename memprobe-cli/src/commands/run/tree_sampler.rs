@@ -164,6 +164,21 @@ struct Cold {
     /// Its resident set by kind at its last `status` read.
     kinds: Option<RssKinds>,
     stale_name: bool,
+    /// The process's own name, once its main thread has exited and one of
+    /// its other threads is read in its place (whose name may differ).
+    leader_name: Option<String>,
+}
+
+impl Cold {
+    /// Its status now, under its own name when a thread is read in its
+    /// place.
+    fn read_status(&self, buf: &mut Vec<u8>) -> Option<Box<ProcessStatus>> {
+        let mut s = self.status.read(buf)?;
+        if let Some(name) = &self.leader_name {
+            s.name.clone_from(name);
+        }
+        Some(Box::new(s))
+    }
 }
 
 /// The followed processes: two parallel vectors and an index by pid.
@@ -340,8 +355,9 @@ impl TreeSampler {
         let rescan = self.rescan_every;
         let mut i = 0;
         while i < self.members.len() {
-            let h = &mut self.members.hot[i];
-            let Some(now) = h.read_statm(page) else {
+            let read = self.members.hot[i].read_statm(page);
+            let Some(now) = read.or_else(|| self.follow_a_live_thread(i)) else {
+                let h = &self.members.hot[i];
                 reading.exited.push(h.pid);
                 self.walker.forget(h.pid);
                 self.kept_fds -= self.members.kept(i);
@@ -349,6 +365,7 @@ impl TreeSampler {
                 self.members.swap_remove(i);
                 continue;
             };
+            let h = &mut self.members.hot[i];
             // Moved since the tick before: its high-water mark may have too.
             // Idle: staggered, a tick's refreshes are a 1/idle_refresh share.
             let moved = now.hash != h.statm_hash;
@@ -378,7 +395,7 @@ impl TreeSampler {
                 let status = if read_status {
                     self.status_reads += 1;
                     c.status_tick = tick;
-                    c.status.read(&mut self.buf).map(Box::new)
+                    c.read_status(&mut self.buf)
                 } else {
                     None
                 };
@@ -425,6 +442,26 @@ impl TreeSampler {
         reading
     }
 
+    /// A member whose main thread has exited while other threads run
+    /// (`pthread_exit`): its `statm` reads no memory, but the process lives
+    /// on. One of its other threads, which has the same memory, is read in
+    /// its place from now on; `None` when none is left (the process has
+    /// ended).
+    fn follow_a_live_thread(&mut self, i: usize) -> Option<Statm> {
+        let pid = self.members.hot[i].pid;
+        let (f, task, now) = live_thread(pid, self.page)?;
+        let before = self.members.kept(i);
+        let (h, c) = (&mut self.members.hot[i], &mut self.members.cold[i]);
+        h.statm = Some(f);
+        c.status = StatusFile::open_path(pid, &task.join("status"));
+        c.children = None;
+        if c.leader_name.is_none() {
+            c.leader_name = memprobe_core::internal::process::command_name(pid);
+        }
+        self.kept_fds = self.kept_fds + self.members.kept(i) - before;
+        Some(now)
+    }
+
     /// At the tree's largest sample yet: the status of each process that
     /// moved at this tick without one, so that the tree's split by kind
     /// belongs to this very tick (a process that did not move kept its
@@ -441,7 +478,7 @@ impl TreeSampler {
             let c = &mut self.members.cold[i];
             self.status_reads += 1;
             c.status_tick = self.tick;
-            seen.status = c.status.read(&mut self.buf).map(Box::new);
+            seen.status = c.read_status(&mut self.buf);
             if let Some(s) = &seen.status {
                 c.threads = s.threads;
                 c.stale_name = false;
@@ -496,15 +533,27 @@ impl TreeSampler {
             rss: 0,
             largest: 0,
         };
-        let first = hot.read_statm(self.page)?;
+        // A process whose main thread has ended already is read through
+        // another of its threads (see `follow_a_live_thread`).
+        let (first, task) = match hot.read_statm(self.page) {
+            Some(first) => (first, None),
+            None => {
+                let (f, task, first) = live_thread(pid, self.page)?;
+                hot.statm = Some(f);
+                (first, Some(task))
+            }
+        };
         self.status_reads += 1;
         // Read rarely: kept open only while descriptors are plenty.
-        let status = if self.kept_fds < self.fd_budget / 2 {
-            StatusFile::open(pid)
-        } else {
-            StatusFile::by_path(pid)
+        let status = match &task {
+            Some(t) => StatusFile::open_path(pid, &t.join("status")),
+            None if self.kept_fds < self.fd_budget / 2 => StatusFile::open(pid),
+            None => StatusFile::by_path(pid),
         };
-        let s = status.read(&mut self.buf)?;
+        let mut s = status.read(&mut self.buf)?;
+        if task.is_some() {
+            s.name = memprobe_core::internal::process::command_name(pid).unwrap_or(s.name);
+        }
         self.by_path += u64::from(hot.statm.is_none());
         self.kept_fds += usize::from(hot.statm.is_some()) + usize::from(status.is_open());
         let kinds = rss_kinds_from_status(&self.buf);
@@ -517,6 +566,7 @@ impl TreeSampler {
             children: None,
             status_tick: self.tick,
             stale_name: false,
+            leader_name: task.and_then(|_| memprobe_core::internal::process::command_name(pid)),
             kinds,
         };
         let seen = Seen {
@@ -526,6 +576,21 @@ impl TreeSampler {
         };
         Some((hot, cold, seen))
     }
+}
+
+/// A live thread of `pid` other than its main one: its `statm` kept open,
+/// its `/proc/<pid>/task/<tid>` directory, and what the `statm` reads.
+fn live_thread(pid: u32, page: u64) -> Option<(File, std::path::PathBuf, Statm)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.flatten().find_map(|t| {
+        let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
+        if tid == pid {
+            return None;
+        }
+        let f = File::open(t.path().join("statm")).ok()?;
+        let now = read_statm(&f, page)?;
+        Some((f, t.path(), now))
+    })
 }
 
 /// Descriptors the sampler may keep open: the soft `RLIMIT_NOFILE` (raised
