@@ -12,24 +12,37 @@
 //! The private table starts as a copy of the shared one. A copy of a pipe
 //! or of a Unix socket would keep it open after its owner closes it, and
 //! its peer would wait for an end of file that never comes; those copies
-//! are closed at once. Other descriptors (files, `/proc`, netlink, the
-//! kernel log) are kept: an extra reference to them changes nothing. The
+//! are replaced at once by `/dev/null` under the same number (not closed:
+//! a library that set up its descriptor before and uses it from this
+//! thread must not find a file this thread opened later under that
+//! number). Other descriptors (files, `/proc`, netlink, the kernel log,
+//! devices) are kept: an extra reference to them changes nothing. The
 //! standard three stay, so that the thread can still say something.
 //! Threads started from the sampling thread afterwards share its table
 //! (and undo the gain): the kinds reader starts before it.
 
-/// Gives the calling thread a file table of its own, without the pipes
-/// and Unix sockets of the copy; `false` where the kernel refused (the
-/// thread then keeps the shared one: slower, nothing else).
+use std::os::fd::AsRawFd;
+
+/// Gives the calling thread a file table of its own, with `/dev/null` in
+/// place of the copy's pipes and Unix sockets; `false` where the kernel
+/// refused (the thread then keeps the shared one: slower, nothing else).
 pub(crate) fn own_file_table() -> bool {
     // SAFETY: unshare with CLONE_FILES only affects the calling thread's
     // descriptor table.
     if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
         return false;
     }
+    let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    else {
+        return true;
+    };
     for fd in held_by_others() {
-        // SAFETY: closes this thread's private copy only.
-        unsafe { libc::close(fd) };
+        // SAFETY: replaces this thread's private copy only; dup3 closes
+        // what was there.
+        unsafe { libc::dup3(null.as_raw_fd(), fd, libc::O_CLOEXEC) };
     }
     true
 }
@@ -113,7 +126,10 @@ mod tests {
         let t = std::thread::spawn(move || {
             assert!(own_file_table());
             let kept = std::fs::metadata(format!("/proc/thread-self/fd/{ffd}")).is_ok();
-            tx.send((is_fifo(wfd), kept, pipe_or_unix(afd))).unwrap();
+            let null = std::fs::read_link(format!("/proc/thread-self/fd/{wfd}"))
+                .is_ok_and(|p| p == std::path::Path::new("/dev/null"));
+            tx.send((is_fifo(wfd), kept && null, pipe_or_unix(afd)))
+                .unwrap();
             // Stays alive (with its table) until the checks are done.
             let _ = done_rx.recv_timeout(Duration::from_secs(10));
         });
@@ -122,7 +138,10 @@ mod tests {
             !fifo_left && !unix_left,
             "the thread kept a pipe or a socket"
         );
-        assert!(file_kept, "a plain file was closed");
+        assert!(
+            file_kept,
+            "a plain file was closed, or the pipe's number not held by /dev/null"
+        );
         drop(w);
         drop(a);
         let mut pipe_end = std::fs::File::from(r);
