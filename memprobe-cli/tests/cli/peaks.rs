@@ -65,12 +65,7 @@ fn worker_spike_is_exact() {
     let (out, json) = run_helper_json(&["--interval", "1s"], &["worker-spike", "256", "1800"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let root = u(&json["pid"]);
-    let worker = json["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["ppid"].as_u64() == Some(root))
-        .unwrap_or_else(|| panic!("worker not seen: {json}"));
+    let worker = the_worker(&json, root);
     assert_eq!(worker["peak_source"], "vmhwm");
     assert!(
         u(&worker["peak_rss_bytes"]) >= SPIKE_MIB * MIB,
@@ -205,12 +200,7 @@ fn worker_spike_in_its_last_interval_is_exact() {
         return;
     }
     let root = u(&json["pid"]);
-    let worker = json["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["ppid"].as_u64() == Some(root))
-        .unwrap_or_else(|| panic!("worker not seen: {json}"));
+    let worker = the_worker(&json, root);
     assert!(
         u(&worker["max_sampled_rss_bytes"]) < SPIKE_MIB * MIB / 2
             && worker["vmhwm_bytes"].as_u64().unwrap_or(0) < SPIKE_MIB * MIB / 2,
@@ -237,13 +227,18 @@ fn a_worker_outliving_its_main_thread_is_followed() {
     let (out, json) = run_helper_json(&["--interval", "10ms"], &["leader-exits", "64", "700"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let root = u(&json["pid"]);
-    let worker = json["processes"]
+    let worker = the_worker(&json, root);
+    assert!(u(&worker["peak_rss_bytes"]) >= 64 * MIB, "{worker}");
+    let lived = worker["last_seen_s"].as_f64().unwrap() - worker["first_seen_s"].as_f64().unwrap();
+    assert!(lived >= 0.9, "seen for {lived} s only: {worker}");
+}
+
+/// The process of the run whose parent is `root`.
+fn the_worker(json: &Value, root: u64) -> &Value {
+    json["processes"]
         .as_array()
         .unwrap()
         .iter()
         .find(|p| p["ppid"].as_u64() == Some(root))
-        .unwrap_or_else(|| panic!("worker not seen: {json}"));
-    assert!(u(&worker["peak_rss_bytes"]) >= 64 * MIB, "{worker}");
-    let lived = worker["last_seen_s"].as_f64().unwrap() - worker["first_seen_s"].as_f64().unwrap();
-    assert!(lived >= 0.9, "seen for {lived} s only: {worker}");
+        .unwrap_or_else(|| panic!("worker not seen: {json}"))
 }

@@ -102,8 +102,8 @@ pub(crate) struct Seen {
     pub(crate) rss: u64,
     /// Boxed: read at few ticks, and the tick's list stays small.
     pub(crate) status: Option<Box<ProcessStatus>>,
-    /// Its resident set by kind as of its last `status` read (which is at
-    /// this tick whenever `statm` moved; see [`super::host_kinds`]).
+    /// Its resident set by kind as of its last `status` read (at this tick
+    /// when `status` is here; see [`super::host_kinds`]).
     pub(crate) kinds: Option<RssKinds>,
 }
 
@@ -132,8 +132,6 @@ struct Hot {
     pid: u32,
     /// Its `statm` text at the tick before, hashed: a change is a move.
     statm_hash: u64,
-    /// Its resident set at the last read, in bytes.
-    rss: u64,
     /// The largest resident set sampled: a sample above it is a new peak
     /// of the samples, worth a `status` read (its split by kind and its
     /// `VmHWM` at that very sample).
@@ -370,7 +368,6 @@ impl TreeSampler {
             // Idle: staggered, a tick's refreshes are a 1/idle_refresh share.
             let moved = now.hash != h.statm_hash;
             h.statm_hash = now.hash;
-            h.rss = now.rss;
             reading.rss += now.rss;
             let pid = h.pid;
             let c = &mut self.members.cold[i];
@@ -530,7 +527,6 @@ impl TreeSampler {
             statm,
             pid,
             statm_hash: 0,
-            rss: 0,
             largest: 0,
         };
         // A process whose main thread has ended already is read through
@@ -558,7 +554,6 @@ impl TreeSampler {
         self.kept_fds += usize::from(hot.statm.is_some()) + usize::from(status.is_open());
         let kinds = rss_kinds_from_status(&self.buf);
         hot.statm_hash = first.hash;
-        hot.rss = first.rss;
         hot.largest = first.rss.max(s.rss);
         let cold = Cold {
             status,
