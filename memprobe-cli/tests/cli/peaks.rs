@@ -242,3 +242,23 @@ fn the_worker(json: &Value, root: u64) -> &Value {
         .find(|p| p["ppid"].as_u64() == Some(root))
         .unwrap_or_else(|| panic!("worker not seen: {json}"))
 }
+
+/// A command that execs and ends before a sample reads it again: where the
+/// kernel's exit records can be had, it is named as it ended (`true`), not
+/// as it was first read (`sh`).
+#[test]
+fn a_process_is_named_as_it_ended() {
+    let argv: Vec<std::ffi::OsString> = ["sh", "-c", "sleep 0.3 && exec true"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    let (out, json) = run_json(&["--interval", "1s"], &argv, None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    if json["exit_hwm"]["available"] == false {
+        eprintln!("skipped: {}", json["exit_hwm"]["reason"]);
+        return;
+    }
+    let root = &json["processes"][0];
+    assert_eq!(root["pid"], json["pid"], "{json}");
+    assert_eq!(root["name"], "true", "{root}");
+}

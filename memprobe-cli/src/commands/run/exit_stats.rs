@@ -43,6 +43,9 @@ const GENL_HDR: usize = 4;
 /// Offsets in `struct taskstats` (a versioned struct, fields only ever
 /// appended): `ac_pid`, `hiwater_rss` (KiB), and `ac_tgid` from version 12.
 const TS_PID: usize = 128;
+/// `ac_comm`: the task's name when it exited (`TS_COMM_LEN` bytes).
+const TS_COMM: usize = 80;
+const TS_COMM_LEN: usize = 32;
 const TS_HIWATER_RSS: usize = 200;
 const TS_TGID: usize = 368;
 const TS_TGID_VERSION: u16 = 12;
@@ -51,12 +54,15 @@ const TS_TGID_VERSION: u16 = 12;
 const RCVBUF: libc::c_int = 8 << 20;
 
 /// One exited process (or thread) as the kernel reported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Exit {
     /// The process (thread group) it belonged to.
     pub(crate) tgid: u32,
     /// Its memory's high-water mark at exit, bytes.
     pub(crate) hwm: u64,
+    /// The process's name when it ended, from its main thread's record
+    /// (another thread's carries that thread's name: `None`).
+    pub(crate) name: Option<String>,
 }
 
 /// The run JSON's `exit_hwm`: whether exit records were had, and what
@@ -428,9 +434,17 @@ fn parse_exit(body: &[u8]) -> Option<Exit> {
         // process's, other threads are not matched to it.
         pid.or_else(|| Some(u32_at(stats.get(TS_PID..TS_PID + 4)?, 0)))?
     };
+    let name = (pid == Some(tgid))
+        .then(|| stats.get(TS_COMM..TS_COMM + TS_COMM_LEN))
+        .flatten()
+        .and_then(|raw| {
+            let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+            (end > 0).then(|| String::from_utf8_lossy(&raw[..end]).into_owned())
+        });
     Some(Exit {
         tgid,
         hwm: kib.checked_mul(1024)?,
+        name,
     })
 }
 
@@ -449,6 +463,7 @@ mod tests {
         stats[TS_PID..TS_PID + 4].copy_from_slice(&pid.to_ne_bytes());
         stats[TS_HIWATER_RSS..TS_HIWATER_RSS + 8].copy_from_slice(&kib.to_ne_bytes());
         stats[TS_TGID..TS_TGID + 4].copy_from_slice(&tgid.to_ne_bytes());
+        stats[TS_COMM..TS_COMM + 6].copy_from_slice(b"worker");
         let mut inner = attr(TASKSTATS_TYPE_PID, &pid.to_ne_bytes());
         inner.extend(attr(TASKSTATS_TYPE_STATS, &stats));
         genl(family, 0, 2, &attr(TASKSTATS_TYPE_AGGR_PID, &inner))
@@ -462,13 +477,23 @@ mod tests {
             assert_eq!(t, 31);
             got.extend(parse_exit(body));
         });
+        // Another thread's record: its name is the thread's, not kept.
         assert_eq!(
             got,
             [Exit {
                 tgid: 1000,
-                hwm: 256 << 20
+                hwm: 256 << 20,
+                name: None,
             }]
         );
+        // The main thread's: the process's name when it ended.
+        let m = exit_message(31, 1000, 1000, 13, 4);
+        for_each_msg(&m, |_, body| {
+            assert_eq!(
+                parse_exit(body).and_then(|e| e.name).as_deref(),
+                Some("worker")
+            );
+        });
         // Before version 12 there is no tgid: the thread's own id.
         let m = exit_message(31, 1001, 1000, 11, 4);
         for_each_msg(&m, |_, body| {
@@ -523,6 +548,8 @@ mod tests {
             }
         };
         assert!(pid > 0);
+        // The child's name is the forking thread's.
+        let comm = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
         let mut status = 0;
         // SAFETY: our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -533,6 +560,7 @@ mod tests {
             s.drain(|e| {
                 if e.tgid == pid {
                     hwm = Some(e.hwm);
+                    assert_eq!(e.name.as_deref(), Some(comm.trim_end()));
                 }
             });
             std::thread::sleep(Duration::from_millis(5));

@@ -383,16 +383,25 @@ impl Recording {
     /// arrived at `now`: folded into the record of the process that ended
     /// with that pid, live or seen gone at the last few ticks; a pid the
     /// tree does not know (any other process of the machine) is ignored.
-    pub(crate) fn exit_hwm(&mut self, pid: u32, hwm: u64, now: u64) {
+    /// `name`: the process's name when it ended, where the record gives it
+    /// (a process that exec'd just before it ended may not have been read
+    /// under its new name).
+    pub(crate) fn exit_hwm(&mut self, pid: u32, hwm: u64, name: Option<&str>, now: u64) {
+        let fold = |r: &mut ProcessRecord| {
+            r.exit_hwm = Some(r.exit_hwm.unwrap_or(0).max(hwm));
+            if let Some(n) = name.filter(|n| *n != r.name) {
+                r.name = n.to_string();
+            }
+        };
         // A live record that started after this arrived is a new process
         // with a reused pid: not the one that exited.
         if let Some(r) = self.live.get_mut(&pid).filter(|r| r.first_seen_ns <= now) {
-            r.exit_hwm = Some(r.exit_hwm.unwrap_or(0).max(hwm));
+            fold(r);
             return;
         }
         if self.recently_ended.contains_key(&pid) {
             if let Some(r) = self.processes.iter_mut().rev().find(|r| r.pid == pid) {
-                r.exit_hwm = Some(r.exit_hwm.unwrap_or(0).max(hwm));
+                fold(r);
             }
         }
     }

@@ -441,7 +441,7 @@ impl State {
             // already (sent before its memory was freed).
             let rec = &mut self.rec;
             if ready.exits {
-                x.drain(|e| rec.exit_hwm(e.tgid, e.hwm, now));
+                x.drain(|e| rec.exit_hwm(e.tgid, e.hwm, e.name.as_deref(), now));
             }
             rec.forget_ended_before(now.saturating_sub(EXIT_RECORD_GRACE_NS));
         }
