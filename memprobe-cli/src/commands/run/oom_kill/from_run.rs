@@ -99,11 +99,16 @@ fn add_lifetimes(
 ) -> Result<(), String> {
     for life in l.members.values() {
         match members.iter_mut().find(|m| m.pid == life.pid) {
-            // The events' death is exact, and its status is seen.
+            // The events' death is exact, and its status is seen, unless a
+            // sample saw the process after it: its main thread ended
+            // (pthread_exit) while others ran on, and the process's own end
+            // is the last thread's, which the events do not carry.
             Some(m) => {
                 m.born_ns = Some(rel(life.born_ns));
-                if !m.direct_child {
-                    m.ended_ns = life.ended_ns.map(&rel).or(m.ended_ns);
+                let ended = life.ended_ns.map(&rel);
+                let outlived = ended.is_some_and(|e| m.last_seen_ns.is_some_and(|s| s > e));
+                if !m.direct_child && !outlived {
+                    m.ended_ns = ended.or(m.ended_ns);
                     m.wait_status = life.wait_status.or(m.wait_status);
                 }
                 m.ppid = m.ppid.or(Some(life.ppid));
@@ -150,5 +155,54 @@ fn kernel_record(kernel: &KernelLog, rel: impl Fn(u64) -> u64) -> KernelRecord {
             })
             .collect(),
         lost: kernel.lost(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::run::process_events::Life;
+
+    fn sampled(pid: u32, last_seen_ns: u64) -> Member {
+        Member {
+            pid,
+            ppid: Some(1),
+            name: "worker".into(),
+            last_seen_ns: Some(last_seen_ns),
+            born_ns: None,
+            ended_ns: None,
+            wait_status: None,
+            last_rss: 0,
+            exact_peak: None,
+            direct_child: false,
+        }
+    }
+
+    /// The events say both ended at 1 µs; a sample saw the first at 2 µs
+    /// (its main thread ended first, its other threads ran on): its end is
+    /// not the events', the second's is.
+    #[test]
+    fn a_member_seen_after_its_main_thread_ended_is_not_ended_by_it() {
+        let mut members = vec![sampled(10, 2_000), sampled(11, 500)];
+        let mut l = Lifetimes::default();
+        for pid in [10, 11] {
+            l.members.insert(
+                pid,
+                Life {
+                    pid,
+                    ppid: 1,
+                    name: "worker".into(),
+                    born_ns: 0,
+                    ended_ns: Some(1_000),
+                    wait_status: Some(0),
+                },
+            );
+        }
+        let _ = add_lifetimes(&mut members, &l, 1, |t| t);
+        assert_eq!((members[0].ended_ns, members[0].wait_status), (None, None));
+        assert_eq!(
+            (members[1].ended_ns, members[1].wait_status),
+            (Some(1_000), Some(0))
+        );
     }
 }
