@@ -289,13 +289,7 @@ fn busy(
     interval_ms: u64,
     json: &str,
 ) {
-    let (n, secs) = std::env::var("MEMPROBE_BENCH_BUSY")
-        .ok()
-        .and_then(|v| {
-            let (n, s) = v.split_once(':')?;
-            Some((n.parse().ok()?, s.parse().ok()?))
-        })
-        .unwrap_or((64usize, 5.0f64));
+    let (n, secs) = count_and_seconds("MEMPROBE_BENCH_BUSY", (64, 5.0));
     if n == 0 {
         return;
     }
@@ -344,6 +338,17 @@ fn sh(cmd: &str) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+/// `name` as `N:SECONDS`, else `default`.
+fn count_and_seconds(name: &str, default: (usize, f64)) -> (usize, f64) {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| {
+            let (n, s) = v.split_once(':')?;
+            Some((n.parse().ok()?, s.parse().ok()?))
+        })
+        .unwrap_or(default)
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -458,13 +463,7 @@ fn main() {
             println!();
         }
     }
-    let (kn, ks) = std::env::var("MEMPROBE_BENCH_KINDS")
-        .ok()
-        .and_then(|v| {
-            let (n, s) = v.split_once(':')?;
-            Some((n.parse().ok()?, s.parse().ok()?))
-        })
-        .unwrap_or((16usize, 10.0f64));
+    let (kn, ks) = count_and_seconds("MEMPROBE_BENCH_KINDS", (16, 10.0));
     if kn > 0 {
         let builds: Vec<(&str, &str)> = std::iter::once(("memprobe", memprobe))
             .chain(baseline.as_deref().map(|b| ("baseline", b)))
