@@ -65,9 +65,9 @@ pub(crate) fn spawn(
     unsafe {
         cmd.pre_exec(move || {
             if let Some(l) = &nofile {
-                if !crate::commands::run::fd_limit::restore(l) {
-                    return Err(io::Error::last_os_error());
-                }
+                // Lowering a soft limit is always allowed; were it refused,
+                // the command would run with memprobe's, not fail to start.
+                let _ = crate::commands::run::fd_limit::restore(l);
             }
             if let Some((buf, len)) = adj {
                 let fd = libc::open(

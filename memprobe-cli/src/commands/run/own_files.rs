@@ -50,7 +50,12 @@ pub(crate) fn own_file_table() -> bool {
 /// The descriptors above the standard three in this thread's table that
 /// are pipes or Unix sockets.
 fn held_by_others() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc/thread-self/fd") else {
+    // /proc/thread-self is Linux 3.17's; before it, the thread's own path.
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let dir = std::fs::read_dir("/proc/thread-self/fd")
+        .or_else(|_| std::fs::read_dir(format!("/proc/self/task/{tid}/fd")));
+    let Ok(dir) = dir else {
         return Vec::new();
     };
     let fds: Vec<i32> = dir
