@@ -444,11 +444,23 @@ pub(crate) struct Watcher {
 }
 
 impl Watcher {
-    /// One tick: new processes' regions claimed, every process's figures
+    /// The tree's exact peak per device since the last call: taken first
+    /// at a tick, right when the tick's time is, so that an allocation
+    /// made while the tick reads everything else (a phase that began
+    /// meanwhile) counts at the next tick, not at this one's time.
+    pub(crate) fn take_peaks(&mut self) -> Vec<u64> {
+        let n = devices_of(&self.tree);
+        (0..n as u32)
+            .map(|d| self.tree_mark.take(Counter::Device(d)))
+            .collect()
+    }
+
+    /// The rest of a tick, with the `peaks` [`Watcher::take_peaks`] took at
+    /// its start: new processes' regions claimed, every process's figures
     /// read (with NVML's per-process figures of the same tick, `gpus`, for
     /// the context memory no call reveals), ended processes settled;
-    /// returns the tree's exact peak per device since the last tick.
-    pub(crate) fn tick(&mut self, gpus: Option<&[GpuReading]>) -> Vec<u64> {
+    /// returns `peaks`.
+    pub(crate) fn tick(&mut self, gpus: Option<&[GpuReading]>, peaks: Vec<u64>) -> Vec<u64> {
         if let Ok(list) = interpose::processes(&self.dir) {
             for e in list {
                 if self.watched.contains_key(&e.pid) {
@@ -504,10 +516,7 @@ impl Watcher {
                 self.ended.push(w.figures);
             }
         }
-        let n = devices_of(&self.tree);
-        let peaks: Vec<u64> = (0..n as u32)
-            .map(|d| self.tree_mark.take(Counter::Device(d)))
-            .collect();
+        let n = peaks.len();
         // The tree's split by origin where it stands at those peaks.
         let now = memprobe_core::monotonic_ns();
         let members: Vec<Member<'_>> = self

@@ -405,6 +405,8 @@ impl State {
 
     fn tick(&mut self) {
         let now = u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // At once: the exact peaks belong to this instant (see take_peaks).
+        let exact_peaks = self.exact.as_mut().map(Watcher::take_peaks);
         let tree = self.tree.read();
         let slow = self.ticks % self.slow_every == 0;
         self.ticks += 1;
@@ -499,7 +501,7 @@ impl State {
         let gpu_exact = self
             .exact
             .as_mut()
-            .map(|w| w.tick(readings.as_deref()))
+            .map(|w| w.tick(readings.as_deref(), exact_peaks.unwrap_or_default()))
             .unwrap_or_default();
         self.rec.add_point(Point {
             t_ns: now,
