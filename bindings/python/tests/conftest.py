@@ -160,5 +160,19 @@ def no_leaked_handles():
 
 
 @pytest.fixture
+def torch_fake_cuda(monkeypatch, tmp_path):
+    """torch's CUDA allocator faked (fake_torch_cuda.FakeCuda, installed),
+    attribution records under tmp_path/attribution, no RANK."""
+    require_module("torch", "torch")
+    from fake_torch_cuda import FakeCuda
+
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    monkeypatch.setenv("MEMPROBE_ATTRIBUTION_DIR", str(tmp_path / "attribution"))
+    monkeypatch.delenv("RANK", raising=False)
+    return cuda
+
+
+@pytest.fixture
 def library_path() -> str:
     return memprobe.library_path()

@@ -12,21 +12,10 @@ import json
 
 import pytest
 
-from conftest import MiB, require_module
-from fake_torch_cuda import FakeCuda
+from conftest import MiB
 
 
-@pytest.fixture
-def fake(monkeypatch, tmp_path):
-    require_module("torch", "torch")
-    cuda = FakeCuda()
-    cuda.install(monkeypatch)
-    monkeypatch.setenv("MEMPROBE_ATTRIBUTION_DIR", str(tmp_path / "attribution"))
-    monkeypatch.delenv("RANK", raising=False)
-    return cuda
-
-
-def test_the_report_embeds_and_summarises_the_live_blocks(fake, tmp_path):
+def test_the_report_embeds_and_summarises_the_live_blocks(torch_fake_cuda, tmp_path):
     import torch
 
     import memprobe
@@ -38,14 +27,14 @@ def test_the_report_embeds_and_summarises_the_live_blocks(fake, tmp_path):
     report = tmp_path / "oom.json"
     report_oom(t, path=str(report), callback=lambda j, s: got.append((j, s)))
     line = inspect.currentframe().f_lineno + 1
-    held = fake.alloc(3 << 30)
-    small = fake.alloc(MiB)
-    pending = fake.alloc(MiB)
-    fake.free(addr=pending, pending=True)  # freed, a stream still on it: not allocated
+    held = torch_fake_cuda.alloc(3 << 30)
+    small = torch_fake_cuda.alloc(MiB)
+    pending = torch_fake_cuda.alloc(MiB)
+    torch_fake_cuda.free(addr=pending, pending=True)  # freed, a stream still on it: not allocated
     with t.epoch():
         with t.step():
             with pytest.raises(torch.cuda.OutOfMemoryError):
-                fake.oom(20 << 30)
+                torch_fake_cuda.oom(20 << 30)
     assert len(got) == 1
     doc = json.loads(report.read_text())
     assert doc == json.loads(got[0][0])

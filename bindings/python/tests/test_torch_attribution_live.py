@@ -1,4 +1,4 @@
-"""Attribution on the live path: the fake caching allocator
+"""Attribution on the live path: the torch_fake_cuda caching allocator
 (fake_torch_cuda.py) records its history as torch does, and each
 integration — the plain tracker, Lightning, Transformers, Accelerate, the
 notebook — writes each epoch's peak-step table. In every case the blocks
@@ -20,16 +20,6 @@ from fake_torch_cuda import FakeCuda
 
 HERE = os.path.abspath(__file__)
 SPIKE = 64 * MiB
-
-
-@pytest.fixture
-def fake(monkeypatch, tmp_path):
-    require_module("torch", "torch")
-    cuda = FakeCuda()
-    cuda.install(monkeypatch)
-    monkeypatch.setenv("MEMPROBE_ATTRIBUTION_DIR", str(tmp_path / "attribution"))
-    monkeypatch.delenv("RANK", raising=False)
-    return cuda
 
 
 def line_here() -> int:
@@ -60,40 +50,40 @@ def check_sums(record, peak):
     assert sum(b["bytes"] for b in record["blocks"]) + record["rest"]["bytes"] == peak
 
 
-def train_steps(fake, epoch, s):
+def train_steps(torch_fake_cuda, epoch, s):
     """One step's work: a transient growing with the step; the spike in
     epoch 1, step 2. Returns the spike's line."""
-    tmp = fake.alloc((s + 1) * MiB)
+    tmp = torch_fake_cuda.alloc((s + 1) * MiB)
     line = 0
     if epoch == 1 and s == 2:
         line = line_here() + 1
-        big = fake.alloc(SPIKE)
-        fake.free(addr=big)
-    fake.free(addr=tmp)
+        big = torch_fake_cuda.alloc(SPIKE)
+        torch_fake_cuda.free(addr=big)
+    torch_fake_cuda.free(addr=tmp)
     return line
 
 
-def test_plain_tracker_over_allocator_sources(fake, tmp_path):
+def test_plain_tracker_over_allocator_sources(torch_fake_cuda, tmp_path):
     import memprobe
     from memprobe.integrations.torch import allocator_sources
 
-    weights = fake.alloc(8 * MiB)
+    weights = torch_fake_cuda.alloc(8 * MiB)
     src = allocator_sources(0, reserved=False, attribution={"top": 2, "max_entries": 5000})
     t = memprobe.Tracker(src)
-    assert fake.history_calls[-1] == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 5000}
+    assert torch_fake_cuda.history_calls[-1] == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 5000}
     peaks, spike_line = [], 0
     for e in range(3):
         with t.epoch():
             peaks.append([])
             for s in range(4):
                 with t.step() as st:
-                    spike_line = train_steps(fake, e, s) or spike_line
+                    spike_line = train_steps(torch_fake_cuda, e, s) or spike_line
                 peaks[-1].append(st.record.deltas[0].peak)
     att = t.attribution
-    assert att.snapshots == fake.snapshots == new_peak_steps(peaks) == 4 + 3 + 4
+    assert att.snapshots == torch_fake_cuda.snapshots == new_peak_steps(peaks) == 4 + 3 + 4
     t.close()
     src.close()
-    assert fake.history_calls[-1]["enabled"] is None  # turned off again
+    assert torch_fake_cuda.history_calls[-1]["enabled"] is None  # turned off again
     assert sorted(os.listdir(tmp_path / "attribution")) == [f"epoch-{e}-rank-0.json" for e in range(3)]
 
     r = read(tmp_path, "epoch-1-rank-0.json")
@@ -110,7 +100,7 @@ def test_plain_tracker_over_allocator_sources(fake, tmp_path):
     assert len(att.lines) == 3 and "epoch 1 peak 75.0 MiB" in att.lines[1] and f":{spike_line} train_steps" in att.lines[1]
 
 
-def test_directory_option_and_explicit_tracker_argument(fake, tmp_path, monkeypatch):
+def test_directory_option_and_explicit_tracker_argument(torch_fake_cuda, tmp_path, monkeypatch):
     import memprobe
     from memprobe.integrations.torch import allocator_sources
     from memprobe.integrations.torch_attribution import AttributionOptions
@@ -120,7 +110,7 @@ def test_directory_option_and_explicit_tracker_argument(fake, tmp_path, monkeypa
     t = memprobe.Tracker(src, attribution=AttributionOptions(directory=str(tmp_path / "mine"), top=1))
     with t.epoch():
         with t.step():
-            fake.alloc(3 * MiB)
+            torch_fake_cuda.alloc(3 * MiB)
     t.close()
     src.close()
     r = json.loads((tmp_path / "mine" / "epoch-0-rank-0.json").read_text())
@@ -128,7 +118,7 @@ def test_directory_option_and_explicit_tracker_argument(fake, tmp_path, monkeypa
     assert len(r["blocks"]) == 1 and r["rest"]["blocks"] == 0
 
 
-def test_a_step_longer_than_the_ring_buffer_is_reported_not_guessed(fake, tmp_path):
+def test_a_step_longer_than_the_ring_buffer_is_reported_not_guessed(torch_fake_cuda, tmp_path):
     import memprobe
     from memprobe.integrations.torch import allocator_sources
 
@@ -136,10 +126,10 @@ def test_a_step_longer_than_the_ring_buffer_is_reported_not_guessed(fake, tmp_pa
     t = memprobe.Tracker(src)
     with t.epoch():
         with t.step() as st:
-            big = fake.alloc(32 * MiB)
-            fake.free(addr=big)
+            big = torch_fake_cuda.alloc(32 * MiB)
+            torch_fake_cuda.free(addr=big)
             for _ in range(20):  # 40 entries: the spike's alloc and free are gone
-                fake.free(addr=fake.alloc(MiB))
+                torch_fake_cuda.free(addr=torch_fake_cuda.alloc(MiB))
     t.close()
     src.close()
     r = read(tmp_path, "epoch-0-rank-0.json")
@@ -148,7 +138,7 @@ def test_a_step_longer_than_the_ring_buffer_is_reported_not_guessed(fake, tmp_pa
     assert r["blocks"] == [] and r["rest"]["bytes"] is None
 
 
-def test_a_huge_step_stays_within_256_kib(fake, tmp_path):
+def test_a_huge_step_stays_within_256_kib(torch_fake_cuda, tmp_path):
     import memprobe
     from memprobe.integrations.torch import allocator_sources
 
@@ -158,7 +148,7 @@ def test_a_huge_step_stays_within_256_kib(fake, tmp_path):
     with t.epoch():
         with t.step() as st:
             for i in range(6000):
-                fake.alloc(512 * (1 + i % 7), frames=deep)
+                torch_fake_cuda.alloc(512 * (1 + i % 7), frames=deep)
     t.close()
     src.close()
     r = read(tmp_path, "epoch-0-rank-0.json")
@@ -167,7 +157,7 @@ def test_a_huge_step_stays_within_256_kib(fake, tmp_path):
     assert r["rest"]["blocks"] + len(r["blocks"]) == 6000
 
 
-def test_without_allocator_sources_it_says_so(fake):
+def test_without_allocator_sources_it_says_so(torch_fake_cuda):
     import memprobe
     from memprobe.integrations.torch_attribution import AttributionWarning
 
@@ -175,11 +165,11 @@ def test_without_allocator_sources_it_says_so(fake):
         warnings.simplefilter("always")
         t = memprobe.Tracker(torch_sources=False, attribution=True)
     assert t.attribution is None and any(issubclass(w.category, AttributionWarning) for w in caught)
-    assert fake.history_calls == []
+    assert torch_fake_cuda.history_calls == []
     t.close()
 
 
-def test_a_failure_at_every_step_keeps_few_exceptions_and_counts_them(fake, tmp_path, monkeypatch):
+def test_a_failure_at_every_step_keeps_few_exceptions_and_counts_them(torch_fake_cuda, tmp_path, monkeypatch):
     import torch
 
     import memprobe
@@ -198,7 +188,7 @@ def test_a_failure_at_every_step_keeps_few_exceptions_and_counts_them(fake, tmp_
         warnings.simplefilter("always")
         for s in range(steps):
             with t.step():
-                fake.free(addr=fake.alloc((s + 1) * MiB))
+                torch_fake_cuda.free(addr=torch_fake_cuda.alloc((s + 1) * MiB))
     att = t.attribution
     # Every step set a new peak and failed: each counted, few kept, one warning.
     assert att.failures == steps
@@ -208,7 +198,7 @@ def test_a_failure_at_every_step_keeps_few_exceptions_and_counts_them(fake, tmp_
     src.close()
 
 
-def test_oom_table_and_the_report_that_names_it(fake, tmp_path):
+def test_oom_table_and_the_report_that_names_it(torch_fake_cuda, tmp_path):
     import torch
 
     import memprobe
@@ -218,13 +208,13 @@ def test_oom_table_and_the_report_that_names_it(fake, tmp_path):
     t = memprobe.Tracker(src)
     report = tmp_path / "oom.json"
     report_oom(t, path=str(report))
-    held = fake.alloc(3 << 30)
-    pending = fake.alloc(MiB)
-    fake.free(addr=pending, pending=True)  # freed, a stream still on it: not allocated
+    held = torch_fake_cuda.alloc(3 << 30)
+    pending = torch_fake_cuda.alloc(MiB)
+    torch_fake_cuda.free(addr=pending, pending=True)  # freed, a stream still on it: not allocated
     with t.epoch():
         with t.step():
             with pytest.raises(torch.cuda.OutOfMemoryError):
-                fake.oom(20 << 30)
+                torch_fake_cuda.oom(20 << 30)
     r = read(tmp_path, "oom-0-rank-0.json")
     assert r["kind"] == "oom" and r["requested_bytes"] == 20 << 30
     assert r["peak_bytes"] == 3 << 30 == sum(b["bytes"] for b in r["blocks"]) + r["rest"]["bytes"]
@@ -238,7 +228,7 @@ def test_oom_table_and_the_report_that_names_it(fake, tmp_path):
     src.close()
 
 
-def test_an_oom_record_that_cannot_be_written_names_no_earlier_file(fake, tmp_path, monkeypatch):
+def test_an_oom_record_that_cannot_be_written_names_no_earlier_file(torch_fake_cuda, tmp_path, monkeypatch):
     import memprobe
     from memprobe.integrations.torch import allocator_sources
     from memprobe.integrations.torch_attribution import record as rec_mod
@@ -247,7 +237,7 @@ def test_an_oom_record_that_cannot_be_written_names_no_earlier_file(fake, tmp_pa
     t = memprobe.Tracker(src)
     with t.epoch():
         with t.step():
-            fake.free(addr=fake.alloc(MiB))
+            torch_fake_cuda.free(addr=torch_fake_cuda.alloc(MiB))
     att = t.attribution
     assert [os.path.basename(f) for f in att.files] == ["epoch-0-rank-0.json"]
 
@@ -263,7 +253,7 @@ def test_an_oom_record_that_cannot_be_written_names_no_earlier_file(fake, tmp_pa
     src.close()
 
 
-def test_lightning_callback(fake, tmp_path):
+def test_lightning_callback(torch_fake_cuda, tmp_path):
     pl = require_module("lightning.pytorch", "lightning")
     import torch
 
@@ -274,12 +264,12 @@ def test_lightning_callback(fake, tmp_path):
 
     class Spiky(Tiny):
         def training_step(self, batch, batch_idx):
-            tmp = fake.alloc((batch_idx + 1) * MiB)
+            tmp = torch_fake_cuda.alloc((batch_idx + 1) * MiB)
             if self.current_epoch == 1 and batch_idx == 2:
                 where["line"] = line_here() + 1
-                big = fake.alloc(SPIKE)
-                fake.free(addr=big)
-            fake.free(addr=tmp)
+                big = torch_fake_cuda.alloc(SPIKE)
+                torch_fake_cuda.free(addr=big)
+            torch_fake_cuda.free(addr=tmp)
             return super().training_step(batch, batch_idx)
 
     cb = MemprobeCallback(attribution={"top": 3})
@@ -299,7 +289,7 @@ def test_lightning_callback(fake, tmp_path):
     assert r["blocks"][0]["frames"][0] == {"file": HERE, "line": where["line"], "function": "training_step"}
 
 
-def test_accelerate_probe(fake, tmp_path, monkeypatch):
+def test_accelerate_probe(torch_fake_cuda, tmp_path, monkeypatch):
     require_module("accelerate", "accelerate")
     from memprobe.integrations.accelerate import MemprobeAccelerate
 
@@ -317,7 +307,7 @@ def test_accelerate_probe(fake, tmp_path, monkeypatch):
         for e in range(2):
             with probe.epoch():
                 for s in range(4):
-                    spike_line = train_steps(fake, e, s) or spike_line
+                    spike_line = train_steps(torch_fake_cuda, e, s) or spike_line
                     probe.step()
     att = probe.attribution
     probe.close()
@@ -330,7 +320,7 @@ def test_accelerate_probe(fake, tmp_path, monkeypatch):
     assert r["blocks"][0]["frames"][0]["line"] == spike_line
 
 
-def test_transformers_callback(fake, tmp_path, monkeypatch):
+def test_transformers_callback(torch_fake_cuda, tmp_path, monkeypatch):
     tf = require_module("transformers", "transformers")
     require_module("accelerate", "accelerate")
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -347,12 +337,12 @@ def test_transformers_callback(fake, tmp_path, monkeypatch):
     def hook(module, args):
         if not module.training:
             return
-        tmp = fake.alloc((calls["n"] % 3 + 1) * MiB)
+        tmp = torch_fake_cuda.alloc((calls["n"] % 3 + 1) * MiB)
         if calls["n"] == 4:  # epoch 1's second step
             where["line"] = line_here() + 1
-            big = fake.alloc(SPIKE)
-            fake.free(addr=big)
-        fake.free(addr=tmp)
+            big = torch_fake_cuda.alloc(SPIKE)
+            torch_fake_cuda.free(addr=big)
+        torch_fake_cuda.free(addr=tmp)
         calls["n"] += 1
 
     model.register_forward_pre_hook(hook)
@@ -362,7 +352,7 @@ def test_transformers_callback(fake, tmp_path, monkeypatch):
     monkeypatch.delenv("MEMPROBE_ATTRIBUTION_DIR")  # beside the Trainer's output then
     args = TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=2, per_device_train_batch_size=4,
                              save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=100,
-                             # AdamW asks CUDA about graph capture, which the fake's "initialised" misleads.
+                             # AdamW asks CUDA about graph capture, which the torch_fake_cuda's "initialised" misleads.
                              optim="sgd")
     Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
     assert calls["n"] == 6
@@ -404,11 +394,11 @@ def test_notebook_a_table_per_cell(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MEMPROBE_ATTRIBUTION_DIR", str(tmp_path / "attribution"))
     from memprobe.notebook import current
 
-    fake = FakeCuda(devices=1)
-    fake.install(monkeypatch)
+    torch_fake_cuda = FakeCuda(devices=1)
+    torch_fake_cuda.install(monkeypatch)
     import builtins
 
-    monkeypatch.setattr(builtins, "fake_cuda", fake, raising=False)
+    monkeypatch.setattr(builtins, "fake_cuda", torch_fake_cuda, raising=False)
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
@@ -433,7 +423,7 @@ def test_notebook_a_table_per_cell(tmp_path, monkeypatch, capsys):
     assert r["blocks"][0]["frames"][0]["line"] == 1 and r["rest"] == {"bytes": 2 << 20, "blocks": 1, "unplaced_bytes": 0}
 
 
-def test_a_frameless_backward_block_is_named_by_its_module(fake, tmp_path):
+def test_a_frameless_backward_block_is_named_by_its_module(torch_fake_cuda, tmp_path):
     import torch
 
     import memprobe
@@ -447,7 +437,7 @@ def test_a_frameless_backward_block_is_named_by_its_module(fake, tmp_path):
             def during_backward(grad_inputs, grad_outputs):
                 # As autograd's C++ thread allocates inside a node: no
                 # Python frame at all.
-                fake.free(addr=fake.alloc(32 * MiB, frames=[]))
+                torch_fake_cuda.free(addr=torch_fake_cuda.alloc(32 * MiB, frames=[]))
 
             def first_layer_output(module, inputs, output):
                 # Hooked after memprobe's own hook on the node: runs once
@@ -470,15 +460,15 @@ def test_two_devices_the_highest_peak_takes_the_plain_name(monkeypatch, tmp_path
     import memprobe
     from memprobe.integrations.torch import allocator_sources
 
-    fake = FakeCuda(devices=2)
-    fake.install(monkeypatch)
+    torch_fake_cuda = FakeCuda(devices=2)
+    torch_fake_cuda.install(monkeypatch)
     monkeypatch.setenv("MEMPROBE_ATTRIBUTION_DIR", str(tmp_path / "attribution"))
     src = allocator_sources(None, reserved=False, attribution=True)
     t = memprobe.Tracker(src)
     with t.epoch():
         with t.step():
-            fake.alloc(4 * MiB, device=0)
-            fake.alloc(16 * MiB, device=1)
+            torch_fake_cuda.alloc(4 * MiB, device=0)
+            torch_fake_cuda.alloc(16 * MiB, device=1)
     att = t.attribution
     t.close()
     src.close()
