@@ -8,15 +8,18 @@
 //! program measured runs as it would without memprobe. Where even the hard
 //! limit runs out, the sampler reads by path ([`super::tree_sampler`]).
 
+/// This process's `RLIMIT_NOFILE` now.
+pub(crate) fn current() -> Option<libc::rlimit> {
+    // SAFETY: rlimit is plain data, written by the kernel.
+    let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid rlimit pointer.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0).then_some(l)
+}
+
 /// Raises this process's soft `RLIMIT_NOFILE` to its hard limit; the limit
 /// before, for the command, when it changed.
 pub(crate) fn raise() -> Option<libc::rlimit> {
-    // SAFETY: rlimit is plain data, written by the kernel.
-    let mut before: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid rlimit pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut before) } != 0 {
-        return None;
-    }
+    let before = current()?;
     if before.rlim_cur >= before.rlim_max {
         return None;
     }
@@ -48,15 +51,9 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
-            let current = || {
-                // SAFETY: rlimit is plain data, written by the kernel.
-                let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
-                // SAFETY: a valid rlimit pointer.
-                unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) };
-                l
-            };
+            let now = || current().expect("getrlimit");
             let code = (|| {
-                let l = current();
+                let l = now();
                 if l.rlim_max < 64 {
                     return 0; // nothing to lower
                 }
@@ -71,7 +68,7 @@ mod tests {
                 if before.rlim_cur != 32 {
                     return 3;
                 }
-                let l = current();
+                let l = now();
                 if l.rlim_cur != l.rlim_max {
                     return 4;
                 }
@@ -81,7 +78,7 @@ mod tests {
                 if !restore(&before) {
                     return 6;
                 }
-                if current().rlim_cur != 32 {
+                if now().rlim_cur != 32 {
                     return 7;
                 }
                 0

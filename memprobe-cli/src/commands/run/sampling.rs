@@ -38,7 +38,7 @@ use super::oom_kill::ZombieWatch;
 use super::recording::{CgroupRecord, GpuSeries, Recording};
 use super::timeline::Point;
 use super::tree_pss::{PssPoint, PssRecord};
-use super::tree_sampler::{Feed, TreeSampler};
+use super::tree_sampler::{ticks, Feed, TreeSampler};
 use crate::gpu_readings::{self, GpuReading};
 use memprobe_core::CgroupSampler;
 use memprobe_core::Sampler;
@@ -80,14 +80,6 @@ pub(crate) struct Setup {
     pub(crate) exits: Result<ExitStats, String>,
     /// Keep each peak's memory by kind (`--no-host-kinds` turns it off).
     pub(crate) host_kinds: bool,
-}
-
-/// Ticks between two slow sweeps at `interval`.
-fn slow_every(interval: Duration) -> u64 {
-    let i = interval.as_nanos().max(1);
-    u64::try_from(SLOW_SWEEP.as_nanos() / i)
-        .unwrap_or(u64::MAX)
-        .max(1)
 }
 
 /// The running sampling thread.
@@ -191,7 +183,7 @@ impl State {
         State {
             tree: TreeSampler::new(setup.root, setup.interval, setup.feed),
             ticks: 0,
-            slow_every: slow_every(setup.interval),
+            slow_every: ticks(SLOW_SWEEP, setup.interval),
             cgroup_limit: None,
             kmsg_watch,
             interval: setup.interval,
@@ -224,7 +216,7 @@ impl State {
                 let wider = cap.after_tick(Instant::now());
                 if wider != self.interval {
                     self.interval = wider;
-                    self.slow_every = slow_every(wider);
+                    self.slow_every = ticks(SLOW_SWEEP, wider);
                     self.tree.set_interval(wider);
                 }
             }

@@ -252,7 +252,8 @@ pub(crate) struct TreeSampler {
     kept_fds: usize,
 }
 
-fn ticks(every: Duration, interval: Duration) -> u64 {
+/// Ticks (of `interval`) in `every`, rounded up, at least one.
+pub(crate) fn ticks(every: Duration, interval: Duration) -> u64 {
     let i = interval.as_nanos().max(1);
     u64::try_from(every.as_nanos().div_ceil(i))
         .unwrap_or(u64::MAX)
@@ -592,12 +593,9 @@ fn live_thread(pid: u32, page: u64) -> Option<(File, std::path::PathBuf, Statm)>
 /// to the hard one by `run`, see [`super::fd_limit`]) less a reserve for
 /// the rest of memprobe and for the reads by path beyond it.
 fn fd_budget() -> usize {
-    // SAFETY: rlimit is plain data, written by the kernel.
-    let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid rlimit pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+    let Some(l) = super::fd_limit::current() else {
         return 0;
-    }
+    };
     let limit = usize::try_from(l.rlim_cur).unwrap_or(usize::MAX);
     limit.saturating_sub((limit / 8).max(64))
 }
