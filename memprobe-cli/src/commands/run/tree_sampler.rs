@@ -548,8 +548,12 @@ impl TreeSampler {
             None => StatusFile::by_path(pid),
         };
         let mut s = status.read(&mut self.buf)?;
-        if task.is_some() {
-            s.name = memprobe_core::internal::process::command_name(pid).unwrap_or(s.name);
+        // Read through a thread: named as the process, not the thread.
+        let leader_name = task
+            .as_ref()
+            .and_then(|_| memprobe_core::internal::process::command_name(pid));
+        if let Some(n) = &leader_name {
+            s.name.clone_from(n);
         }
         self.by_path += u64::from(hot.statm.is_none());
         self.kept_fds += usize::from(hot.statm.is_some()) + usize::from(status.is_open());
@@ -562,7 +566,7 @@ impl TreeSampler {
             children: None,
             status_tick: self.tick,
             stale_name: false,
-            leader_name: task.and_then(|_| memprobe_core::internal::process::command_name(pid)),
+            leader_name,
             kinds,
         };
         let seen = Seen {
